@@ -1,0 +1,222 @@
+// Package benchkit holds what the benchmark programs share: child processes (Caddy, Redis),
+// throwaway databases, free ports, CPU accounting from /proc, logging and clean-up.
+package benchkit
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// child is a process the bench started: killed with us (Pdeathsig), in its own process group so
+// that Ctrl-C reaches only the bench, which stops it in order.
+type Child struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{} // closed when the process has exited
+	once sync.Once
+}
+
+// Cleanups run in reverse order at the end of run, whatever happened.
+type Cleanups []func()
+
+func Fatalf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func FreePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func Logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
+}
+
+func MS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// ProcCPU returns the user + system CPU time of a process.
+func ProcCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, false
+	}
+	// Fields after the command (which may contain spaces) start after the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, false
+	}
+	ut, _ := strconv.ParseInt(f[11], 10, 64) // field 14: utime
+	st, _ := strconv.ParseInt(f[12], 10, 64) // field 15: stime
+	return time.Duration(ut+st) * time.Second / clockTicks, true
+}
+
+func RandHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func StartCaddy(ctx context.Context, bin, dir, cfg string, env []string, port int) (*Child, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		return nil, err
+	}
+	env = append(env, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
+	ch, err := StartChild("caddy "+filepath.Base(dir), filepath.Join(dir, "caddy.log"), env, bin,
+		"run", "--config", path, "--adapter", "caddyfile")
+	if err != nil {
+		return nil, err
+	}
+	if err := WaitPort(ctx, fmt.Sprintf("127.0.0.1:%d", port), 30*time.Second, ch); err != nil {
+		ch.Stop()
+		return nil, fmt.Errorf("%w\n%s", err, ch.Logs())
+	}
+	Logf("caddy (%s) on 127.0.0.1:%d", filepath.Base(dir), port)
+	return ch, nil
+}
+
+func StartChild(name, logPath string, env []string, bin string, args ...string) (*Child, error) {
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, err
+	}
+	c := &Child{name: name, cmd: cmd, log: f, done: make(chan struct{})}
+	go func() { cmd.Wait(); close(c.done) }()
+	return c, nil
+}
+
+func WaitPort(ctx context.Context, addr string, limit time.Duration, ch *Child) error {
+	deadline := time.Now().Add(limit)
+	for {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+			return nil
+		}
+		if ch != nil && ch.Exited() {
+			return errors.New("exited")
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not listening after %s", addr, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// WithDatabase returns dsn naming database db instead.
+func WithDatabase(dsn, db string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("-pg: invalid URL")
+		}
+		u.Path = "/" + db
+		return u.String(), nil
+	}
+	return dsn + " dbname=" + db, nil // key=value form: the last dbname wins
+}
+
+func (c *Child) Exited() bool {
+	select {
+	case <-c.done:
+		return true
+	default:
+		return false
+	}
+}
+
+func (c *Child) Logs() string {
+	b, _ := os.ReadFile(c.log.Name())
+	return string(b)
+}
+
+// stop ends the process: SIGTERM, then SIGKILL after 15 s (the dispatcher waits for its
+// attempts in flight, at most timeout + 1 s).
+func (c *Child) Stop() {
+	c.once.Do(func() {
+		c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(15 * time.Second):
+			c.cmd.Process.Kill()
+			<-c.done
+		}
+		c.log.Close()
+		Logf("%s stopped", c.name)
+	})
+}
+
+func (c *Cleanups) Add(f func()) { *c = append(*c, f) }
+
+func (c *Cleanups) Run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// clockTicks is USER_HZ, 100 on every Linux platform Go supports.
+const clockTicks = 100
+
+// PID returns the child's process id.
+func (c *Child) PID() int { return c.cmd.Process.Pid }
+
+// CaddyBinary returns the absolute path of the Caddy build at path, or an error that says how
+// to build it.
+func CaddyBinary(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("%s not found: build it with `go build -o bin/caddy ./cmd/caddy` (or pass -caddy)", path)
+	}
+	return abs, nil
+}
+
+// LoadAvg returns the 1, 5 and 15 minute load averages, or "?".
+func LoadAvg() string {
+	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
+		if f := strings.Fields(string(b)); len(f) >= 3 {
+			return strings.Join(f[:3], " ")
+		}
+	}
+	return "?"
+}

@@ -1,0 +1,114 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/graph"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func init() {
+	caddy.RegisterModule(new(APIHandler))
+	httpcaddyfile.RegisterHandlerDirective("wabarelay_api", parseAPIHandler)
+	httpcaddyfile.RegisterDirectiveOrder("wabarelay_api", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// APIHandler serves the management API ({base_url}): channels, webhooks and channel
+// assignments, authenticated by the x-api-key header. Mount it where its path prefix is
+// stripped, e.g. `handle_path /v1/* { wabarelay_api }`. It answers every request it receives
+// (unknown paths get a JSON 404) and never calls the next handler.
+//
+// It needs the `wabarelay` app. It sets `{http.auth.user.id}` to the API key's id, so access
+// logs show which key made a call (never the key itself).
+type APIHandler struct {
+	handler *managementapi.Handler
+}
+
+// CaddyModule returns the Caddy module information.
+func (*APIHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.wabarelay_api", New: func() caddy.Module { return new(APIHandler) }}
+}
+
+// appFrom returns the configured wabarelay app.
+func appFrom(ctx caddy.Context) (*App, error) {
+	v, err := ctx.AppIfConfigured("wabarelay")
+	if err != nil {
+		return nil, fmt.Errorf("the wabarelay app is not configured (add a `wabarelay { ... }` global option): %w", err)
+	}
+	return v.(*App), nil
+}
+
+// Provision sets up the handler.
+func (h *APIHandler) Provision(ctx caddy.Context) error {
+	app, err := appFrom(ctx)
+	if err != nil {
+		return err
+	}
+	logger := ctx.Logger()
+	h.handler = managementapi.New(managementapi.Options{
+		Store:          app.store,
+		Limiter:        app.mgmtLimiter.Limiter,
+		Health:         app.Health,
+		ConnectBase:    app.ConnectBase,
+		ConnectLinkTTL: time.Duration(app.ConnectLinkTTL),
+		Logger:         logger,
+		AfterChannelDeleted: func(d store.DeletedChannel) {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			if err := graph.New(app.Upstream, nil).UnsubscribeApp(ctx, d.UpstreamToken, d.WabaID); err != nil {
+				logger.Warn("unsubscribing a deleted channel's business account failed", zap.String("waba_id", d.WabaID), zap.Error(err))
+			}
+		},
+		OnAuthenticated: func(r *http.Request, key store.APIKey) {
+			if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+				repl.Set("http.auth.user.id", key.ID.String())
+			}
+		},
+	})
+	return nil
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *APIHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	h.handler.ServeHTTP(w, r)
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax:
+//
+//	wabarelay_api
+//
+// The directive takes no arguments; everything is configured in the `wabarelay` global option.
+func (h *APIHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // directive name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	if d.NextBlock(0) {
+		return d.Errf("wabarelay_api takes no block; configure the wabarelay global option")
+	}
+	return nil
+}
+
+func parseAPIHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(APIHandler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*APIHandler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*APIHandler)(nil)
+	_ caddyfile.Unmarshaler       = (*APIHandler)(nil)
+)

@@ -1,0 +1,537 @@
+// Package caddymodule is the Caddy glue of wabarelay: the `wabarelay` app (shared Postgres pool,
+// Redis client and secrets, lifecycle), its HTTP handler modules, their Caddyfile directives and
+// global option, and the `caddy wabarelay` CLI. Domain logic lives in the other packages; this
+// package only wires them into Caddy.
+package caddymodule
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/relay"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func init() {
+	caddy.RegisterModule(new(App))
+}
+
+// Defaults of the app's options.
+const (
+	DefaultUpstream            = "https://graph.facebook.com/v26.0"
+	DefaultConnectLinkTTL      = 168 * time.Hour
+	DefaultManagementRateLimit = 600
+	DefaultManagementWindow    = time.Minute
+	startTimeout               = 30 * time.Second
+)
+
+// App is the `wabarelay` Caddy app: it holds the configuration shared by every wabarelay
+// handler, owns the Postgres pool and Redis client (shared across config reloads through usage
+// pools), applies schema migrations at start, and runs background work.
+//
+// Secret-bearing fields (database, redis, encryption_key, meta.app_secret, meta.verify_token,
+// register_pin) should be given as `{env.NAME}` or `{file./path}` placeholders: they are
+// resolved at provision time and so never appear in the saved or served JSON config.
+type App struct {
+	// Database is the Postgres connection string (URL or key=value DSN). Required.
+	Database string `json:"database,omitempty"`
+
+	// Redis is a redis:// or rediss:// URL. Optional: when set, rate limits and idempotency
+	// keys are shared by every instance using it; when not, they are kept in memory and are
+	// correct for a single instance only.
+	Redis string `json:"redis,omitempty"`
+
+	// EncryptionKey is base64 of 32 random bytes. It encrypts channel tokens, upstream access
+	// tokens and webhook signing secrets at rest (AES-256-GCM). Required.
+	EncryptionKey string `json:"encryption_key,omitempty"`
+
+	// Upstream is the base URL of the upstream Graph API, including its version segment.
+	// Default: https://graph.facebook.com/v26.0.
+	Upstream string `json:"upstream,omitempty"`
+
+	// ConnectBase is the address prefix of connect links ({connect_base}); connect_url is
+	// `{connect_base}/connect/<channel_token>`. Default: the scheme and host of each request.
+	ConnectBase string `json:"connect_base,omitempty"`
+
+	// ProxyURL is the public base address of the relay ({proxy_url}), used to rewrite upstream
+	// paging links. Default: derived from each relay request.
+	ProxyURL string `json:"proxy_url,omitempty"`
+
+	// ConnectLinkTTL is how long a new channel's connect link stays valid. Default: 168h.
+	ConnectLinkTTL caddy.Duration `json:"connect_link_ttl,omitempty"`
+
+	// Meta holds the upstream app's credentials and Embedded Signup settings.
+	Meta *MetaConfig `json:"meta,omitempty"`
+
+	// RegisterPIN is the 6-digit two-step verification PIN used to register numbers. Default:
+	// a random PIN per channel, stored encrypted.
+	RegisterPIN string `json:"register_pin,omitempty"`
+
+	// Delivery configures webhook delivery.
+	Delivery *DeliveryConfig `json:"delivery,omitempty"`
+
+	// ManagementRateLimit limits management API requests per API key. Default: 600 per 1m.
+	ManagementRateLimit *RateLimitConfig `json:"management_rate_limit,omitempty"`
+
+	// SkipMigrations, when true, does not apply schema migrations at start (run
+	// `caddy wabarelay migrate` instead). Default: false (migrations run at start under a
+	// Postgres advisory lock, so concurrent starts are safe).
+	SkipMigrations bool `json:"skip_migrations,omitempty"`
+
+	database    string // resolved
+	upstream    *url.URL
+	meta        MetaConfig // resolved
+	registerPIN string     // resolved
+	// upstreamDial is the upstream's host:port for reverse_proxy.
+	upstreamDial string
+	pool         *pgxpool.Pool
+	poolKey      string
+	redis        *redis.Client
+	redisKey     string
+	box          *secretbox.Box
+	store        *store.Store
+	cache        *relay.Cache
+	idem         idempotency.Store
+	idemKey      string
+	mgmtLimiter  limiterHandle
+	metrics      *metrics
+	logger       *zap.Logger
+	released     bool
+
+	stopListener   context.CancelFunc
+	listenerDone   chan struct{}
+	dispatcher     *dispatcher.Dispatcher
+	dispatcherDone chan struct{}
+}
+
+// MetaConfig holds the upstream (Meta) app's credentials and Embedded Signup settings.
+type MetaConfig struct {
+	// AppID is the upstream app id (Embedded Signup, code exchange).
+	AppID string `json:"app_id,omitempty"`
+	// AppSecret is the upstream app secret: it verifies inbound X-Hub-Signature-256 and
+	// authenticates the code exchange.
+	AppSecret string `json:"app_secret,omitempty"`
+	// ConfigID is the Embedded Signup configuration id.
+	ConfigID string `json:"config_id,omitempty"`
+	// VerifyToken answers the upstream's webhook verification GET.
+	VerifyToken string `json:"verify_token,omitempty"`
+	// SDKURL is the URL of the upstream JS SDK the connect page loads. Default:
+	// https://connect.facebook.net/en_US/sdk.js.
+	SDKURL string `json:"sdk_url,omitempty"`
+}
+
+// DeliveryConfig configures webhook delivery.
+type DeliveryConfig struct {
+	// RetryDelays are the delays after failed attempts 1..n; attempts = len+1.
+	// Default: 30s 2m 10m (4 attempts).
+	RetryDelays []caddy.Duration `json:"retry_delays,omitempty"`
+	// Timeout is the time a receiver has to answer one attempt with a 2xx. Default: 10s.
+	Timeout caddy.Duration `json:"timeout,omitempty"`
+	// Workers is the number of concurrent delivery attempts per instance. Default: 64.
+	Workers int `json:"workers,omitempty"`
+	// PerWebhook caps concurrent attempts to one webhook per instance. Default: 16.
+	PerWebhook int `json:"per_webhook,omitempty"`
+	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
+	Lease caddy.Duration `json:"lease,omitempty"`
+	// Retention is how long delivered/failed deliveries and their events are kept. Default: 720h.
+	Retention caddy.Duration `json:"retention,omitempty"`
+	// RootCA is a PEM file of an extra CA to trust for receivers (tests, private PKI).
+	RootCA string `json:"root_ca,omitempty"`
+	// AllowPrivateTargets permits receivers on loopback and private addresses (dev and test only).
+	AllowPrivateTargets bool `json:"allow_private_targets,omitempty"`
+}
+
+// RateLimitConfig is a request limit per window.
+type RateLimitConfig struct {
+	// Requests is the most requests accepted in any rolling window.
+	Requests int `json:"requests,omitempty"`
+	// Window is the length of the rolling window.
+	Window caddy.Duration `json:"window,omitempty"`
+}
+
+// CaddyModule returns the Caddy module information.
+func (*App) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "wabarelay", New: func() caddy.Module { return new(App) }}
+}
+
+// resolveSecret resolves {env.*}/{file.*} placeholders in a config value. Errors name the
+// option, never its value.
+func resolveSecret(repl *caddy.Replacer, name, val string, required bool) (string, error) {
+	out, err := repl.ReplaceOrErr(val, false, true)
+	if err != nil {
+		return "", fmt.Errorf("%s: unknown placeholder", name)
+	}
+	out = strings.TrimSpace(out)
+	if required && out == "" {
+		return "", fmt.Errorf("%s is required (it may be set from an unset environment variable)", name)
+	}
+	return out, nil
+}
+
+// Provision resolves secrets and acquires the shared clients. It does not dial anything, so
+// `caddy validate` works with no database running.
+func (a *App) Provision(ctx caddy.Context) error {
+	a.logger = ctx.Logger()
+	repl := caddy.NewReplacer()
+	var err error
+	if a.database, err = resolveSecret(repl, "database", a.Database, true); err != nil {
+		return err
+	}
+	rawKey, err := resolveSecret(repl, "encryption_key", a.EncryptionKey, true)
+	if err != nil {
+		return err
+	}
+	key, err := secretbox.ParseKey(rawKey)
+	if err != nil {
+		return fmt.Errorf("encryption_key: %w", err)
+	}
+	if a.box, err = secretbox.New(key); err != nil {
+		return fmt.Errorf("encryption_key: %w", err)
+	}
+	redisURL, err := resolveSecret(repl, "redis", a.Redis, false)
+	if err != nil {
+		return err
+	}
+	for name, p := range map[string]*string{"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL} {
+		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
+			return err
+		}
+	}
+	if a.Meta != nil {
+		a.meta = *a.Meta
+	}
+	for name, p := range map[string]*string{"meta.app_id": &a.meta.AppID, "meta.app_secret": &a.meta.AppSecret,
+		"meta.config_id": &a.meta.ConfigID, "meta.verify_token": &a.meta.VerifyToken, "meta.sdk_url": &a.meta.SDKURL} {
+		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
+			return err
+		}
+	}
+	if a.meta.SDKURL == "" {
+		a.meta.SDKURL = DefaultSDKURL
+	}
+	if a.registerPIN, err = resolveSecret(repl, "register_pin", a.RegisterPIN, false); err != nil {
+		return err
+	}
+	if a.registerPIN != "" && (len(a.registerPIN) != 6 || strings.Trim(a.registerPIN, "0123456789") != "") {
+		return errors.New("register_pin must be 6 digits")
+	}
+	if a.Upstream == "" {
+		a.Upstream = DefaultUpstream
+	}
+	if a.upstream, err = url.Parse(a.Upstream); err != nil || a.upstream.Host == "" ||
+		(a.upstream.Scheme != "https" && a.upstream.Scheme != "http") {
+		return fmt.Errorf("upstream: %q is not an http(s) URL", a.Upstream)
+	}
+	a.upstreamDial = a.upstream.Host
+	if a.upstream.Port() == "" {
+		a.upstreamDial = net.JoinHostPort(a.upstream.Hostname(), map[string]string{"https": "443", "http": "80"}[a.upstream.Scheme])
+	}
+	if a.ConnectLinkTTL <= 0 {
+		a.ConnectLinkTTL = caddy.Duration(DefaultConnectLinkTTL)
+	}
+	if a.ManagementRateLimit == nil {
+		a.ManagementRateLimit = &RateLimitConfig{}
+	}
+	if a.ManagementRateLimit.Requests <= 0 {
+		a.ManagementRateLimit.Requests = DefaultManagementRateLimit
+	}
+	if a.ManagementRateLimit.Window <= 0 {
+		a.ManagementRateLimit.Window = caddy.Duration(DefaultManagementWindow)
+	}
+
+	if a.pool, a.poolKey, err = acquirePool(a.database); err != nil {
+		return err
+	}
+	if redisURL != "" {
+		if a.redis, a.redisKey, err = acquireRedis(redisURL); err != nil {
+			a.Cleanup()
+			return err
+		}
+	}
+	a.store = store.New(a.pool, a.box)
+	a.cache = relay.NewCache(a.store, relay.DefaultTTL)
+	a.idem, a.idemKey = acquireIdempotency(a.redis, a.redisKey, a.logger)
+	a.metrics = registerMetrics(ctx.GetMetricsRegistry())
+	if reg := ctx.GetMetricsRegistry(); reg != nil {
+		if err := reg.Register(newQueueCollector(a.pool)); err != nil {
+			a.logger.Warn("delivery queue metrics not registered", zap.Error(err))
+		}
+	}
+	rl := a.ManagementRateLimit
+	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", rl.Requests, time.Duration(rl.Window))
+	return nil
+}
+
+// limiterHandle is a rate limiter acquired from the app; release it in Cleanup.
+type limiterHandle struct {
+	ratelimit.Limiter
+	memKey string
+}
+
+func (l limiterHandle) release() {
+	if l.memKey != "" {
+		releaseMemoryLimiter(l.memKey)
+	}
+}
+
+// newLimiter returns a rate limiter: Redis-backed with an in-memory fallback when Redis is
+// configured, in memory otherwise. The memory limiter is shared across reloads (so a reload does
+// not reset counts).
+func (a *App) newLimiter(prefix string, limit int, window time.Duration) limiterHandle {
+	mem, key := acquireMemoryLimiter(prefix, limit, window)
+	if a.redis == nil {
+		return limiterHandle{mem, key}
+	}
+	return limiterHandle{ratelimit.NewFallback(ratelimit.NewRedis(a.redis, limit, window, prefix), mem, a.logger), key}
+}
+
+// Validate checks the configuration.
+func (a *App) Validate() error {
+	if d := a.Delivery; d != nil && d.Lease > 0 && d.Timeout > 0 && d.Lease <= d.Timeout {
+		return errors.New("delivery: lease must be longer than timeout")
+	}
+	if d := a.Delivery; d != nil && d.Retention > 0 && time.Duration(d.Retention) < 7*24*time.Hour {
+		// events double as the record of upstream items already seen; the upstream re-sends
+		// for up to 7 days
+		return errors.New("delivery: retention must be at least 168h")
+	}
+	if a.RegisterPIN != "" && !strings.HasPrefix(a.RegisterPIN, "{") {
+		if len(a.RegisterPIN) != 6 || strings.Trim(a.RegisterPIN, "0123456789") != "" {
+			return errors.New("register_pin must be 6 digits")
+		}
+	}
+	return nil
+}
+
+// Start checks that Postgres answers and applies pending migrations (unless skip_migrations).
+// A Redis that does not answer is logged, not fatal: limits fall back to memory until it does.
+func (a *App) Start() error {
+	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
+	defer cancel()
+	if err := a.store.Ping(ctx); err != nil {
+		return fmt.Errorf("wabarelay: %w", err)
+	}
+	if !a.SkipMigrations {
+		conn, err := a.pool.Acquire(ctx)
+		if err != nil {
+			return fmt.Errorf("wabarelay: migrations: %w", err)
+		}
+		err = store.Migrate(ctx, conn.Conn())
+		conn.Release()
+		if err != nil {
+			return fmt.Errorf("wabarelay: %w", err)
+		}
+	}
+	if a.redis == nil {
+		a.logger.Warn("no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only")
+	} else if err := a.redis.Ping(ctx).Err(); err != nil {
+		a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
+	}
+	lctx, cancel := context.WithCancel(context.Background())
+	a.stopListener, a.listenerDone = cancel, make(chan struct{})
+	go func() {
+		defer close(a.listenerDone)
+		defer func() {
+			if v := recover(); v != nil {
+				a.logger.Error("channel change listener panicked", zap.Any("panic", v))
+			}
+		}()
+		a.cache.Listen(lctx, a.database, a.logger, nil)
+	}()
+	go a.pruneLoop(lctx)
+	if err := a.startDispatcher(lctx); err != nil {
+		cancel()
+		<-a.listenerDone
+		return fmt.Errorf("wabarelay: delivery: %w", err)
+	}
+	a.logger.Info("wabarelay started", zap.String("upstream", a.Upstream))
+	return nil
+}
+
+// Stop stops background work (bounded wait). Shared clients stay open for in-flight requests;
+// Cleanup releases them.
+func (a *App) Stop() error {
+	if a.stopListener != nil {
+		a.stopListener()
+		select {
+		case <-a.listenerDone:
+		case <-time.After(5 * time.Second):
+			a.logger.Warn("channel change listener did not stop in time")
+		}
+		if a.dispatcherDone != nil {
+			// Run waits for attempts in flight (bounded by the delivery timeout) and records them.
+			select {
+			case <-a.dispatcherDone:
+			case <-time.After(a.deliveryTimeout() + 5*time.Second):
+				a.logger.Warn("delivery dispatcher did not stop in time; its leases will expire")
+			}
+		}
+	}
+	return nil
+}
+
+func (a *App) deliveryTimeout() time.Duration {
+	if a.Delivery != nil && a.Delivery.Timeout > 0 {
+		return time.Duration(a.Delivery.Timeout)
+	}
+	return 10 * time.Second
+}
+
+// startDispatcher starts webhook delivery for this config. During a reload the new config's
+// dispatcher starts before the old one stops; claims are leased rows, so both may run.
+func (a *App) startDispatcher(ctx context.Context) error {
+	cfg := dispatcher.Config{InstanceID: caddyInstanceID(), Observer: deliveryObserver{a.metrics}}
+	if d := a.Delivery; d != nil {
+		for _, r := range d.RetryDelays {
+			cfg.RetryDelays = append(cfg.RetryDelays, time.Duration(r))
+		}
+		cfg.Timeout, cfg.Lease = time.Duration(d.Timeout), time.Duration(d.Lease)
+		cfg.Workers, cfg.PerWebhook = d.Workers, d.PerWebhook
+		cfg.AllowPrivateTargets = d.AllowPrivateTargets
+		if d.RootCA != "" {
+			pem, err := os.ReadFile(d.RootCA)
+			if err != nil {
+				return fmt.Errorf("root_ca: %w", err)
+			}
+			cfg.RootCAs = x509.NewCertPool()
+			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+				return fmt.Errorf("root_ca: no certificate in %s", d.RootCA)
+			}
+		}
+	}
+	disp, err := dispatcher.New(a.pool, a.store.WebhookSecret, cfg, a.logger.Named("dispatcher"))
+	if err != nil {
+		return err
+	}
+	a.dispatcher, a.dispatcherDone = disp, make(chan struct{})
+	go func() {
+		defer close(a.dispatcherDone)
+		defer func() {
+			if v := recover(); v != nil {
+				a.logger.Error("delivery dispatcher panicked", zap.Any("panic", v))
+			}
+		}()
+		disp.Run(ctx, a.database)
+	}()
+	return nil
+}
+
+// DefaultRetention is how long finished deliveries and their events are kept.
+const DefaultRetention = 720 * time.Hour
+
+// pruneLoop deletes events (with their deliveries and attempts) older than the retention whose
+// deliveries are all finished: every 10 minutes, in batches, until ctx ends. Several instances
+// may prune at once; deletes are idempotent.
+func (a *App) pruneLoop(ctx context.Context) {
+	retention := DefaultRetention
+	if a.Delivery != nil && a.Delivery.Retention > 0 {
+		retention = time.Duration(a.Delivery.Retention)
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			a.logger.Error("retention clean-up panicked", zap.Any("panic", v))
+		}
+	}()
+	tick := time.NewTicker(10 * time.Minute)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		total := 0
+		for ctx.Err() == nil {
+			n, err := a.store.PruneEvents(ctx, time.Now().Add(-retention), 1000)
+			total += n
+			if err != nil {
+				a.logger.Warn("retention clean-up failed", zap.Error(err))
+				break
+			}
+			if n < 1000 {
+				break
+			}
+		}
+		if total > 0 {
+			a.logger.Info("retention clean-up", zap.Int("events_deleted", total), zap.Duration("retention", retention))
+		}
+	}
+}
+
+// caddyInstanceID names this process in delivery claims.
+func caddyInstanceID() string {
+	id, err := caddy.InstanceID()
+	host, _ := os.Hostname()
+	if err != nil {
+		return host + "-" + strconv.Itoa(os.Getpid())
+	}
+	return host + "-" + id.String()[:8] + "-" + strconv.Itoa(os.Getpid())
+}
+
+// deliveryObserver feeds the delivery metrics.
+type deliveryObserver struct{ m *metrics }
+
+func (o deliveryObserver) Attempt(outcome string, d time.Duration) {
+	o.m.deliveries.WithLabelValues(outcome).Inc()
+	o.m.attemptLatency.Observe(d.Seconds())
+}
+
+// Cleanup releases the shared clients. It is safe to call more than once and without Start.
+func (a *App) Cleanup() error {
+	if a.released {
+		return nil
+	}
+	a.released = true
+	a.mgmtLimiter.release()
+	if a.idemKey != "" {
+		releaseIdempotency(a.idemKey)
+	}
+	if a.redisKey != "" {
+		releaseRedis(a.redisKey)
+	}
+	if a.poolKey != "" {
+		releasePool(a.poolKey)
+	}
+	return nil
+}
+
+// Store returns the data layer.
+func (a *App) Store() *store.Store { return a.store }
+
+// Health reports the first unavailable dependency.
+func (a *App) Health(ctx context.Context) error {
+	if err := a.store.Ping(ctx); err != nil {
+		return errors.New("Postgres unavailable")
+	}
+	if a.redis != nil {
+		if err := a.redis.Ping(ctx).Err(); err != nil {
+			return errors.New("Redis unavailable")
+		}
+	}
+	return nil
+}
+
+// Interface guards.
+var (
+	_ caddy.App          = (*App)(nil)
+	_ caddy.Provisioner  = (*App)(nil)
+	_ caddy.Validator    = (*App)(nil)
+	_ caddy.CleanerUpper = (*App)(nil)
+)

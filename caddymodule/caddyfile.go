@@ -1,0 +1,224 @@
+package caddymodule
+
+import (
+	"strconv"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+)
+
+func init() {
+	httpcaddyfile.RegisterGlobalOption("wabarelay", parseGlobalOption)
+}
+
+// parseGlobalOption parses the `wabarelay { ... }` global option into the wabarelay app.
+func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
+	if existing != nil {
+		return nil, d.Err("the wabarelay global option may appear only once")
+	}
+	app := new(App)
+	if err := app.UnmarshalCaddyfile(d); err != nil {
+		return nil, err
+	}
+	return httpcaddyfile.App{Name: "wabarelay", Value: caddyconfig.JSON(app, nil)}, nil
+}
+
+// UnmarshalCaddyfile sets up the app from Caddyfile tokens. Syntax:
+//
+//	wabarelay {
+//		database        <dsn>
+//		redis           <url>
+//		encryption_key  <base64 32 bytes>
+//		upstream        <base url with version>
+//		connect_base    <url>
+//		proxy_url       <url>
+//		connect_link_ttl <duration>
+//		register_pin    <6 digits>
+//		skip_migrations
+//		meta {
+//			app_id       <id>
+//			app_secret   <secret>
+//			config_id    <id>
+//			verify_token <token>
+//			sdk_url      <url>
+//		}
+//		delivery {
+//			retry_delays <duration>...
+//			timeout      <duration>
+//			workers      <n>
+//			per_webhook  <n>
+//			lease        <duration>
+//			retention    <duration>
+//			root_ca      <pem file>
+//			allow_private_targets
+//		}
+//		management_rate_limit <requests> [<window>]
+//	}
+func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next() // option name
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	strOpts := map[string]*string{
+		"database": &a.Database, "redis": &a.Redis, "encryption_key": &a.EncryptionKey,
+		"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL,
+		"register_pin": &a.RegisterPIN,
+	}
+	for d.NextBlock(0) {
+		opt := d.Val()
+		switch {
+		case strOpts[opt] != nil:
+			if err := oneArg(d, strOpts[opt]); err != nil {
+				return err
+			}
+		case opt == "connect_link_ttl":
+			if err := durationArg(d, &a.ConnectLinkTTL); err != nil {
+				return err
+			}
+		case opt == "skip_migrations":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			a.SkipMigrations = true
+		case opt == "meta":
+			a.Meta = new(MetaConfig)
+			if err := a.Meta.unmarshal(d); err != nil {
+				return err
+			}
+		case opt == "delivery":
+			a.Delivery = new(DeliveryConfig)
+			if err := a.Delivery.unmarshal(d); err != nil {
+				return err
+			}
+		case opt == "management_rate_limit":
+			rl := new(RateLimitConfig)
+			args := d.RemainingArgs()
+			if len(args) < 1 || len(args) > 2 {
+				return d.ArgErr()
+			}
+			n, err := strconv.Atoi(args[0])
+			if err != nil || n <= 0 {
+				return d.Errf("management_rate_limit: requests must be a positive integer, got %q", args[0])
+			}
+			rl.Requests = n
+			if len(args) == 2 {
+				w, err := caddy.ParseDuration(args[1])
+				if err != nil || w <= 0 {
+					return d.Errf("management_rate_limit: invalid window %q", args[1])
+				}
+				rl.Window = caddy.Duration(w)
+			}
+			a.ManagementRateLimit = rl
+		default:
+			return d.Errf("unrecognized wabarelay option %q", opt)
+		}
+	}
+	return nil
+}
+
+func (m *MetaConfig) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	opts := map[string]*string{
+		"app_id": &m.AppID, "app_secret": &m.AppSecret, "config_id": &m.ConfigID,
+		"verify_token": &m.VerifyToken, "sdk_url": &m.SDKURL,
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		p := opts[d.Val()]
+		if p == nil {
+			return d.Errf("unrecognized meta option %q", d.Val())
+		}
+		if err := oneArg(d, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "retry_delays":
+			args := d.RemainingArgs()
+			if len(args) == 0 {
+				return d.ArgErr()
+			}
+			c.RetryDelays = make([]caddy.Duration, len(args))
+			for i, s := range args {
+				v, perr := caddy.ParseDuration(s)
+				if perr != nil || v < 0 {
+					return d.Errf("retry_delays: invalid duration %q", s)
+				}
+				c.RetryDelays[i] = caddy.Duration(v)
+			}
+		case "timeout":
+			err = durationArg(d, &c.Timeout)
+		case "lease":
+			err = durationArg(d, &c.Lease)
+		case "retention":
+			err = durationArg(d, &c.Retention)
+		case "workers":
+			err = intArg(d, &c.Workers)
+		case "per_webhook":
+			err = intArg(d, &c.PerWebhook)
+		case "root_ca":
+			err = oneArg(d, &c.RootCA)
+		case "allow_private_targets":
+			if d.NextArg() {
+				return d.ArgErr()
+			}
+			c.AllowPrivateTargets = true
+		default:
+			return d.Errf("unrecognized delivery option %q", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func oneArg(d *caddyfile.Dispenser, dst *string) error {
+	if !d.NextArg() {
+		return d.ArgErr()
+	}
+	*dst = d.Val()
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func durationArg(d *caddyfile.Dispenser, dst *caddy.Duration) error {
+	opt := d.Val()
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	v, err := caddy.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return d.Errf("%s: invalid duration %q", opt, s)
+	}
+	*dst = caddy.Duration(v)
+	return nil
+}
+
+func intArg(d *caddyfile.Dispenser, dst *int) error {
+	var s string
+	if err := oneArg(d, &s); err != nil {
+		return err
+	}
+	v, err := strconv.Atoi(s)
+	if err != nil || v <= 0 {
+		return d.Errf("expected a positive integer, got %q", s)
+	}
+	*dst = v
+	return nil
+}

@@ -1,0 +1,487 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func TestMain(m *testing.M) {
+	if args := os.Getenv(childEnv); args != "" {
+		// Run as a Caddy process for the relay tests.
+		os.Args = append([]string{"caddy"}, strings.Fields(args)...)
+		caddycmd.Main()
+		return
+	}
+	testenv.Main(m)
+}
+
+func adapt(t *testing.T, caddyfile string) []byte {
+	t.Helper()
+	cfg, warnings, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(caddyfile), map[string]any{"filename": "Caddyfile"})
+	if err != nil {
+		t.Fatalf("adapt: %v", err)
+	}
+	for _, w := range warnings {
+		t.Logf("adapt warning: %s", w.String())
+	}
+	return cfg
+}
+
+func TestModulesRegistered(t *testing.T) {
+	for _, id := range []string{"wabarelay", "http.handlers.wabarelay_api"} {
+		if _, err := caddy.GetModule(id); err != nil {
+			t.Errorf("module %s: %v", id, err)
+		}
+	}
+	if _, ok := caddycmd.Commands()["wabarelay"]; !ok {
+		t.Error("CLI command wabarelay not registered")
+	}
+}
+
+// TestAdaptRepoCaddyfile: the repo's Caddyfile adapts with no database and no environment, the
+// secrets stay placeholders (never baked into JSON), and access logs filter the API key header.
+func TestAdaptRepoCaddyfile(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("WABARELAY_DATABASE_URL", "postgres://u:supersecret@db/x")
+	cfg := adapt(t, string(raw))
+	if bytes.Contains(cfg, []byte("supersecret")) {
+		t.Fatal("secret from the environment baked into the adapted config")
+	}
+	var parsed struct {
+		Apps struct {
+			Wabarelay *App `json:"wabarelay"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(cfg, &parsed); err != nil {
+		t.Fatal(err)
+	}
+	app := parsed.Apps.Wabarelay
+	if app == nil || app.Database != "{env.WABARELAY_DATABASE_URL}" || app.EncryptionKey != "{env.WABARELAY_ENCRYPTION_KEY}" {
+		t.Fatalf("wabarelay app = %+v", app)
+	}
+	if app.ManagementRateLimit == nil || app.ManagementRateLimit.Requests != 600 || time.Duration(app.ManagementRateLimit.Window) != time.Minute {
+		t.Fatalf("management_rate_limit = %+v", app.ManagementRateLimit)
+	}
+	for _, want := range []string{`"handler":"wabarelay_api"`, `"request\u003eheaders\u003eX-Api-Key":{"filter":"delete"}`, `/connect/REDACTED`, `hub.verify_token=REDACTED`} {
+		if !bytes.Contains(cfg, []byte(want)) {
+			t.Errorf("adapted config lacks %s", want)
+		}
+	}
+}
+
+// TestAdaptAllOptions: every option of the global block parses into the JSON app config.
+func TestAdaptAllOptions(t *testing.T) {
+	cfg := adapt(t, `{
+	wabarelay {
+		database        {env.DB}
+		redis           {env.REDIS}
+		encryption_key  {file./run/secrets/key}
+		upstream        https://graph.facebook.com/v26.0
+		connect_base    https://relay.example.com
+		proxy_url       https://relay.example.com/upstream-proxy
+		connect_link_ttl 24h
+		register_pin    123456
+		skip_migrations
+		meta {
+			app_id       {env.META_APP_ID}
+			app_secret   {env.META_APP_SECRET}
+			config_id    cfg1
+			verify_token {env.VT}
+			sdk_url      https://connect.facebook.net/en_US/sdk.js
+		}
+		delivery {
+			retry_delays  1s 2s
+			timeout       5s
+			workers       8
+			per_webhook   2
+			lease         30s
+			retention     48h
+			root_ca       /tmp/ca.pem
+			allow_private_targets
+		}
+		management_rate_limit 100 30s
+	}
+}
+example.com {
+	handle_path /v1/* {
+		wabarelay_api
+	}
+}`)
+	var parsed struct {
+		Apps struct {
+			Wabarelay json.RawMessage `json:"wabarelay"`
+		} `json:"apps"`
+	}
+	json.Unmarshal(cfg, &parsed)
+	want := `{"database":"{env.DB}","redis":"{env.REDIS}","encryption_key":"{file./run/secrets/key}",` +
+		`"upstream":"https://graph.facebook.com/v26.0","connect_base":"https://relay.example.com",` +
+		`"proxy_url":"https://relay.example.com/upstream-proxy","connect_link_ttl":86400000000000,` +
+		`"meta":{"app_id":"{env.META_APP_ID}","app_secret":"{env.META_APP_SECRET}","config_id":"cfg1","verify_token":"{env.VT}",` +
+		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
+		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,` +
+		`"lease":30000000000,"retention":172800000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
+		`"management_rate_limit":{"requests":100,"window":30000000000},"skip_migrations":true}`
+	if string(parsed.Apps.Wabarelay) != want {
+		t.Fatalf("app JSON:\n got %s\nwant %s", parsed.Apps.Wabarelay, want)
+	}
+	for _, bad := range []string{
+		`{ wabarelay { bogus 1 } }`,
+		`{ wabarelay { database } }`,
+		`{ wabarelay { connect_link_ttl soon } }`,
+		`{ wabarelay { management_rate_limit -5 } }`,
+		`{ wabarelay { delivery { workers none } } }`,
+		`{ wabarelay { meta { nope x } } }`,
+	} {
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(bad+"\n:80 {\n respond ok\n}"), nil); err == nil {
+			t.Errorf("adapted invalid config %q", bad)
+		}
+	}
+}
+
+// instance is an in-process Caddy with the wabarelay app on a test database.
+type instance struct {
+	t    *testing.T
+	port int
+	dsn  string
+	key  string // an API key of a test org
+	pool *pgxpool.Pool
+}
+
+func caddyfileFor(port int, extra string) string {
+	return fmt.Sprintf(`{
+	admin off
+	persist_config off
+	wabarelay {
+		database       {env.WBR_TEST_DATABASE}
+		encryption_key {env.WBR_TEST_KEY}
+		connect_base   https://relay.test
+		%s
+	}
+}
+http://127.0.0.1:%d {
+	handle_path /v1/* {
+		wabarelay_api
+	}
+}`, extra, port)
+}
+
+func startInstance(t *testing.T) *instance {
+	t.Helper()
+	key := make([]byte, 32)
+	rand.Read(key)
+	in := &instance{t: t, port: testenv.FreePort(t), dsn: testenv.Postgres(t)}
+	t.Setenv("WBR_TEST_DATABASE", in.dsn)
+	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(key))
+	in.load(caddyfileFor(in.port, ""))
+	t.Cleanup(func() { caddy.Stop() })
+
+	pool, err := pgxpool.New(context.Background(), in.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	in.pool = pool
+	box, _ := secretbox.New(key)
+	st := store.New(pool, box)
+	org, err := st.CreateOrg(context.Background(), "org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, in.key, err = st.CreateAPIKey(context.Background(), org.ID, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in
+}
+
+func (in *instance) load(caddyfile string) {
+	in.t.Helper()
+	if err := caddy.Load(adapt(in.t, caddyfile), true); err != nil {
+		in.t.Fatalf("load: %v", err)
+	}
+}
+
+func (in *instance) request(method, path, body string) (int, []byte, error) {
+	req, _ := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", in.port, path), strings.NewReader(body))
+	req.Header.Set("X-Api-Key", in.key)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, b, err
+}
+
+func poolRefs(t *testing.T, dsn string) int {
+	t.Helper()
+	n, _ := pgPools.References(poolKeyFor("pg", dsn))
+	return n
+}
+
+// TestServeAndReload: the built handler serves the API through Caddy; reloading with a changed
+// config while requests are running drops none of them and leaves one pool reference.
+func TestServeAndReload(t *testing.T) {
+	in := startInstance(t)
+	status, body, err := in.request("POST", "/v1/channels", `{"name":"via caddy"}`)
+	if err != nil || status != 201 || !bytes.Contains(body, []byte(`"connect_url":"https://relay.test/connect/`)) {
+		t.Fatalf("create channel through caddy: %d %s %v", status, body, err)
+	}
+	status, body, _ = in.request("GET", "/v1/nope", "")
+	if status != 404 || string(bytes.TrimSpace(body)) != `{"error":"Not found"}` {
+		t.Fatalf("unknown path: %d %s", status, body)
+	}
+	if n := poolRefs(t, in.dsn); n != 1 {
+		t.Fatalf("pool references = %d, want 1", n)
+	}
+
+	// Every answer the server gives during reloads must be a 200: a handler on an old config
+	// must still have its pool, store and limiter. Connection-level errors (a reset or EOF
+	// before any response) come from Caddy handing its listening socket to the new config
+	// (SO_REUSEPORT: connections queued on the old socket are reset), not from our modules;
+	// they are counted and logged, not failed.
+	var stop atomic.Bool
+	var failures, ok, connErrs atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				status, body, err := in.request("GET", "/v1/channels", "")
+				switch {
+				case err != nil:
+					connErrs.Add(1)
+				case status != 200:
+					failures.Add(1)
+					t.Logf("request during reload: %d %s", status, body)
+				default:
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	for i := 0; i < 5; i++ {
+		time.Sleep(50 * time.Millisecond)
+		in.load(caddyfileFor(in.port, fmt.Sprintf("management_rate_limit %d 1m", 100000+i)))
+	}
+	time.Sleep(50 * time.Millisecond)
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("during 5 reloads: %d ok, %d failed answers, %d connection errors", ok.Load(), failures.Load(), connErrs.Load())
+	if failures.Load() != 0 || ok.Load() == 0 {
+		t.Fatalf("during 5 reloads: %d ok, %d failed answers", ok.Load(), failures.Load())
+	}
+	if n := poolRefs(t, in.dsn); n != 1 {
+		t.Fatalf("pool references after reloads = %d, want 1 (leak)", n)
+	}
+	if n := len(memLimiterKeys()); n != 1 {
+		t.Fatalf("%d memory limiters after reloads, want 1", n)
+	}
+}
+
+func memLimiterKeys() []any {
+	var keys []any
+	memLimiters.Range(func(k, _ any) bool { keys = append(keys, k); return true })
+	return keys
+}
+
+// TestStartFailsWithoutDatabase: an unreachable database fails the load with a clear error that
+// does not contain the password, and releases what Provision acquired.
+func TestStartFailsWithoutDatabase(t *testing.T) {
+	key := make([]byte, 32)
+	rand.Read(key)
+	dsn := fmt.Sprintf("postgres://wabarelay:s3cretpw@127.0.0.1:%d/db?connect_timeout=2", testenv.FreePort(t))
+	t.Setenv("WBR_TEST_DATABASE", dsn)
+	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(key))
+	err := caddy.Load(adapt(t, caddyfileFor(testenv.FreePort(t), "")), true)
+	t.Cleanup(func() { caddy.Stop() })
+	if err == nil {
+		t.Fatal("load succeeded without a database")
+	}
+	if strings.Contains(err.Error(), "s3cretpw") {
+		t.Fatalf("error reveals the password: %v", err)
+	}
+	if !strings.Contains(err.Error(), "postgres") {
+		t.Fatalf("error does not say what failed: %v", err)
+	}
+	time.Sleep(10 * time.Millisecond)
+	if n := poolRefs(t, dsn); n != 0 {
+		t.Fatalf("pool still referenced after failed start: %d", n)
+	}
+}
+
+func TestProvisionErrors(t *testing.T) {
+	for name, tc := range map[string]struct{ env map[string]string }{
+		"no database":   {map[string]string{"WBR_TEST_KEY": base64.StdEncoding.EncodeToString(make([]byte, 32))}},
+		"no key":        {map[string]string{"WBR_TEST_DATABASE": "postgres://x@127.0.0.1/db"}},
+		"short key":     {map[string]string{"WBR_TEST_DATABASE": "postgres://x@127.0.0.1/db", "WBR_TEST_KEY": "c2hvcnQ="}},
+		"bad DSN value": {map[string]string{"WBR_TEST_DATABASE": "postgres://u:pw@host:notaport/db", "WBR_TEST_KEY": base64.StdEncoding.EncodeToString(make([]byte, 32))}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Setenv("WBR_TEST_DATABASE", "")
+			t.Setenv("WBR_TEST_KEY", "")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			err := caddy.Validate(mustConfig(t, adapt(t, caddyfileFor(testenv.FreePort(t), ""))))
+			if err == nil {
+				t.Fatal("validate succeeded")
+			}
+			if strings.Contains(err.Error(), "pw@") {
+				t.Fatalf("error reveals the DSN: %v", err)
+			}
+		})
+	}
+}
+
+func mustConfig(t *testing.T, raw []byte) *caddy.Config {
+	var cfg caddy.Config
+	if err := json.Unmarshal(raw, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	return &cfg
+}
+
+// runCLI runs `caddy wabarelay <args>` in-process and returns its output lines.
+func runCLITest(t *testing.T, args ...string) ([]map[string]any, error) {
+	t.Helper()
+	root := &cobra.Command{Use: "wabarelay"}
+	caddycmd.Commands()["wabarelay"].CobraFunc(root)
+	var out bytes.Buffer
+	root.SetOut(&out)
+	root.SetErr(io.Discard)
+	root.SetArgs(args)
+	root.SetContext(context.Background())
+	err := root.Execute()
+	var lines []map[string]any
+	for _, l := range bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n")) {
+		if len(l) == 0 {
+			continue
+		}
+		var m map[string]any
+		if jerr := json.Unmarshal(l, &m); jerr != nil {
+			t.Fatalf("CLI output line is not JSON: %q", l)
+		}
+		lines = append(lines, m)
+	}
+	return lines, err
+}
+
+func TestCLI(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	dsn := srv.DSN("postgres")
+	key := make([]byte, 32)
+	rand.Read(key)
+	t.Setenv("WABARELAY_DATABASE_URL", dsn)
+	t.Setenv("WABARELAY_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(key))
+
+	for i := 0; i < 2; i++ {
+		out, err := runCLITest(t, "migrate")
+		if err != nil || len(out) != 1 || out[0]["schema_version"] != out[0]["latest_version"] {
+			t.Fatalf("migrate #%d: %v %v", i, out, err)
+		}
+	}
+	out, err := runCLITest(t, "org", "create", "--name", "Acme")
+	if err != nil || len(out) != 1 || out[0]["name"] != "Acme" {
+		t.Fatalf("org create: %v %v", out, err)
+	}
+	orgID := out[0]["id"].(string)
+	out, err = runCLITest(t, "apikey", "create", "--org", orgID, "--name", "ci", "--expires-in", "1h", "--database", dsn)
+	if err != nil || len(out) != 1 {
+		t.Fatalf("apikey create: %v %v", out, err)
+	}
+	apiKey, _ := out[0]["key"].(string)
+	keyID := out[0]["id"].(string)
+	if !strings.HasPrefix(apiKey, "crt_pk_") || out[0]["expires_at"] == nil || !strings.HasPrefix(apiKey, out[0]["prefix"].(string)) {
+		t.Fatalf("apikey create output: %v", out[0])
+	}
+	runCLITest(t, "apikey", "create", "--org", orgID)
+	out, err = runCLITest(t, "apikey", "list", "--org", orgID)
+	if err != nil || len(out) != 2 || out[0]["id"] != keyID {
+		t.Fatalf("apikey list: %v %v", out, err)
+	}
+	for _, line := range out {
+		if _, has := line["key"]; has || strings.Contains(fmt.Sprint(line), apiKey) {
+			t.Fatalf("list shows a key: %v", line)
+		}
+	}
+
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	box, _ := secretbox.New(key)
+	st := store.New(pool, box)
+	if _, err := st.AuthenticateAPIKey(context.Background(), apiKey); err != nil {
+		t.Fatalf("created key does not authenticate: %v", err)
+	}
+	out, err = runCLITest(t, "apikey", "revoke", "--id", keyID)
+	if err != nil || out[0]["revoked_at"] == nil {
+		t.Fatalf("revoke: %v %v", out, err)
+	}
+	if _, err := st.AuthenticateAPIKey(context.Background(), apiKey); err != store.ErrInvalidAPIKey {
+		t.Fatalf("revoked key: %v", err)
+	}
+
+	orgUUID := uuid.MustParse(orgID)
+	ch, err := st.CreateChannel(context.Background(), orgUUID, "c", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLITest(t, "channel", "deactivate", "--id", ch.ID.String())
+	if err != nil || out[0]["status"] != "inactive" || out[0]["inactive_reason"] != "operator" {
+		t.Fatalf("deactivate: %v %v", out, err)
+	}
+	if strings.Contains(fmt.Sprint(out), ch.ChannelToken) {
+		t.Fatal("deactivate prints the channel token")
+	}
+
+	// errors: exit with an error and print nothing
+	for _, args := range [][]string{
+		{"org", "create"},
+		{"apikey", "create", "--org", "not-a-uuid"},
+		{"apikey", "revoke", "--id", "00000000-0000-0000-0000-000000000000"},
+		{"apikey", "create", "--org", orgID, "--expires-in", "soon"},
+		{"channel", "deactivate", "--id", "00000000-0000-0000-0000-000000000000"},
+	} {
+		if out, err := runCLITest(t, args...); err == nil || len(out) != 0 {
+			t.Errorf("%v: out %v err %v", args, out, err)
+		}
+	}
+	t.Setenv("WABARELAY_DATABASE_URL", "")
+	if _, err := runCLITest(t, "migrate"); err == nil || !strings.Contains(err.Error(), "WABARELAY_DATABASE_URL") {
+		t.Fatalf("no database: %v", err)
+	}
+}

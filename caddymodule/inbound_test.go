@@ -1,0 +1,159 @@
+package caddymodule
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+const (
+	testAppSecret   = "meta-app-secret"
+	testVerifyToken = "verify-me"
+)
+
+func signedPost(t *testing.T, url, secret, body string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if secret != "" {
+		req.Header.Set(inbound.SignatureHeader, inbound.Sign(secret, []byte(body)))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// upstreamBatch is an upstream webhook post: for each number, its messages and statuses.
+func upstreamBatch(changes map[string][2][]string) string {
+	var parts []string
+	for pn, c := range changes {
+		var msgs, sts []string
+		for _, id := range c[0] {
+			msgs = append(msgs, fmt.Sprintf(`{"from":"15550001111","id":"wamid.%s","timestamp":"1700000000","type":"text","text":{"body":"hi %s"}}`, id, id))
+		}
+		for _, id := range c[1] {
+			sts = append(sts, fmt.Sprintf(`{"id":"wamid.%s","status":"delivered","timestamp":"1700000001","recipient_id":"15550001111"}`, id))
+		}
+		parts = append(parts, fmt.Sprintf(`{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550100","phone_number_id":"%s"},`+
+			`"contacts":[{"profile":{"name":"Ann"},"wa_id":"15550001111"}],"messages":[%s],"statuses":[%s]}}`, pn, strings.Join(msgs, ","), strings.Join(sts, ",")))
+	}
+	return `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","changes":[` + strings.Join(parts, ",") + `]}]}`
+}
+
+func TestInbound(t *testing.T) {
+	e := newRelayEnv(t, "")
+	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),
+		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
+	url := origin + "/webhooks/upstream"
+	ctx := context.Background()
+
+	// verification
+	resp, err := http.Get(url + "?hub.mode=subscribe&hub.verify_token=" + testVerifyToken + "&hub.challenge=1158201444")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || string(b) != "1158201444" {
+		t.Fatalf("verification: %d %q", resp.StatusCode, b)
+	}
+	resp, _ = http.Get(url + "?hub.mode=subscribe&hub.verify_token=wrong&hub.challenge=1")
+	resp.Body.Close()
+	if resp.StatusCode != 403 {
+		t.Fatalf("wrong verify token: %d", resp.StatusCode)
+	}
+
+	c1 := e.channelOn(true, pnid)
+	c2 := e.channelOn(true, pnid2)
+	orgB, _ := e.store.CreateOrg(ctx, "B")
+	cB, _ := e.store.CreateChannel(ctx, orgB.ID, "b", time.Hour)
+	if err := e.store.ConnectChannel(ctx, cB.ID, store.Connection{PhoneNumberID: pnid3, WabaID: "w3", UpstreamToken: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	hook := func(org uuid.UUID, events []string, chans ...uuid.UUID) uuid.UUID {
+		w, _, err := e.store.CreateWebhook(ctx, org, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: events, ChannelIDs: chans})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.ID
+	}
+	orgHook := hook(e.org, []string{"messages", "message_status"})
+	statusHook := hook(e.org, []string{"message_status"})
+	c2Hook := hook(e.org, []string{"messages", "message_status"}, c2.ID)
+	bHook := hook(orgB.ID, []string{"messages", "message_status"})
+	_ = c1
+
+	batch := upstreamBatch(map[string][2][]string{pnid: {{"a1", "a2", "a3"}, {"s1"}}, pnid2: {nil, {"s2"}}, "777": {{"x"}, nil}})
+	// bad or missing signature: 401 and nothing stored
+	for _, secret := range []string{"", "wrong-secret"} {
+		if status, body := signedPost(t, url, secret, batch); status != 401 {
+			t.Fatalf("signature %q: %d %s", secret, status, body)
+		}
+	}
+	if n := e.count("events"); n != 0 {
+		t.Fatalf("%d events stored from unsigned posts", n)
+	}
+	// 3 messages + 2 statuses (+1 message for an unknown number)
+	status, body := signedPost(t, url, testAppSecret, batch)
+	if status != 200 || !strings.Contains(body, `"events":5`) {
+		t.Fatalf("batch: %d %s", status, body)
+	}
+	want := map[uuid.UUID]int{orgHook: 5, statusHook: 2, c2Hook: 1, bHook: 0}
+	for id, n := range want {
+		if got := e.countWhere("deliveries", "webhook_id", id); got != n {
+			t.Errorf("webhook %v: %d deliveries, want %d", id, got, n)
+		}
+	}
+	// the upstream re-sends: no new events or deliveries
+	before := e.count("deliveries")
+	if status, body := signedPost(t, url, testAppSecret, batch); status != 200 || !strings.Contains(body, `"duplicates":5`) {
+		t.Fatalf("re-send: %d %s", status, body)
+	}
+	if after := e.count("deliveries"); after != before {
+		t.Fatalf("re-send created %d deliveries", after-before)
+	}
+	// garbage signed → 400; huge → 413
+	if status, _ := signedPost(t, url, testAppSecret, `{"object":"page"}`); status != 400 {
+		t.Fatalf("other object: %d", status)
+	}
+	if status, _ := signedPost(t, url, testAppSecret, `{"x":"`+strings.Repeat("a", 4<<20)+`"}`); status != 413 {
+		t.Fatalf("huge body: %d", status)
+	}
+	// an account banned upstream deactivates its channels
+	banned := `{"object":"whatsapp_business_account","entry":[{"id":"w3","time":1700000000,"changes":[{"field":"account_update","value":{"event":"ACCOUNT_BANNED"}}]}]}`
+	if status, body := signedPost(t, url, testAppSecret, banned); status != 200 {
+		t.Fatalf("account update: %d %s", status, body)
+	}
+	if c, _ := e.store.GetChannel(ctx, orgB.ID, cB.ID); c.Status != "inactive" {
+		t.Fatalf("banned account's channel is %s", c.Status)
+	}
+}
+
+func (e *relayEnv) count(table string) int {
+	var n int
+	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}
+
+func (e *relayEnv) countWhere(table, col string, v any) int {
+	var n int
+	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+col+" = $1", v).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
+}

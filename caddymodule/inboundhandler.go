@@ -1,0 +1,155 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func init() {
+	caddy.RegisterModule(new(InboundHandler))
+	httpcaddyfile.RegisterHandlerDirective("wabarelay_inbound", parseInboundHandler)
+	httpcaddyfile.RegisterDirectiveOrder("wabarelay_inbound", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// maxInboundBody is the largest webhook body accepted: the upstream batches up to 3 MB.
+const maxInboundBody = 3<<20 + 64<<10
+
+// InboundHandler receives the upstream's webhooks (the callback URL given to the upstream app,
+// e.g. `handle /webhooks/upstream { wabarelay_inbound }`). GET answers the verification with
+// `meta.verify_token`; POST verifies X-Hub-Signature-256 with `meta.app_secret`, splits the
+// batch into one event per message and status, and stores the events with their deliveries in
+// one transaction before answering 200. It answers 503 (so the upstream retries) when the
+// events could not be stored, and never 200 for anything it did not store.
+type InboundHandler struct {
+	app *App
+}
+
+// CaddyModule returns the Caddy module information.
+func (*InboundHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.wabarelay_inbound", New: func() caddy.Module { return new(InboundHandler) }}
+}
+
+// Provision sets up the handler.
+func (h *InboundHandler) Provision(ctx caddy.Context) (err error) {
+	h.app, err = appFrom(ctx)
+	return err
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *InboundHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
+	switch r.Method {
+	case http.MethodGet:
+		q := r.URL.Query()
+		challenge, ok := inbound.Verify(q.Get("hub.mode"), q.Get("hub.verify_token"), q.Get("hub.challenge"), h.app.meta.VerifyToken)
+		if !ok {
+			managementapi.WriteError(w, http.StatusForbidden, "Verification failed")
+			return nil
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		w.Write([]byte(challenge))
+	case http.MethodPost:
+		h.receive(w, r)
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		managementapi.WriteError(w, http.StatusMethodNotAllowed, managementapi.MsgMethod)
+	}
+	return nil
+}
+
+func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			managementapi.WriteError(w, http.StatusRequestEntityTooLarge, "Request body too large")
+		}
+		return
+	}
+	if !inbound.VerifySignature(h.app.meta.AppSecret, body, r.Header.Get(inbound.SignatureHeader)) {
+		h.app.metrics.inboundRejected.Inc()
+		managementapi.WriteError(w, http.StatusUnauthorized, "Invalid signature")
+		return
+	}
+	batch, err := inbound.Parse(body)
+	if err != nil {
+		managementapi.WriteError(w, http.StatusBadRequest, "Invalid webhook body")
+		return
+	}
+	items := make([]store.IncomingItem, len(batch.Items))
+	for i, it := range batch.Items {
+		items[i] = store.IncomingItem{Type: it.Kind, PhoneNumberID: it.PhoneNumberID, DedupeKey: it.DedupeKey, Data: it.Data}
+	}
+	res, err := h.app.store.StoreEvents(r.Context(), items)
+	if err != nil {
+		h.app.logger.Warn("inbound: storing events failed; the upstream will retry", zap.Error(err))
+		w.Header().Set("Retry-After", "5")
+		managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+		return
+	}
+	for typ, n := range res.ByType {
+		h.app.metrics.inboundEvents.WithLabelValues(typ).Add(float64(n))
+	}
+	h.app.metrics.inboundDuplicates.Add(float64(res.Duplicates))
+	if res.Unknown > 0 {
+		h.app.metrics.inboundUnknown.Add(float64(res.Unknown))
+		h.app.logger.Warn("inbound: items for unknown phone numbers dropped", zap.Int("count", res.Unknown))
+	}
+	if err := h.accountChanges(r.Context(), batch.Accounts); err != nil {
+		h.app.logger.Warn("inbound: account change not applied; the upstream will retry", zap.Error(err))
+		w.Header().Set("Retry-After", "5")
+		managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+		return
+	}
+	managementapi.WriteJSON(w, http.StatusOK, map[string]int{"events": res.Events, "duplicates": res.Duplicates})
+}
+
+// accountChanges applies the account-level changes that matter for channel state: a business
+// account banned or deleted upstream makes its channels inactive.
+func (h *InboundHandler) accountChanges(ctx context.Context, changes []inbound.AccountChange) error {
+	for _, c := range changes {
+		switch c.Event {
+		case "ACCOUNT_BANNED", "ACCOUNT_DELETED", "DISABLED_UPDATE":
+			n, err := h.app.store.DeactivateByWaba(ctx, c.WabaID)
+			if err != nil {
+				return err
+			}
+			h.app.logger.Warn("inbound: business account removed upstream; channels deactivated",
+				zap.String("waba_id", c.WabaID), zap.String("event", c.Event), zap.Int("channels", n))
+		}
+	}
+	return nil
+}
+
+// UnmarshalCaddyfile sets up the handler from Caddyfile tokens. Syntax: `wabarelay_inbound`.
+func (h *InboundHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
+	d.Next()
+	if d.NextArg() || d.NextBlock(0) {
+		return d.ArgErr()
+	}
+	return nil
+}
+
+func parseInboundHandler(h httpcaddyfile.Helper) (caddyhttp.MiddlewareHandler, error) {
+	m := new(InboundHandler)
+	err := m.UnmarshalCaddyfile(h.Dispenser)
+	return m, err
+}
+
+// Interface guards.
+var (
+	_ caddy.Provisioner           = (*InboundHandler)(nil)
+	_ caddyhttp.MiddlewareHandler = (*InboundHandler)(nil)
+	_ caddyfile.Unmarshaler       = (*InboundHandler)(nil)
+)

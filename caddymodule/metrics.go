@@ -1,0 +1,112 @@
+package caddymodule
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are wabarelay's collectors. They are created once per process and registered into
+// every config's registry (Caddy makes a new registry per config load), keeping their values
+// across reloads. No label carries a token or a channel id.
+type metrics struct {
+	relayRequests   *prometheus.CounterVec
+	rateLimited     prometheus.Counter
+	replays         prometheus.Counter
+	upstreamLatency prometheus.Histogram
+
+	inboundEvents     *prometheus.CounterVec
+	inboundDuplicates prometheus.Counter
+	inboundUnknown    prometheus.Counter
+	inboundRejected   prometheus.Counter
+
+	deliveries     *prometheus.CounterVec
+	attemptLatency prometheus.Histogram
+}
+
+var (
+	metricsOnce sync.Once
+	theMetrics  *metrics
+)
+
+func registerMetrics(reg *prometheus.Registry) *metrics {
+	metricsOnce.Do(func() {
+		const ns, sub = "caddy", "wabarelay"
+		theMetrics = &metrics{
+			relayRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_requests_total", Help: "Relay requests by outcome."}, []string{"outcome"}),
+			rateLimited: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_rate_limited_total", Help: "Relay requests refused by the per-channel rate limit."}),
+			replays: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_idempotent_replays_total", Help: "Sends answered from a stored response (idempotency_key)."}),
+			upstreamLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_upstream_duration_seconds", Help: "Time from forwarding a relay call to the upstream's answer.",
+				Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+			inboundEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_events_total", Help: "Events stored from upstream webhooks, by type."}, []string{"type"}),
+			inboundDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_duplicates_total", Help: "Upstream webhook items dropped as re-sends of stored ones."}),
+			inboundUnknown: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_unknown_number_total", Help: "Upstream webhook items for phone numbers no channel has (dropped)."}),
+			inboundRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_rejected_total", Help: "Upstream webhook posts refused for a bad signature."}),
+			deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "delivery_attempts_total", Help: "Webhook delivery attempts by outcome (delivered, retrying, failed)."}, []string{"outcome"}),
+			attemptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+				Name: "delivery_attempt_duration_seconds", Help: "Duration of webhook delivery attempts.",
+				Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
+		}
+	})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{theMetrics.relayRequests, theMetrics.rateLimited, theMetrics.replays, theMetrics.upstreamLatency,
+			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
+			theMetrics.deliveries, theMetrics.attemptLatency} {
+			var are prometheus.AlreadyRegisteredError
+			if err := reg.Register(c); err != nil && !errors.As(err, &are) {
+				panic(err)
+			}
+		}
+	}
+	return theMetrics
+}
+
+// queueCollector reports the delivery queue at scrape time: deliveries due now (pending and due,
+// or in flight with an expired lease) and the age of the oldest due one. It is registered per
+// config, with that config's pool.
+type queueCollector struct {
+	pool       *pgxpool.Pool
+	depth, age *prometheus.Desc
+}
+
+func newQueueCollector(pool *pgxpool.Pool) queueCollector {
+	return queueCollector{pool: pool,
+		depth: prometheus.NewDesc("caddy_wabarelay_delivery_queue_depth", "Deliveries due now (active webhooks).", nil, nil),
+		age:   prometheus.NewDesc("caddy_wabarelay_delivery_oldest_due_seconds", "Age of the oldest delivery due now.", nil, nil)}
+}
+
+// Describe implements prometheus.Collector.
+func (c queueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.depth; ch <- c.age }
+
+// Collect implements prometheus.Collector. A database that does not answer in 2 s yields no
+// samples rather than a stalled scrape.
+func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	var n int64
+	var age float64
+	err := c.pool.QueryRow(ctx, `
+		SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(d.next_attempt_at)), 0)::float8
+		FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
+		WHERE w.status = 'active' AND ((d.status = 'pending' AND d.next_attempt_at <= now())
+		   OR (d.status = 'in_flight' AND d.locked_until < now()))`).Scan(&n, &age)
+	if err != nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.depth, prometheus.GaugeValue, float64(n))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, age)
+}

@@ -1,0 +1,137 @@
+package caddymodule
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+)
+
+func init() {
+	httpcaddyfile.RegisterDirective("wabarelay_proxy", parseProxyDirective)
+	httpcaddyfile.RegisterDirectiveOrder("wabarelay_proxy", httpcaddyfile.Before, "reverse_proxy")
+}
+
+// upstreamTimeout bounds the wait for the upstream's response headers.
+const upstreamTimeout = 30 * time.Second
+
+// upstreamVar is the request variable holding the upstream's dial address, set by
+// wabarelay_upstream_auth from the app's resolved `upstream` option.
+const upstreamVar = "wabarelay_upstream"
+
+// parseProxyDirective expands `wabarelay_proxy`, like php_fastcgi, into a subroute:
+//
+//	wabarelay_channel_auth → wabarelay_rate_limit → wabarelay_idempotency →
+//	wabarelay_upstream_auth → reverse_proxy (to the app's `upstream`)
+//
+// Syntax:
+//
+//	wabarelay_proxy [<matcher>] {
+//		rate_limit <requests> [<window>]   # per channel; default 100 1m
+//		<any reverse_proxy subdirective>    # e.g. flush_interval, transport http { ... }
+//	}
+//
+// The upstream comes from the wabarelay global option. When it is a literal URL its scheme
+// decides TLS; when it is a placeholder, TLS is assumed (the upstream is HTTPS in production).
+func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, error) {
+	h.Next() // directive name
+	userMatcherSet, err := h.ExtractMatcherSet()
+	if err != nil {
+		return nil, err
+	}
+	rl := new(RelayRateLimit)
+	dispenser := h.NewFromNextSegment()
+	for dispenser.Next() {
+		if dispenser.NextArg() {
+			return nil, dispenser.Err("wabarelay_proxy takes no arguments; its upstream is the wabarelay global option's `upstream`")
+		}
+		for dispenser.NextBlock(0) {
+			switch dispenser.Val() {
+			case "rate_limit":
+				args := dispenser.RemainingArgs()
+				if len(args) < 1 || len(args) > 2 {
+					return nil, dispenser.ArgErr()
+				}
+				n, err := strconv.Atoi(args[0])
+				if err != nil || n <= 0 {
+					return nil, dispenser.Errf("rate_limit: requests must be a positive integer, got %q", args[0])
+				}
+				rl.Requests = n
+				if len(args) == 2 {
+					w, err := caddy.ParseDuration(args[1])
+					if err != nil || w <= 0 {
+						return nil, dispenser.Errf("rate_limit: invalid window %q", args[1])
+					}
+					rl.Window = caddy.Duration(w)
+				}
+				dispenser.DeleteN(len(args) + 1)
+			case "to":
+				return nil, dispenser.Err("wabarelay_proxy takes its upstream from the wabarelay global option's `upstream`")
+			}
+		}
+	}
+	dispenser.Reset()
+
+	useTLS := true
+	if app, ok := h.Option("wabarelay").(httpcaddyfile.App); ok {
+		var cfg App
+		if json.Unmarshal(app.Value, &cfg) == nil && cfg.Upstream != "" && !strings.Contains(cfg.Upstream, "{") {
+			u, err := url.Parse(cfg.Upstream)
+			if err != nil || u.Host == "" {
+				return nil, h.Errf("wabarelay upstream %q is not a URL", cfg.Upstream)
+			}
+			useTLS = u.Scheme == "https"
+		}
+	}
+
+	rp := new(reverseproxy.Handler)
+	if err := rp.UnmarshalCaddyfile(dispenser); err != nil {
+		return nil, err
+	}
+	if err := rp.FinalizeUnmarshalCaddyfile(h); err != nil {
+		return nil, err
+	}
+	rp.Upstreams = reverseproxy.UpstreamPool{{Dial: "{http.vars." + upstreamVar + "}"}}
+	if rp.TransportRaw == nil {
+		transport := &reverseproxy.HTTPTransport{ResponseHeaderTimeout: caddy.Duration(upstreamTimeout)}
+		if useTLS {
+			transport.TLS = new(reverseproxy.TLSConfig)
+		}
+		rp.TransportRaw = caddyconfig.JSONModuleObject(transport, "protocol", "http", nil)
+	}
+	if rp.Headers == nil {
+		rp.Headers = new(headers.Handler)
+	}
+	if rp.Headers.Request == nil {
+		rp.Headers.Request = new(headers.HeaderOps)
+	}
+	if rp.Headers.Request.Set == nil {
+		rp.Headers.Request.Set = http.Header{}
+	}
+	rp.Headers.Request.Set.Set("Host", "{http.reverse_proxy.upstream.hostport}")
+
+	route := caddyhttp.Route{HandlersRaw: []json.RawMessage{
+		caddyconfig.JSONModuleObject(new(ChannelAuth), "handler", "wabarelay_channel_auth", nil),
+		caddyconfig.JSONModuleObject(rl, "handler", "wabarelay_rate_limit", nil),
+		caddyconfig.JSONModuleObject(new(Idempotency), "handler", "wabarelay_idempotency", nil),
+		caddyconfig.JSONModuleObject(new(UpstreamAuth), "handler", "wabarelay_upstream_auth", nil),
+		caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil),
+	}}
+	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{route}}
+	if userMatcherSet != nil {
+		return []httpcaddyfile.ConfigValue{{Class: "route", Value: caddyhttp.Route{
+			MatcherSetsRaw: []caddy.ModuleMap{userMatcherSet},
+			HandlersRaw:    []json.RawMessage{caddyconfig.JSONModuleObject(subroute, "handler", "subroute", nil)},
+		}}}, nil
+	}
+	return []httpcaddyfile.ConfigValue{{Class: "route", Value: subroute}}, nil
+}

@@ -1,0 +1,558 @@
+package caddymodule
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// childEnv, when set, makes the test binary run Caddy with these arguments instead of tests
+// (see TestMain): relay tests run each Caddy instance as its own process.
+const childEnv = "WABARELAY_TEST_CADDY_ARGS"
+
+// relayEnv is a relay test world: fake upstream, database, Redis, and channels.
+type relayEnv struct {
+	t        *testing.T
+	fake     *fakegraph.Server
+	dsn      string
+	redisURL string
+	keyB64   string
+	store    *store.Store
+	pool     *pgxpool.Pool
+	org      uuid.UUID
+	procs    map[string]*exec.Cmd // Caddy processes by origin
+}
+
+const (
+	pnid        = "1001"
+	wabaID      = "2001"
+	realToken   = "EAAGrealUpstreamToken1234567890"
+	pnid2       = "1002"
+	pnid3       = "1003"
+	otherPnid   = "9009"
+	proxyPrefix = "/upstream-proxy"
+)
+
+func newRelayEnv(t *testing.T, redisURL string) *relayEnv {
+	t.Helper()
+	key := make([]byte, 32)
+	rand.Read(key)
+	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: testenv.Postgres(t), redisURL: redisURL,
+		keyB64: base64.StdEncoding.EncodeToString(key)}
+	e.fake.Start()
+	t.Cleanup(e.fake.Close)
+	for _, n := range []string{pnid, pnid2, pnid3} {
+		e.fake.AddNumber(n, wabaID, "+1 555 0100", "Acme")
+	}
+	e.fake.AddToken(realToken, []string{pnid, pnid2, pnid3}, []string{wabaID})
+	e.fake.AddTemplates(wabaID,
+		fakegraph.Template{ID: "t1", Name: "hello_world", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
+		fakegraph.Template{ID: "t2", Name: "order_update", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
+		fakegraph.Template{ID: "t3", Name: "promo", Status: "APPROVED", Category: "MARKETING", Language: "en_US"})
+	pool, err := pgxpool.New(context.Background(), e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	box, _ := secretbox.New(key)
+	e.pool, e.store = pool, store.New(pool, box)
+	org, err := e.store.CreateOrg(context.Background(), "org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.org = org.ID
+	return e
+}
+
+// channel creates a channel; connected ones are active on the fake's number pnid.
+func (e *relayEnv) channel(connected bool) store.Channel {
+	return e.channelOn(connected, pnid)
+}
+
+func (e *relayEnv) channelOn(connected bool, number string) store.Channel {
+	e.t.Helper()
+	ctx := context.Background()
+	c, err := e.store.CreateChannel(ctx, e.org, "c", time.Hour)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if connected {
+		if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: number, WabaID: wabaID,
+			DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return c
+}
+
+// caddy starts a Caddy process running the relay and returns its base URL ({proxy_url}).
+func (e *relayEnv) caddy(redisURL string) string {
+	e.t.Helper()
+	return e.caddyWith(redisURL, "", "") + proxyPrefix
+}
+
+// caddyWith starts a Caddy process with extra lines in the wabarelay option and the site, and
+// returns its origin.
+func (e *relayEnv) caddyWith(redisURL, appExtra, siteExtra string) string {
+	e.t.Helper()
+	port := testenv.FreePort(e.t)
+	redisLine := appExtra
+	if redisURL != "" {
+		redisLine += "\nredis {env.WBR_TEST_REDIS}"
+	}
+	cfg := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	wabarelay {
+		database       {env.WBR_TEST_DATABASE}
+		encryption_key {env.WBR_TEST_KEY}
+		%s
+		upstream       %s/v26.0
+	}
+}
+http://127.0.0.1:%d {
+	handle_path %s/* {
+		wabarelay_proxy
+	}
+	handle /metrics {
+		metrics
+	}
+	%s
+}
+`, redisLine, e.fake.URL(), port, proxyPrefix, siteExtra)
+	dir := e.t.TempDir()
+	path := filepath.Join(dir, "Caddyfile")
+	os.WriteFile(path, []byte(cfg), 0o600)
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"=run --config "+path+" --adapter caddyfile",
+		"WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64, "WBR_TEST_REDIS="+redisURL, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	e.t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-exited
+		if e.t.Failed() {
+			e.t.Logf("caddy on :%d logs:\n%s", port, logs.String())
+		}
+		if bytes.Contains(logs.Bytes(), []byte(realToken)) {
+			e.t.Errorf("the upstream token appears in Caddy's logs")
+		}
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			break
+		}
+		select {
+		case <-exited:
+			e.t.Fatalf("caddy exited:\n%s", logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("caddy did not start:\n%s", logs.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if e.procs == nil {
+		e.procs = map[string]*exec.Cmd{}
+	}
+	e.procs["http://"+addr] = cmd
+	return "http://" + addr
+}
+
+type relayResp struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r relayResp) errorMsg(t *testing.T) string {
+	t.Helper()
+	var m map[string]any
+	if json.Unmarshal(r.body, &m) != nil || len(m) != 1 {
+		t.Fatalf("not a JSON error: %d %s", r.status, r.body)
+	}
+	s, _ := m["error"].(string)
+	return s
+}
+
+func call(t *testing.T, method, url, token, body string) relayResp {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, strings.NewReader(body))
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return relayResp{resp.StatusCode, resp.Header, b}
+}
+
+func expectRelayError(t *testing.T, r relayResp, status int, msg string) {
+	t.Helper()
+	if r.status != status || r.errorMsg(t) != msg {
+		t.Fatalf("got %d %s, want %d {\"error\":%q}", r.status, r.body, status, msg)
+	}
+}
+
+const textBody = `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"hi there"}}`
+
+func TestRelayAuthAndScope(t *testing.T) {
+	e := newRelayEnv(t, "")
+	base := e.caddy("")
+	active := e.channel(true)
+	pending := e.channel(false)
+	send := base + "/" + pnid + "/messages"
+
+	expectRelayError(t, call(t, "POST", send, "", textBody), 401, "Authorization header required")
+	expectRelayError(t, call(t, "POST", send, "not-a-token", textBody), 401, "Invalid channel token")
+	req, _ := http.NewRequest("POST", send, strings.NewReader(textBody))
+	req.Header.Set("Authorization", "Basic "+active.ChannelToken)
+	resp, _ := http.DefaultClient.Do(req)
+	resp.Body.Close()
+	if resp.StatusCode != 401 {
+		t.Fatalf("Basic scheme: %d", resp.StatusCode)
+	}
+	expectRelayError(t, call(t, "POST", send, pending.ChannelToken, textBody), 403, "Channel is not active")
+	// the API key is not a relay credential
+	expectRelayError(t, call(t, "POST", send, "crt_pk_0123456789012345678901234567890123456789abcd", textBody), 401, "Invalid channel token")
+	// scope: another number, an unknown object, the bare root
+	for _, p := range []string{"/" + otherPnid + "/messages", "/123456/", "/", "/me", "/v26.0/" + otherPnid + "/messages"} {
+		expectRelayError(t, call(t, "GET", base+p, active.ChannelToken, ""), 403, "Path not allowed for this channel")
+	}
+	if n := len(e.fake.Requests()); n != 0 {
+		t.Fatalf("refused calls reached the upstream: %d", n)
+	}
+	// an operator-deactivated channel is refused
+	if _, err := e.store.DeactivateChannel(context.Background(), active.ID); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, func() bool {
+		return call(t, "POST", send, active.ChannelToken, textBody).status == 403
+	})
+}
+
+func waitFor(t *testing.T, limit time.Duration, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("condition not met within %v", limit)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func TestRelayForwarding(t *testing.T) {
+	e := newRelayEnv(t, "")
+	base := e.caddy("")
+	ch := e.channel(true)
+
+	// text send with an idempotency key: forwarded with the real token, without the key
+	body := `{"messaging_product":"whatsapp",  "idempotency_key":"k-1", "to":"15551234567","type":"text","text":{"body":"hi there"}}`
+	r := call(t, "POST", base+"/"+pnid+"/messages?x=1", ch.ChannelToken, body)
+	if r.status != 200 || !bytes.Contains(r.body, []byte(`"wamid.`)) {
+		t.Fatalf("text send: %d %s", r.status, r.body)
+	}
+	got := e.fake.RequestsTo("POST", "/"+pnid+"/messages")
+	if len(got) != 1 {
+		t.Fatalf("upstream got %d sends", len(got))
+	}
+	up := got[0]
+	if up.Path != "/v26.0/"+pnid+"/messages" || up.RawQuery != "x=1" {
+		t.Fatalf("upstream path %q query %q", up.Path, up.RawQuery)
+	}
+	if up.Header.Get("Authorization") != "Bearer "+realToken {
+		t.Fatalf("upstream Authorization = %q", up.Header.Get("Authorization"))
+	}
+	if want := `{"messaging_product":"whatsapp",  "to":"15551234567","type":"text","text":{"body":"hi there"}}`; string(up.Body) != want {
+		t.Fatalf("upstream body\n got %s\nwant %s", up.Body, want)
+	}
+	for _, b := range [][]byte{r.body, []byte(fmt.Sprint(r.header))} {
+		if bytes.Contains(b, []byte(realToken)) {
+			t.Fatal("upstream token in the response")
+		}
+	}
+
+	// the caller's API key header, cookies and access_token query parameter never reach the upstream
+	req, _ := http.NewRequest("POST", base+"/"+pnid+"/messages?access_token=callers&x=2", strings.NewReader(textBody))
+	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Api-Key", "crt_pk_shouldnotleak")
+	req.Header.Set("Cookie", "session=abc")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("send with extra credentials: %v %v", err, resp)
+	} else {
+		resp.Body.Close()
+	}
+	sends := e.fake.RequestsTo("POST", "/"+pnid+"/messages")
+	if up := sends[len(sends)-1]; up.Header.Get("X-Api-Key") != "" || up.Header.Get("Cookie") != "" ||
+		up.RawQuery != "x=2" || up.Header.Get("Authorization") != "Bearer "+realToken {
+		t.Fatalf("forwarded credentials: query %q headers %v", up.RawQuery, up.Header)
+	}
+
+	// template send, caller's own version segment dropped
+	tmpl := `{"messaging_product":"whatsapp","to":"15551234567","type":"template","template":{"name":"hello_world","language":{"code":"en_US"}}}`
+	if r := call(t, "POST", base+"/v26.0/"+pnid+"/messages", ch.ChannelToken, tmpl); r.status != 200 {
+		t.Fatalf("template send: %d %s", r.status, r.body)
+	}
+	last := e.fake.RequestsTo("POST", "/"+pnid+"/messages")
+	if up := last[len(last)-1]; up.Path != "/v26.0/"+pnid+"/messages" || string(up.Body) != tmpl {
+		t.Fatalf("template upstream: %s %s", up.Path, up.Body)
+	}
+
+	// upstream errors pass through untouched
+	bad := `{"messaging_product":"whatsapp","to":"15551234567","type":"template","template":{"name":"nope","language":{"code":"en_US"}}}`
+	r = call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, bad)
+	if r.status < 400 || r.status >= 500 || !bytes.Contains(r.body, []byte(`"fbtrace_id"`)) {
+		t.Fatalf("upstream error: %d %s", r.status, r.body)
+	}
+
+	// templates with paging: links point at the relay, never carry a token, and work
+	next := base + "/" + wabaID + "/message_templates?fields=name,status&limit=2"
+	var names []string
+	for pages := 0; next != ""; pages++ {
+		if pages > 5 {
+			t.Fatal("paging does not end")
+		}
+		r := call(t, "GET", next, ch.ChannelToken, "")
+		if r.status != 200 || bytes.Contains(r.body, []byte("access_token")) || bytes.Contains(r.body, []byte(realToken)) {
+			t.Fatalf("templates page: %d %s", r.status, r.body)
+		}
+		var page struct {
+			Data   []struct{ ID, Name string }
+			Paging struct{ Next string }
+		}
+		json.Unmarshal(r.body, &page)
+		for _, d := range page.Data {
+			names = append(names, d.Name)
+		}
+		if page.Paging.Next != "" && !strings.HasPrefix(page.Paging.Next, base+"/"+wabaID+"/message_templates?") {
+			t.Fatalf("next link %q does not point at the relay", page.Paging.Next)
+		}
+		next = page.Paging.Next
+	}
+	if len(names) != 3 {
+		t.Fatalf("templates through paging: %v", names)
+	}
+	// template ids handed to the channel are now in scope
+	if r := call(t, "GET", base+"/t1?fields=name", ch.ChannelToken, ""); r.status == 403 {
+		t.Fatalf("a template id handed to the channel is out of scope: %s", r.body)
+	}
+	// metrics: outcomes counted, upstream latency observed, no token or channel in any label
+	m := call(t, "GET", strings.TrimSuffix(base, proxyPrefix)+"/metrics", "", "")
+	for _, want := range []string{`caddy_wabarelay_relay_requests_total{outcome="ok"}`, `caddy_wabarelay_relay_requests_total{outcome="upstream_4xx"} 1`,
+		`caddy_wabarelay_relay_upstream_duration_seconds_count`, `caddy_wabarelay_relay_rate_limited_total 0`} {
+		if !bytes.Contains(m.body, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+	if bytes.Contains(m.body, []byte(ch.ChannelToken)) || bytes.Contains(m.body, []byte(ch.ID.String())) || bytes.Contains(m.body, []byte(realToken)) {
+		t.Error("metrics carry a token or channel id")
+	}
+	for _, req := range e.fake.Requests() {
+		if req.Header.Get("X-Api-Key") != "" || strings.Contains(req.RawQuery, "access_token") && !strings.Contains(req.RawQuery, realToken) {
+			t.Fatalf("caller credentials forwarded: %+v", req)
+		}
+	}
+}
+
+// TestRelayDisconnected: code 190 marks the channel; that call and later ones answer 503
+// CHANNEL_DISCONNECTED and the upstream is not called again.
+func TestRelayDisconnected(t *testing.T) {
+	e := newRelayEnv(t, "")
+	base := e.caddy("")
+	ch := e.channel(true)
+	send := base + "/" + pnid + "/messages"
+	if r := call(t, "POST", send, ch.ChannelToken, textBody); r.status != 200 {
+		t.Fatalf("before: %d %s", r.status, r.body)
+	}
+	e.fake.RevokeToken(realToken)
+	expectRelayError(t, call(t, "POST", send, ch.ChannelToken, textBody), 503, "CHANNEL_DISCONNECTED")
+	n := len(e.fake.Requests())
+	for i := 0; i < 3; i++ {
+		expectRelayError(t, call(t, "GET", base+"/"+wabaID+"/message_templates", ch.ChannelToken, ""), 503, "CHANNEL_DISCONNECTED")
+	}
+	if m := len(e.fake.Requests()); m != n {
+		t.Fatalf("upstream called %d more times after the token died", m-n)
+	}
+	c, err := e.store.GetChannel(context.Background(), e.org, ch.ID)
+	if err != nil || c.UpstreamDisconnectedAt == nil || c.Status != "active" {
+		t.Fatalf("channel after 190: %+v %v", c, err)
+	}
+	// reconnecting (a new token) restores traffic with the same channel token
+	e.fake.AddToken("EAAGnewToken", []string{pnid}, []string{wabaID})
+	if err := e.store.ConnectChannel(context.Background(), ch.ID, store.Connection{PhoneNumberID: pnid, WabaID: wabaID, UpstreamToken: "EAAGnewToken"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, textBody).status == 200 })
+}
+
+// TestRelayTwoInstances: two Caddy processes sharing Redis and Postgres: one rate limit, one
+// upstream send per idempotency key, and a deleted channel refused within a second everywhere.
+func TestRelayTwoInstances(t *testing.T) {
+	redisURL := testenv.Redis(t)
+	e := newRelayEnv(t, redisURL)
+	a, b := e.caddy(redisURL), e.caddy(redisURL)
+
+	// 50 concurrent sends with one key, across both instances: one upstream send, 50 identical answers
+	ch := e.channel(true)
+	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"order-42"}`
+	e.fake.SetLatency(150 * time.Millisecond)
+	var wg sync.WaitGroup
+	results := make([]relayResp, 50)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			base := a
+			if i%2 == 1 {
+				base = b
+			}
+			results[i] = call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, body)
+		}()
+	}
+	wg.Wait()
+	e.fake.SetLatency(0)
+	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
+		t.Fatalf("upstream sends = %d, want 1", n)
+	}
+	replayed := 0
+	for i, r := range results {
+		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
+			t.Fatalf("response %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
+		}
+		if r.header.Get("Idempotent-Replayed") == "true" {
+			replayed++
+		}
+	}
+	if replayed != 49 {
+		t.Fatalf("replayed = %d, want 49", replayed)
+	}
+	// same key, other body → 422
+	other := strings.Replace(body, "once", "twice", 1)
+	expectRelayError(t, call(t, "POST", b+"/"+pnid+"/messages", ch.ChannelToken, other), 422, "idempotency_key was already used with a different request")
+
+	// rate limit: 100 accepted across both instances, then 429 with Retry-After
+	rl := e.channelOn(true, pnid2)
+	accepted := 0
+	var first429 relayResp
+	for i := 0; i < 110; i++ {
+		base := a
+		if i%2 == 1 {
+			base = b
+		}
+		r := call(t, "GET", base+"/"+wabaID+"/message_templates?limit=1", rl.ChannelToken, "")
+		switch r.status {
+		case 200:
+			accepted++
+		case 429:
+			if first429.status == 0 {
+				first429 = r
+			}
+		default:
+			t.Fatalf("call %d: %d %s", i, r.status, r.body)
+		}
+	}
+	if accepted != 100 {
+		t.Fatalf("accepted %d of 110 across two instances, want 100", accepted)
+	}
+	expectRelayError(t, first429, 429, "Rate limit exceeded")
+	ra, err := strconv.Atoi(first429.header.Get("Retry-After"))
+	if err != nil || ra < 50 || ra > 60 {
+		t.Fatalf("Retry-After = %q, want the seconds until the first call leaves the window", first429.header.Get("Retry-After"))
+	}
+	if first429.header.Get("RateLimit-Limit") != "100" || first429.header.Get("RateLimit-Remaining") != "0" {
+		t.Fatalf("RateLimit headers: %v", first429.header)
+	}
+
+	// a channel deleted through one path is refused by the other instance within a second
+	del := e.channelOn(true, pnid3)
+	if r := call(t, "POST", b+"/"+pnid3+"/messages", del.ChannelToken, textBody); r.status != 200 {
+		t.Fatalf("before delete: %d %s", r.status, r.body)
+	}
+	if _, err := e.store.DeleteChannel(context.Background(), e.org, del.ID, true); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, time.Second, func() bool { return call(t, "POST", b+"/"+pnid3+"/messages", del.ChannelToken, textBody).status == 401 })
+	t.Logf("deleted channel refused after %v", took)
+}
+
+func (e *relayEnv) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestRelayRedisDown: with Redis killed, sends carrying a key get 503 (never a risked double
+// send), sends without one are served and limited in memory; after Redis returns, keys work
+// again without a restart.
+func TestRelayRedisDown(t *testing.T) {
+	rs := testenv.StartRedis(t)
+	e := newRelayEnv(t, rs.URL())
+	base := e.caddy(rs.URL())
+	ch := e.channel(true)
+	send := base + "/" + pnid + "/messages"
+	withKey := func(k string) string {
+		return `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"x"},"idempotency_key":"` + k + `"}`
+	}
+	if r := call(t, "POST", send, ch.ChannelToken, withKey("a")); r.status != 200 {
+		t.Fatalf("before: %d %s", r.status, r.body)
+	}
+	rs.Kill(t)
+	n := len(e.fake.Requests())
+	r := call(t, "POST", send, ch.ChannelToken, withKey("b"))
+	expectRelayError(t, r, 503, "Idempotency store unavailable")
+	if r.header.Get("Retry-After") == "" {
+		t.Fatal("503 without Retry-After")
+	}
+	if m := len(e.fake.Requests()); m != n {
+		t.Fatal("a keyed send reached the upstream while Redis was down")
+	}
+	if r := call(t, "POST", send, ch.ChannelToken, textBody); r.status != 200 || r.header.Get("RateLimit-Limit") != "100" {
+		t.Fatalf("send without key while Redis is down: %d %s", r.status, r.body)
+	}
+	rs.Restart(t)
+	waitFor(t, 10*time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, withKey("c")).status == 200 })
+	if r := call(t, "POST", send, ch.ChannelToken, withKey("c")); r.header.Get("Idempotent-Replayed") != "true" {
+		t.Fatalf("after recovery the key is not remembered: %d %v", r.status, r.header)
+	}
+}

@@ -1,0 +1,285 @@
+// Package dispatcher delivers events to customers' webhooks.
+//
+// The deliveries table is the queue. A Dispatcher claims due rows in short transactions
+// (UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)) under a lease longer than the attempt
+// timeout, POSTs each event with its signatures, and records the outcome in one fenced
+// statement per attempt (batched). It wakes on LISTEN wabarelay_deliveries and polls as a
+// backstop. Any number of instances may share a database; an instance that dies leaves
+// in_flight rows that are reclaimed once their lease has passed (delivery is at least once).
+package dispatcher
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"code.dny.dev/ssrf"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// NotifyChannel is the Postgres channel that announces new due deliveries (the same as
+// store.DeliveriesNotifyChannel).
+const NotifyChannel = "wabarelay_deliveries"
+
+// DefaultUserAgent is sent when Config.UserAgent is empty.
+const DefaultUserAgent = "wabarelay/1 (+https://github.com/wabarelay/wabarelay)"
+
+// ResponseBodyLimit is how much of a receiver's response body is kept in the attempt log.
+const ResponseBodyLimit = 4 << 10
+
+// Outcomes reported to Observer.Attempt.
+const (
+	OutcomeDelivered = "delivered" // 2xx within the timeout
+	OutcomeRetrying  = "retrying"  // failed; another attempt is scheduled
+	OutcomeFailed    = "failed"    // failed; no attempts left, the delivery is failed
+)
+
+// Observer receives one call per finished HTTP attempt (for metrics). It must be safe for
+// concurrent use and must not block.
+type Observer interface {
+	Attempt(outcome string, d time.Duration)
+}
+
+// Config tunes a Dispatcher. Zero values take the documented defaults.
+type Config struct {
+	// RetryDelays are the delays after failed attempts 1..n, counted from the end of the failed
+	// attempt; a delivery gets len(RetryDelays)+1 attempts. Default 30s, 2m, 10m.
+	RetryDelays []time.Duration
+	// Timeout bounds one attempt; success is a 2xx status within it. Default 10s.
+	Timeout time.Duration
+	// Lease is how long a claim holds a delivery; it must exceed Timeout. Default 60s.
+	Lease time.Duration
+	// Workers is the number of concurrent attempts per instance. Default 64.
+	Workers int
+	// PerWebhook caps concurrent attempts to one webhook per instance. Default 16.
+	PerWebhook int
+	// PollInterval is the backstop poll when no notification arrives. Default 1s.
+	PollInterval time.Duration
+	// BatchSize is the most rows one claim takes. Default 100.
+	BatchSize int
+	// AllowPrivateTargets allows private, loopback, link-local and other special-purpose
+	// addresses; otherwise they are refused at dial time (code.dny.dev/ssrf).
+	AllowPrivateTargets bool
+	// RootCAs are trusted in addition to the system pool.
+	RootCAs *x509.CertPool
+	// InstanceID identifies this instance in deliveries.locked_by. Default host name + random.
+	InstanceID string
+	// UserAgent is sent with every attempt. Default DefaultUserAgent.
+	UserAgent string
+	// Observer, if set, is told about every attempt.
+	Observer Observer
+}
+
+// Secrets returns the signing secret ("whsec_…") of a webhook.
+type Secrets func(ctx context.Context, webhookID uuid.UUID) (string, error)
+
+// Dispatcher claims and delivers due deliveries. Create it with New and start it with Run.
+type Dispatcher struct {
+	pool    *pgxpool.Pool
+	secrets Secrets
+	cfg     Config
+	log     *zap.Logger
+	client  *http.Client
+
+	wake     chan struct{} // new work may be due (notification, own retry timer)
+	slotFree chan struct{} // a saturated worker pool or webhook has a free slot again
+	results  chan result   // finished attempts and releases for the completion writer
+
+	mu        sync.Mutex
+	active    int
+	perHook   map[uuid.UUID]int
+	secretTTL time.Duration
+	cache     map[uuid.UUID]cachedSecret
+
+	attempts sync.WaitGroup
+}
+
+type cachedSecret struct {
+	secret  string
+	expires time.Time
+}
+
+// New checks cfg, fills in defaults and returns a Dispatcher.
+func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*Dispatcher, error) {
+	if pool == nil || secrets == nil {
+		return nil, errors.New("dispatcher: pool and secrets are required")
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	if cfg.RetryDelays == nil {
+		cfg.RetryDelays = []time.Duration{30 * time.Second, 2 * time.Minute, 10 * time.Minute}
+	}
+	for _, d := range cfg.RetryDelays {
+		if d < 0 {
+			return nil, fmt.Errorf("dispatcher: negative retry delay %v", d)
+		}
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 10 * time.Second
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = 60 * time.Second
+	}
+	if cfg.Lease <= cfg.Timeout {
+		return nil, fmt.Errorf("dispatcher: lease %v must exceed the attempt timeout %v", cfg.Lease, cfg.Timeout)
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = 64
+	}
+	if cfg.PerWebhook <= 0 {
+		cfg.PerWebhook = 16
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = time.Second
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = 100
+	}
+	if cfg.UserAgent == "" {
+		cfg.UserAgent = DefaultUserAgent
+	}
+	if cfg.InstanceID == "" {
+		host, _ := os.Hostname()
+		cfg.InstanceID = host + "-" + uuid.NewString()[:8]
+	}
+	d := &Dispatcher{
+		pool:      pool,
+		secrets:   secrets,
+		cfg:       cfg,
+		log:       logger,
+		client:    newClient(cfg),
+		wake:      make(chan struct{}, 1),
+		slotFree:  make(chan struct{}, 1),
+		results:   make(chan result, cfg.Workers+cfg.BatchSize),
+		perHook:   map[uuid.UUID]int{},
+		secretTTL: time.Minute,
+		cache:     map[uuid.UUID]cachedSecret{},
+	}
+	return d, nil
+}
+
+// InstanceID returns the id this dispatcher writes to deliveries.locked_by.
+func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
+
+// newClient builds the delivery HTTP client: no proxy (the SSRF check must see the target's
+// address), SSRF guard on every dial unless private targets are allowed, no redirects.
+func newClient(cfg Config) *http.Client {
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	if !cfg.AllowPrivateTargets {
+		// Ports are not restricted: receivers may listen on any port; addresses are.
+		dialer.Control = ssrf.New(ssrf.WithAnyPort()).Safe
+	}
+	tr := &http.Transport{
+		Proxy:                  nil,
+		DialContext:            dialer.DialContext,
+		ForceAttemptHTTP2:      true,
+		TLSHandshakeTimeout:    cfg.Timeout,
+		ResponseHeaderTimeout:  cfg.Timeout,
+		MaxIdleConns:           cfg.Workers * 2,
+		MaxIdleConnsPerHost:    cfg.PerWebhook,
+		IdleConnTimeout:        90 * time.Second,
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	if cfg.RootCAs != nil {
+		extra := cfg.RootCAs
+		// A CertPool cannot be merged into the system pool, so the TLS connection is made here
+		// and its chain is verified against the system roots, then against the extra ones.
+		tr.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, err
+			}
+			raw, err := dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			tc := tls.Client(raw, &tls.Config{
+				ServerName:         host,
+				NextProtos:         []string{"h2", "http/1.1"},
+				MinVersion:         tls.VersionTLS12,
+				InsecureSkipVerify: true, // verified by VerifyConnection below
+				VerifyConnection: func(cs tls.ConnectionState) error {
+					return verifyChain(cs, host, extra)
+				},
+			})
+			if err := tc.HandshakeContext(ctx); err != nil {
+				raw.Close()
+				return nil, err
+			}
+			return tc, nil
+		}
+	}
+	return &http.Client{
+		Transport: tr,
+		Timeout:   cfg.Timeout,
+		CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		},
+	}
+}
+
+func verifyChain(cs tls.ConnectionState, host string, extra *x509.CertPool) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("tls: server sent no certificate")
+	}
+	inter := x509.NewCertPool()
+	for _, c := range cs.PeerCertificates[1:] {
+		inter.AddCert(c)
+	}
+	opts := x509.VerifyOptions{DNSName: host, Intermediates: inter} // nil Roots: system pool
+	_, errSystem := cs.PeerCertificates[0].Verify(opts)
+	if errSystem == nil {
+		return nil
+	}
+	opts.Roots = extra
+	if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+		return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+	}
+	return nil
+}
+
+// Sign returns the X-Svc-Signature value and the Standard Webhooks headers (webhook-id,
+// webhook-timestamp, webhook-signature) for one attempt of the event eventID with body at t.
+//
+// X-Svc-Signature is "t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>", keyed with the
+// whole secret string. webhook-signature is "v1,<base64 HMAC-SHA256(key, "<id>.<t>.<body>")>"
+// keyed with the base64-decoded part of the secret after "whsec_" (the raw string if it does
+// not decode).
+func Sign(secret string, eventID uuid.UUID, t time.Time, body []byte) (svc string, webhookID, webhookTimestamp, webhookSignature string) {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	id := eventID.String()
+
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte(ts))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	svc = "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
+
+	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
+	if err != nil {
+		key = []byte(secret)
+	}
+	m = hmac.New(sha256.New, key)
+	m.Write([]byte(id))
+	m.Write([]byte{'.'})
+	m.Write([]byte(ts))
+	m.Write([]byte{'.'})
+	m.Write(body)
+	return svc, id, ts, "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+}

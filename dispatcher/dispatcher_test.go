@@ -1,0 +1,788 @@
+package dispatcher
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// ---- fixtures ------------------------------------------------------------------------------
+
+type env struct {
+	t     *testing.T
+	dsn   string
+	pool  *pgxpool.Pool
+	st    *store.Store
+	org   uuid.UUID
+	phone string
+	seq   atomic.Int64
+	// listenDSN, if set, is given to Run instead of dsn
+	listenDSN string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	dsn := testenv.Postgres(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	key := make([]byte, secretbox.KeySize)
+	rand.Read(key)
+	box, err := secretbox.New(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(pool, box)
+	ctx := context.Background()
+	org, err := st.CreateOrg(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	phone := "1555" + strconv.Itoa(int(time.Now().UnixNano()%1e6))
+	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: phone, WabaID: "waba" + phone, UpstreamToken: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, dsn: dsn, pool: pool, st: st, org: org.ID, phone: phone}
+}
+
+// webhook creates an org-scoped webhook for "messages" events.
+func (e *env) webhook(url string) (uuid.UUID, string) {
+	e.t.Helper()
+	w, secret, err := e.st.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "w", URL: url, Events: []string{"messages"}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return w.ID, secret
+}
+
+// events stores n message events (one delivery per webhook each) and returns their ids in order.
+func (e *env) events(n int) []uuid.UUID {
+	e.t.Helper()
+	items := make([]store.IncomingItem, n)
+	for i := range items {
+		k := e.seq.Add(1)
+		items[i] = store.IncomingItem{Type: "messages", PhoneNumberID: e.phone, DedupeKey: fmt.Sprintf("m%d", k),
+			Data: json.RawMessage(fmt.Sprintf(`{"message": {"id": "wamid.%d", "text": {"body": "héllo \u00e9 %d"}}}`, k, k))}
+	}
+	res, err := e.st.StoreEvents(context.Background(), items)
+	if err != nil || res.Events != n {
+		e.t.Fatalf("store events: %+v %v", res, err)
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT id FROM events WHERE dedupe_key = ANY($1) ORDER BY created_at, id`, dedupeKeys(items))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	var ids []uuid.UUID
+	for rows.Next() {
+		var id uuid.UUID
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+func dedupeKeys(items []store.IncomingItem) []string {
+	var k []string
+	for _, it := range items {
+		k = append(k, it.DedupeKey)
+	}
+	return k
+}
+
+type hit struct {
+	at     time.Time
+	header http.Header
+	body   []byte
+}
+
+// receiver is a local HTTPS webhook receiver; respond decides each answer (n counts from 1).
+type receiver struct {
+	srv     *httptest.Server
+	mu      sync.Mutex
+	hits    []hit
+	respond func(n int, w http.ResponseWriter, r *http.Request)
+}
+
+func newReceiver(t *testing.T, respond func(n int, w http.ResponseWriter, r *http.Request)) *receiver {
+	rc := &receiver{respond: respond}
+	rc.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		rc.mu.Lock()
+		rc.hits = append(rc.hits, hit{time.Now(), r.Header.Clone(), body})
+		n := len(rc.hits)
+		rc.mu.Unlock()
+		if rc.respond != nil {
+			rc.respond(n, w, r)
+			return
+		}
+		io.WriteString(w, "ok")
+	}))
+	t.Cleanup(rc.srv.Close)
+	return rc
+}
+
+func (rc *receiver) snapshot() []hit {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	return append([]hit(nil), rc.hits...)
+}
+
+func (rc *receiver) roots() *x509.CertPool {
+	p := x509.NewCertPool()
+	p.AddCert(rc.srv.Certificate())
+	return p
+}
+
+func (e *env) config(rc *receiver) Config {
+	return Config{
+		RetryDelays:         []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond},
+		Timeout:             time.Second,
+		Lease:               3 * time.Second,
+		PollInterval:        50 * time.Millisecond,
+		AllowPrivateTargets: true,
+		RootCAs:             rc.roots(),
+		InstanceID:          "test-" + uuid.NewString()[:6],
+	}
+}
+
+// run starts a dispatcher; the returned func stops it and waits for Run to return.
+func (e *env) run(cfg Config) func() {
+	e.t.Helper()
+	d, err := New(e.pool, e.st.WebhookSecret, cfg, zaptest.NewLogger(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	dsn := e.dsn
+	if e.listenDSN != "" {
+		dsn = e.listenDSN
+	}
+	go func() { defer close(done); d.Run(ctx, dsn) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+type deliveryRow struct {
+	status   string
+	attempts int
+	code     *int
+	lastErr  *string
+}
+
+func (e *env) delivery(eventID uuid.UUID) deliveryRow {
+	e.t.Helper()
+	var r deliveryRow
+	err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, last_status_code, last_error FROM deliveries WHERE event_id = $1`, eventID).
+		Scan(&r.status, &r.attempts, &r.code, &r.lastErr)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return r
+}
+
+func (e *env) statusIs(eventID uuid.UUID, status string) func() bool {
+	return func() bool { return e.delivery(eventID).status == status }
+}
+
+type attemptRow struct {
+	attempt  int
+	code     *int
+	err      *string
+	body     *string
+	duration int
+}
+
+func (e *env) attemptRows(eventID uuid.UUID) []attemptRow {
+	e.t.Helper()
+	rows, err := e.pool.Query(context.Background(), `
+		SELECT a.attempt, a.status_code, a.error, a.response_body, a.duration_ms
+		FROM delivery_attempts a JOIN deliveries d ON d.id = a.delivery_id WHERE d.event_id = $1 ORDER BY a.attempt`, eventID)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	defer rows.Close()
+	var out []attemptRow
+	for rows.Next() {
+		var a attemptRow
+		if err := rows.Scan(&a.attempt, &a.code, &a.err, &a.body, &a.duration); err != nil {
+			e.t.Fatal(err)
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// ---- independent signature verification -----------------------------------------------------
+
+func verifySvc(t *testing.T, secret, header string, body []byte) int64 {
+	t.Helper()
+	parts := strings.Split(header, ",")
+	if len(parts) != 2 || !strings.HasPrefix(parts[0], "t=") || !strings.HasPrefix(parts[1], "v1=") {
+		t.Fatalf("X-Svc-Signature %q", header)
+	}
+	ts := strings.TrimPrefix(parts[0], "t=")
+	mac := hmac.New(sha256.New, []byte(secret))
+	io.WriteString(mac, ts+"."+string(body))
+	want := hex.EncodeToString(mac.Sum(nil))
+	if !hmac.Equal([]byte(want), []byte(strings.TrimPrefix(parts[1], "v1="))) {
+		t.Fatalf("X-Svc-Signature does not verify: got %s want v1=%s", header, want)
+	}
+	n, _ := strconv.ParseInt(ts, 10, 64)
+	return n
+}
+
+func verifyStandard(t *testing.T, secret string, h http.Header, body []byte) {
+	t.Helper()
+	key, err := base64.StdEncoding.DecodeString(secret[len("whsec_"):])
+	if err != nil || len(key) != 32 {
+		t.Fatalf("secret %q: %v", secret, err)
+	}
+	mac := hmac.New(sha256.New, key)
+	io.WriteString(mac, h.Get("webhook-id")+"."+h.Get("webhook-timestamp")+"."+string(body))
+	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
+	found := false
+	for _, sig := range strings.Fields(h.Get("webhook-signature")) { // space-separated list
+		found = found || hmac.Equal([]byte(sig), []byte(want))
+	}
+	if !found {
+		t.Fatalf("webhook-signature %q does not verify, want %q", h.Get("webhook-signature"), want)
+	}
+}
+
+// ---- tests ---------------------------------------------------------------------------------
+
+func TestDeliveredAndSigned(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	_, secret := e.webhook(rc.srv.URL + "/hook")
+	ids := e.events(1)
+	e.run(e.config(rc))
+	waitFor(t, "delivered", 5*time.Second, e.statusIs(ids[0], "delivered"))
+
+	hits := rc.snapshot()
+	if len(hits) != 1 {
+		t.Fatalf("%d hits", len(hits))
+	}
+	h := hits[0]
+	var stored string
+	if err := e.pool.QueryRow(context.Background(), `SELECT payload::text FROM events WHERE id = $1`, ids[0]).Scan(&stored); err != nil {
+		t.Fatal(err)
+	}
+	if string(h.body) != stored {
+		t.Fatalf("body %s\nstored %s", h.body, stored)
+	}
+	if h.header.Get("Content-Type") != "application/json" || h.header.Get("User-Agent") != DefaultUserAgent {
+		t.Fatalf("headers %v", h.header)
+	}
+	if h.header.Get("webhook-id") != ids[0].String() {
+		t.Fatalf("webhook-id %q, event %s", h.header.Get("webhook-id"), ids[0])
+	}
+	ts := verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
+	if h.header.Get("webhook-timestamp") != strconv.FormatInt(ts, 10) {
+		t.Fatalf("timestamps differ: %q vs %d", h.header.Get("webhook-timestamp"), ts)
+	}
+	if d := time.Since(time.Unix(ts, 0)); d < -2*time.Second || d > 5*time.Second {
+		t.Fatalf("timestamp %d is not now", ts)
+	}
+	verifyStandard(t, secret, h.header, h.body)
+
+	row := e.delivery(ids[0])
+	if row.attempts != 1 || row.code == nil || *row.code != 200 || row.lastErr != nil {
+		t.Fatalf("delivery %+v", row)
+	}
+	at := e.attemptRows(ids[0])
+	if len(at) != 1 || at[0].attempt != 1 || *at[0].code != 200 || at[0].err != nil || *at[0].body != "ok" {
+		t.Fatalf("attempts %+v", at)
+	}
+}
+
+func TestSignMatchesIndependentImplementation(t *testing.T) {
+	secret := store.NewWebhookSecret()
+	id := uuid.New()
+	body := []byte(`{"a": 1}`)
+	at := time.Unix(1700000000, 0)
+	svc, wid, wts, wsig := Sign(secret, id, at, body)
+	if wid != id.String() || wts != "1700000000" {
+		t.Fatal(wid, wts)
+	}
+	if verifySvc(t, secret, svc, body) != 1700000000 {
+		t.Fatal(svc)
+	}
+	verifyStandard(t, secret, http.Header{"Webhook-Id": {wid}, "Webhook-Timestamp": {wts}, "Webhook-Signature": {wsig}}, body)
+}
+
+func TestRetriesThenSucceeds(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if n <= 2 {
+			http.Error(w, "boom "+strconv.Itoa(n), http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "fine")
+	})
+	_, secret := e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	cfg := e.config(rc)
+	e.run(cfg)
+	waitFor(t, "delivered", 5*time.Second, e.statusIs(ids[0], "delivered"))
+	time.Sleep(300 * time.Millisecond) // nothing more may arrive
+	hits := rc.snapshot()
+	if len(hits) != 3 {
+		t.Fatalf("%d hits, want 3", len(hits))
+	}
+	for i, h := range hits {
+		verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
+		verifyStandard(t, secret, h.header, h.body)
+		if h.header.Get("webhook-id") != ids[0].String() {
+			t.Fatalf("hit %d webhook-id %q", i, h.header.Get("webhook-id"))
+		}
+		if i > 0 {
+			if gap := h.at.Sub(hits[i-1].at); gap < cfg.RetryDelays[i-1] {
+				t.Fatalf("gap before attempt %d is %v, want >= %v", i+1, gap, cfg.RetryDelays[i-1])
+			} else {
+				t.Logf("gap before attempt %d: %v (delay %v)", i+1, gap, cfg.RetryDelays[i-1])
+			}
+		}
+	}
+	at := e.attemptRows(ids[0])
+	if len(at) != 3 || *at[0].code != 500 || *at[1].code != 500 || *at[2].code != 200 || *at[0].err != "HTTP 500" ||
+		!strings.HasPrefix(*at[0].body, "boom 1") || at[2].err != nil {
+		t.Fatalf("attempts %+v", at)
+	}
+	if row := e.delivery(ids[0]); row.attempts != 3 || *row.code != 200 || row.lastErr != nil {
+		t.Fatalf("delivery %+v", row)
+	}
+}
+
+func TestAlwaysFailingEndsFailed(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) })
+	e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	e.run(e.config(rc))
+	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
+	time.Sleep(300 * time.Millisecond)
+	if n := len(rc.snapshot()); n != 4 {
+		t.Fatalf("%d hits, want 4", n)
+	}
+	row := e.delivery(ids[0])
+	if row.attempts != 4 || *row.code != 503 || *row.lastErr != "HTTP 503" {
+		t.Fatalf("delivery %+v", row)
+	}
+	if at := e.attemptRows(ids[0]); len(at) != 4 || at[3].attempt != 4 {
+		t.Fatalf("attempts %+v", at)
+	}
+}
+
+func TestSlowReceiverIsFailure(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-time.After(2 * time.Second):
+		case <-r.Context().Done():
+		}
+	})
+	e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	cfg := e.config(rc)
+	cfg.Timeout, cfg.RetryDelays = 200*time.Millisecond, []time.Duration{}
+	e.run(cfg)
+	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
+	at := e.attemptRows(ids[0])
+	if len(at) != 1 || at[0].code != nil || at[0].err == nil || !strings.Contains(*at[0].err, "timeout") || at[0].duration < 200 {
+		t.Fatalf("attempts %+v", at)
+	}
+}
+
+func TestRedirectIsFailure(t *testing.T) {
+	e := newEnv(t)
+	var rc *receiver
+	rc = newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/elsewhere" {
+			return
+		}
+		http.Redirect(w, r, rc.srv.URL+"/elsewhere", http.StatusTemporaryRedirect)
+	})
+	e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	cfg := e.config(rc)
+	cfg.RetryDelays = []time.Duration{}
+	e.run(cfg)
+	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
+	time.Sleep(100 * time.Millisecond)
+	if hits := rc.snapshot(); len(hits) != 1 {
+		t.Fatalf("%d hits: the redirect was followed", len(hits))
+	}
+	if row := e.delivery(ids[0]); *row.code != 307 || !strings.Contains(*row.lastErr, "redirect") {
+		t.Fatalf("delivery %+v", row)
+	}
+}
+
+func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	wh, _ := e.webhook(rc.srv.URL)
+	ctx := context.Background()
+	if _, err := e.st.SetWebhookStatus(ctx, e.org, wh, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	var ids []uuid.UUID
+	for range 3 {
+		ids = append(ids, e.events(1)...)
+		time.Sleep(5 * time.Millisecond)
+	}
+	cfg := e.config(rc)
+	cfg.PerWebhook = 1 // one at a time, to observe the order
+	e.run(cfg)
+	time.Sleep(400 * time.Millisecond)
+	if n := len(rc.snapshot()); n != 0 {
+		t.Fatalf("paused webhook got %d hits", n)
+	}
+	for _, id := range ids {
+		if row := e.delivery(id); row.status != "pending" || row.attempts != 0 {
+			t.Fatalf("held delivery %+v", row)
+		}
+	}
+	if _, err := e.st.SetWebhookStatus(ctx, e.org, wh, store.WebhookActive); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "delivered", 5*time.Second, e.statusIs(ids[2], "delivered"))
+	hits := rc.snapshot()
+	if len(hits) != 3 {
+		t.Fatalf("%d hits", len(hits))
+	}
+	for i, h := range hits {
+		if h.header.Get("webhook-id") != ids[i].String() {
+			t.Fatalf("hit %d is %s, want %s (oldest first)", i, h.header.Get("webhook-id"), ids[i])
+		}
+	}
+}
+
+func TestLoopbackRefusedWithoutAllowPrivate(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	cfg := e.config(rc)
+	cfg.AllowPrivateTargets, cfg.RetryDelays = false, []time.Duration{}
+	e.run(cfg)
+	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
+	if n := len(rc.snapshot()); n != 0 {
+		t.Fatalf("receiver got %d hits", n)
+	}
+	at := e.attemptRows(ids[0])
+	if len(at) != 1 || at[0].code != nil || at[0].err == nil || !strings.Contains(*at[0].err, "prohibited IP address") {
+		t.Fatalf("attempts %+v", at)
+	}
+	t.Logf("recorded error: %s", *at[0].err)
+}
+
+func TestTwoInstancesDeliverEachOnce(t *testing.T) {
+	e := newEnv(t)
+	var mu sync.Mutex
+	counts := map[string]int{}
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		counts[r.Header.Get("webhook-id")]++
+		mu.Unlock()
+	})
+	e.webhook(rc.srv.URL)
+	const n = 200
+	ids := e.events(n)
+	cfgA, cfgB := e.config(rc), e.config(rc)
+	cfgA.BatchSize, cfgB.BatchSize = 10, 10 // many claims, so that the two instances interleave
+	cfgA.InstanceID, cfgB.InstanceID = "A", "B"
+	obsA, obsB := &countingObserver{n: map[string]int{}}, &countingObserver{n: map[string]int{}}
+	cfgA.Observer, cfgB.Observer = obsA, obsB
+	stopA, stopB := e.run(cfgA), e.run(cfgB)
+	waitFor(t, "all delivered", 20*time.Second, func() bool {
+		var left int
+		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left)
+		return left == 0
+	})
+	stopA()
+	stopB()
+	mu.Lock()
+	defer mu.Unlock()
+	if len(counts) != n {
+		t.Fatalf("%d distinct events delivered, want %d", len(counts), n)
+	}
+	for _, id := range ids {
+		if counts[id.String()] != 1 {
+			t.Fatalf("event %s delivered %d times", id, counts[id.String()])
+		}
+	}
+	var total, first int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*), count(*) FILTER (WHERE attempt = 1) FROM delivery_attempts`).Scan(&total, &first); err != nil {
+		t.Fatal(err)
+	}
+	if total != n || first != n {
+		t.Fatalf("%d attempt rows (%d first attempts), want %d", total, first, n)
+	}
+	obsA.mu.Lock()
+	obsB.mu.Lock()
+	t.Logf("delivered by A: %d, by B: %d", obsA.n[OutcomeDelivered], obsB.n[OutcomeDelivered])
+	obsA.mu.Unlock()
+	obsB.mu.Unlock()
+}
+
+func TestExpiredLeaseIsReclaimed(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	ids := e.events(2)
+	ctx := context.Background()
+	// ids[0]: claimed by an instance that died; its lease has passed. ids[1]: leased, not expired.
+	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', attempts = 1, locked_by = 'dead',
+		locked_until = CASE WHEN event_id = $1 THEN now() - interval '1 second' ELSE now() + interval '1 hour' END`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	e.run(e.config(rc))
+	waitFor(t, "reclaimed and delivered", 5*time.Second, e.statusIs(ids[0], "delivered"))
+	time.Sleep(200 * time.Millisecond)
+	if row := e.delivery(ids[0]); row.attempts != 2 {
+		t.Fatalf("reclaimed delivery %+v, want attempts 2", row)
+	}
+	if row := e.delivery(ids[1]); row.status != "in_flight" || row.attempts != 1 {
+		t.Fatalf("live lease was taken: %+v", row)
+	}
+	if hits := rc.snapshot(); len(hits) != 1 || hits[0].header.Get("webhook-id") != ids[0].String() {
+		t.Fatalf("hits %v", hits)
+	}
+	// the dead instance's late completion is fenced out
+	if _, err := e.pool.Exec(ctx, completeSQL, uuid.New(), mustDeliveryID(t, e, ids[1]), 1, time.Now(), false, 500, "late", "", 0, "someone-else", 1); err != nil {
+		t.Fatal(err)
+	}
+	if row := e.delivery(ids[1]); row.status != "in_flight" {
+		t.Fatalf("fence failed: %+v", row)
+	}
+}
+
+func mustDeliveryID(t *testing.T, e *env, eventID uuid.UUID) uuid.UUID {
+	var id uuid.UUID
+	if err := e.pool.QueryRow(context.Background(), `SELECT id FROM deliveries WHERE event_id = $1`, eventID).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+func TestFirstAttemptsBeforeRetries(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	ids := e.events(6)
+	ctx := context.Background()
+	// the three oldest are due retries, the three newest first attempts
+	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET attempts = 2, next_attempt_at = now() - interval '1 hour' WHERE event_id = ANY($1)`, ids[:3]); err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(e.pool, e.st.WebhookSecret, e.config(rc), zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs, err := d.claim(ctx, 3, nil)
+	if err != nil || len(jobs) != 3 {
+		t.Fatalf("claim: %v %v", jobs, err)
+	}
+	for _, j := range jobs {
+		if j.attempt != 1 {
+			t.Fatalf("claimed a retry (attempt %d) before first attempts", j.attempt)
+		}
+	}
+}
+
+func TestPerWebhookCap(t *testing.T) {
+	e := newEnv(t)
+	var cur, peak atomic.Int32
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		c := cur.Add(1)
+		for {
+			p := peak.Load()
+			if c <= p || peak.CompareAndSwap(p, c) {
+				break
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+		cur.Add(-1)
+	})
+	e.webhook(rc.srv.URL)
+	ids := e.events(20)
+	cfg := e.config(rc)
+	cfg.PerWebhook = 3
+	e.run(cfg)
+	waitFor(t, "all delivered", 10*time.Second, func() bool {
+		for _, id := range ids {
+			if e.delivery(id).status != "delivered" {
+				return false
+			}
+		}
+		return true
+	})
+	if p := peak.Load(); p > 3 || p < 2 {
+		t.Fatalf("peak concurrency %d, cap 3", p)
+	}
+	if n := len(rc.snapshot()); n != 20 {
+		t.Fatalf("%d hits", n)
+	}
+}
+
+func TestNewRejectsShortLease(t *testing.T) {
+	if _, err := New(&pgxpool.Pool{}, func(context.Context, uuid.UUID) (string, error) { return "", nil },
+		Config{Timeout: 10 * time.Second, Lease: 5 * time.Second}, nil); err == nil {
+		t.Fatal("lease <= timeout accepted")
+	}
+}
+
+type countingObserver struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (o *countingObserver) Attempt(outcome string, d time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.n[outcome]++
+}
+
+func TestObserverAndGracefulShutdown(t *testing.T) {
+	e := newEnv(t)
+	started := make(chan struct{}, 10)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		if n == 1 {
+			w.WriteHeader(500)
+			return
+		}
+		time.Sleep(300 * time.Millisecond) // still in flight when the dispatcher is stopped
+	})
+	e.webhook(rc.srv.URL)
+	ids := e.events(1)
+	obs := &countingObserver{n: map[string]int{}}
+	cfg := e.config(rc)
+	cfg.Observer = obs
+	stop := e.run(cfg)
+	<-started
+	<-started
+	stop() // waits for the attempt in flight and records it
+	if row := e.delivery(ids[0]); row.status != "delivered" || row.attempts != 2 {
+		t.Fatalf("after shutdown: %+v", row)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if obs.n[OutcomeRetrying] != 1 || obs.n[OutcomeDelivered] != 1 || len(obs.n) != 2 {
+		t.Fatalf("observer %v", obs.n)
+	}
+}
+
+func TestWakesOnNotify(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	sep := "?"
+	if strings.Contains(e.dsn, "?") {
+		sep = "&"
+	}
+	e.listenDSN = e.dsn + sep + "pool_max_conns=2" // a pool DSN works for the LISTEN connection
+	cfg := e.config(rc)
+	cfg.PollInterval = time.Hour // only a notification can wake the dispatcher
+	e.run(cfg)
+	time.Sleep(300 * time.Millisecond) // LISTEN is established and the startup claim is done
+	t0 := time.Now()
+	ids := e.events(1)
+	waitFor(t, "delivered after NOTIFY", 3*time.Second, e.statusIs(ids[0], "delivered"))
+	t.Logf("store to delivered: %v", time.Since(t0))
+}
+
+func TestUntrustedCertificateIsFailure(t *testing.T) {
+	for _, name := range []string{"system pool only", "other extra CA"} {
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			rc := newReceiver(t, nil)
+			e.webhook(rc.srv.URL)
+			ids := e.events(1)
+			cfg := e.config(rc)
+			cfg.RetryDelays = []time.Duration{}
+			if name == "system pool only" {
+				cfg.RootCAs = nil
+			} else {
+				cfg.RootCAs = otherCA(t) // (httptest servers all share one certificate)
+			}
+			e.run(cfg)
+			waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
+			if row := e.delivery(ids[0]); row.lastErr == nil || !strings.Contains(*row.lastErr, "certificate") {
+				t.Fatalf("delivery %+v", row)
+			}
+			t.Logf("error: %s", *e.delivery(ids[0]).lastErr)
+		})
+	}
+}
+
+// otherCA returns a pool holding a fresh self-signed CA that signed nothing.
+func otherCA(t *testing.T) *x509.CertPool {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "other"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, _ := x509.ParseCertificate(der)
+	p := x509.NewCertPool()
+	p.AddCert(c)
+	return p
+}

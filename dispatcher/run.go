@@ -1,0 +1,483 @@
+package dispatcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+)
+
+// job is one claimed delivery.
+type job struct {
+	id, eventID, webhookID uuid.UUID
+	attempt                int // the number of this attempt (attempts after the claim)
+	url                    string
+	payload                []byte
+}
+
+// result is what the completion writer records: a finished attempt, or (release) a claim
+// handed back without an attempt.
+type result struct {
+	job        job
+	release    bool
+	releaseIn  time.Duration // release: delay before the delivery is due again
+	ok         bool
+	started    time.Time
+	duration   time.Duration
+	statusCode int // 0: no response
+	errMsg     string
+	body       string
+}
+
+// Run claims and delivers until ctx ends, then waits (at most Timeout+1s) for the attempts in
+// flight and records their outcomes. dsn is used for a dedicated LISTEN connection (not from
+// the pool, reconnected with backoff); the poll every PollInterval is the backstop.
+func (d *Dispatcher) Run(ctx context.Context, dsn string) {
+	// Attempts are not cut short by ctx: they end on their own within Timeout, and are cut at
+	// Timeout+1s after shutdown begins.
+	attemptCtx, cancelAttempts := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelAttempts()
+
+	writerDone := make(chan struct{})
+	go func() {
+		defer close(writerDone)
+		d.writeResults()
+	}()
+	listenDone := make(chan struct{})
+	go func() {
+		defer close(listenDone)
+		if dsn != "" {
+			d.listen(ctx, dsn)
+		}
+	}()
+
+	d.loop(ctx, attemptCtx)
+
+	waited := make(chan struct{})
+	go func() { d.attempts.Wait(); close(waited) }()
+	t := time.NewTimer(d.cfg.Timeout + time.Second)
+	select {
+	case <-waited:
+		t.Stop()
+	case <-t.C:
+		cancelAttempts()
+		<-waited
+	}
+	close(d.results)
+	<-writerDone
+	<-listenDone
+}
+
+func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
+	poll := time.NewTicker(d.cfg.PollInterval)
+	defer poll.Stop()
+	backoff := 0 * time.Millisecond
+	for ctx.Err() == nil {
+		free, saturated := d.capacity()
+		more := false
+		if free > 0 {
+			limit := min(free, d.cfg.BatchSize)
+			jobs, err := d.claim(ctx, limit, saturated)
+			if err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				backoff = min(max(2*backoff, 100*time.Millisecond), 5*time.Second)
+				d.log.Warn("claiming deliveries", zap.Error(err), zap.Duration("retry_in", backoff))
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(backoff):
+				}
+				continue
+			}
+			backoff = 0
+			d.start(attemptCtx, jobs)
+			more = len(jobs) == limit
+		}
+		if more {
+			if f, _ := d.capacity(); f > 0 {
+				continue // there may be more due rows right now
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.wake:
+		case <-d.slotFree:
+			// let a few more attempts finish so that the next claim is a batch
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		case <-poll.C:
+		}
+	}
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// capacity returns the free worker slots and the webhooks at their per-webhook cap.
+func (d *Dispatcher) capacity() (int, []uuid.UUID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var saturated []uuid.UUID
+	for id, n := range d.perHook {
+		if n >= d.cfg.PerWebhook {
+			saturated = append(saturated, id)
+		}
+	}
+	return d.cfg.Workers - d.active, saturated
+}
+
+// claimSQL takes due deliveries of active webhooks: first attempts before retries (so that
+// retries never starve them), then the oldest due first; expired leases of in_flight rows
+// (a crashed or stuck instance) count as due.
+const claimSQL = `
+UPDATE deliveries d
+SET status = 'in_flight', attempts = d.attempts + 1, locked_by = $1,
+    locked_until = now() + $2 * interval '1 millisecond', updated_at = now()
+FROM (
+	SELECT d2.id FROM deliveries d2
+	JOIN webhooks w ON w.id = d2.webhook_id
+	WHERE w.status = 'active'
+	  AND ((d2.status = 'pending' AND d2.next_attempt_at <= now())
+	    OR (d2.status = 'in_flight' AND d2.locked_until < now()))
+	  AND d2.webhook_id <> ALL ($4::uuid[])
+	ORDER BY (d2.attempts > 0), d2.next_attempt_at, d2.id
+	LIMIT $3
+	FOR UPDATE OF d2 SKIP LOCKED
+) c, events e, webhooks w
+WHERE d.id = c.id AND e.id = d.event_id AND w.id = d.webhook_id
+RETURNING d.id, d.event_id, d.webhook_id, d.attempts, w.url, e.payload::text`
+
+func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID) ([]job, error) {
+	if saturated == nil {
+		saturated = []uuid.UUID{}
+	}
+	rows, err := d.pool.Query(ctx, claimSQL, d.cfg.InstanceID, d.cfg.Lease.Milliseconds(), limit, saturated)
+	if err != nil {
+		return nil, err
+	}
+	var jobs []job
+	for rows.Next() {
+		var j job
+		var payload string
+		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.url, &payload); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		j.payload = []byte(payload)
+		jobs = append(jobs, j)
+	}
+	rows.Close()
+	return jobs, rows.Err()
+}
+
+// start runs the claimed jobs within the per-webhook cap; the others are handed back at once.
+func (d *Dispatcher) start(ctx context.Context, jobs []job) {
+	for _, j := range jobs {
+		d.mu.Lock()
+		run := d.perHook[j.webhookID] < d.cfg.PerWebhook && d.active < d.cfg.Workers
+		if run {
+			d.perHook[j.webhookID]++
+			d.active++
+		}
+		d.mu.Unlock()
+		if !run {
+			d.results <- result{job: j, release: true}
+			continue
+		}
+		d.attempts.Add(1)
+		go func() {
+			defer d.attempts.Done()
+			r := d.attempt(ctx, j)
+			d.done(j.webhookID)
+			d.results <- r
+		}()
+	}
+}
+
+// done frees the slots of a finished attempt.
+func (d *Dispatcher) done(webhookID uuid.UUID) {
+	d.mu.Lock()
+	wasFull := d.active >= d.cfg.Workers || d.perHook[webhookID] >= d.cfg.PerWebhook
+	d.active--
+	if d.perHook[webhookID]--; d.perHook[webhookID] <= 0 {
+		delete(d.perHook, webhookID)
+	}
+	d.mu.Unlock()
+	if wasFull {
+		signal(d.slotFree)
+	}
+}
+
+func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
+	now := time.Now()
+	d.mu.Lock()
+	c, ok := d.cache[id]
+	d.mu.Unlock()
+	if ok && now.Before(c.expires) {
+		return c.secret, nil
+	}
+	s, err := d.secrets(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	d.mu.Lock()
+	if len(d.cache) > 10000 {
+		clear(d.cache)
+	}
+	d.cache[id] = cachedSecret{secret: s, expires: now.Add(d.secretTTL)}
+	d.mu.Unlock()
+	return s, nil
+}
+
+// attempt makes one HTTP attempt.
+func (d *Dispatcher) attempt(ctx context.Context, j job) result {
+	secret, err := d.secret(ctx, j.webhookID)
+	if err != nil {
+		// Not the receiver's fault: hand the delivery back without using up an attempt.
+		d.log.Error("webhook secret unavailable", zap.Stringer("webhook_id", j.webhookID), zap.Error(err))
+		return result{job: j, release: true, releaseIn: 5 * time.Second}
+	}
+	r := result{job: j, started: time.Now()}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.url, bytes.NewReader(j.payload))
+	if err != nil {
+		r.errMsg = "invalid webhook url: " + err.Error()
+		return r
+	}
+	svc, id, ts, sig := Sign(secret, j.eventID, r.started, j.payload)
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", d.cfg.UserAgent)
+	req.Header.Set("X-Svc-Signature", svc)
+	req.Header["webhook-id"] = []string{id}
+	req.Header["webhook-timestamp"] = []string{ts}
+	req.Header["webhook-signature"] = []string{sig}
+
+	resp, err := d.client.Do(req)
+	if err != nil {
+		r.duration = time.Since(r.started)
+		r.errMsg = describe(err, d.cfg.Timeout)
+		return r
+	}
+	r.statusCode = resp.StatusCode
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, ResponseBodyLimit))
+	r.duration = time.Since(r.started)
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // allow connection reuse
+	resp.Body.Close()
+	r.body = cleanText(body)
+	switch {
+	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+		r.ok = true
+	case resp.StatusCode >= 300 && resp.StatusCode < 400:
+		r.errMsg = fmt.Sprintf("redirect (HTTP %d) not followed", resp.StatusCode)
+	default:
+		r.errMsg = fmt.Sprintf("HTTP %d", resp.StatusCode)
+	}
+	return r
+}
+
+// describe turns a client error into a short message for the delivery log.
+func describe(err error, timeout time.Duration) string {
+	var ne interface{ Timeout() bool }
+	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
+		return "timeout: no response within " + timeout.String()
+	}
+	msg := err.Error()
+	// *url.Error repeats the method and URL; keep the cause.
+	if i := strings.Index(msg, "\": "); i >= 0 && strings.HasPrefix(msg, "Post \"") {
+		msg = msg[i+3:]
+	}
+	return msg
+}
+
+// cleanText makes b storable as Postgres text: valid UTF-8, no NUL.
+func cleanText(b []byte) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
+}
+
+// completeSQL records one attempt and moves the delivery on, fenced on this instance's claim
+// of that attempt: a claim that was lost (lease expired and reclaimed) still logs the attempt,
+// but does not change the delivery.
+const completeSQL = `
+WITH upd AS (
+	UPDATE deliveries SET
+		status = CASE WHEN $5::bool THEN 'delivered' WHEN $9::bigint >= 0 THEN 'pending' ELSE 'failed' END,
+		next_attempt_at = CASE WHEN NOT $5::bool AND $9::bigint >= 0 THEN now() + $9::bigint * interval '1 millisecond' ELSE next_attempt_at END,
+		last_status_code = $6, last_error = $7, locked_by = NULL, locked_until = NULL, updated_at = now()
+	WHERE id = $2 AND locked_by = $10 AND attempts = $3 AND status = 'in_flight'
+	RETURNING id
+)
+INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
+SELECT $1, d.id, $3, $4, $11, $6, $7, $8 FROM deliveries d WHERE d.id = $2
+ON CONFLICT (id) DO NOTHING`
+
+// releaseSQL hands back a claim without an attempt.
+const releaseSQL = `
+UPDATE deliveries SET status = 'pending', attempts = attempts - 1, locked_by = NULL, locked_until = NULL,
+	next_attempt_at = CASE WHEN $4::bigint > 0 THEN GREATEST(next_attempt_at, now() + $4::bigint * interval '1 millisecond')
+		ELSE next_attempt_at END, updated_at = now()
+WHERE id = $1 AND locked_by = $2 AND attempts = $3 AND status = 'in_flight'`
+
+// writeResults records results in batches until d.results is closed.
+func (d *Dispatcher) writeResults() {
+	const maxBatch = 256
+	batch := make([]result, 0, maxBatch)
+	for r := range d.results {
+		batch = append(batch[:0], r)
+	fill:
+		for len(batch) < maxBatch {
+			select {
+			case r, ok := <-d.results:
+				if !ok {
+					break fill
+				}
+				batch = append(batch, r)
+			default:
+				break fill
+			}
+		}
+		d.flush(batch)
+	}
+}
+
+// flush writes a batch, retrying for up to a lease (after which the rows are reclaimed anyway).
+func (d *Dispatcher) flush(batch []result) {
+	b := &pgx.Batch{}
+	var soonest time.Duration = -1
+	for _, r := range batch {
+		j := r.job
+		if r.release {
+			b.Queue(releaseSQL, j.id, d.cfg.InstanceID, j.attempt, r.releaseIn.Milliseconds())
+			if r.releaseIn == 0 {
+				soonest = 0
+			}
+			continue
+		}
+		retryIn := int64(-1)
+		if !r.ok && j.attempt <= len(d.cfg.RetryDelays) {
+			delay := d.cfg.RetryDelays[j.attempt-1]
+			retryIn = delay.Milliseconds()
+			if soonest < 0 || delay < soonest {
+				soonest = delay
+			}
+		}
+		var code *int
+		if r.statusCode != 0 {
+			code = &r.statusCode
+		}
+		var errMsg, body *string
+		if r.errMsg != "" {
+			errMsg = &r.errMsg
+		}
+		if r.statusCode != 0 {
+			body = &r.body
+		}
+		attemptID, _ := uuid.NewV7()
+		b.Queue(completeSQL, attemptID, j.id, j.attempt, r.started, r.ok, code, errMsg, body,
+			retryIn, d.cfg.InstanceID, r.duration.Milliseconds())
+		if d.cfg.Observer != nil {
+			outcome := OutcomeDelivered
+			if !r.ok {
+				outcome = OutcomeFailed
+				if retryIn >= 0 {
+					outcome = OutcomeRetrying
+				}
+			}
+			d.cfg.Observer.Attempt(outcome, r.duration)
+		}
+		if r.ok {
+			d.log.Debug("delivered", zap.Stringer("delivery_id", j.id), zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode))
+		} else {
+			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.id), zap.Stringer("webhook_id", j.webhookID),
+				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", retryIn < 0))
+		}
+	}
+	deadline := time.Now().Add(d.cfg.Lease)
+	backoff := 50 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := d.pool.SendBatch(ctx, b).Close()
+		cancel()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			d.log.Error("recording delivery attempts failed; their leases will expire and they will be retried",
+				zap.Int("count", len(batch)), zap.Error(err))
+			return
+		}
+		d.log.Warn("recording delivery attempts", zap.Error(err), zap.Duration("retry_in", backoff))
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	// This instance knows when its own retries fall due; other instances find them by polling.
+	if soonest >= 0 {
+		time.AfterFunc(soonest, func() { signal(d.wake) })
+	}
+}
+
+// listen wakes the loop on every notification, reconnecting with backoff. After every
+// (re)connect it wakes the loop once, for notifications that may have been missed.
+func (d *Dispatcher) listen(ctx context.Context, dsn string) {
+	backoff := 100 * time.Millisecond
+	for ctx.Err() == nil {
+		err := d.listenOnce(ctx, dsn, func() { backoff = 100 * time.Millisecond })
+		if ctx.Err() != nil {
+			return
+		}
+		d.log.Warn("listen connection lost", zap.String("channel", NotifyChannel), zap.Error(err), zap.Duration("retry_in", backoff))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+func (d *Dispatcher) listenOnce(ctx context.Context, dsn string, connected func()) error {
+	// Parsed as a pool DSN so that pool_* parameters are accepted (and left out).
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	conn, err := pgx.ConnectConfig(cctx, pcfg.ConnConfig)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		conn.Close(cctx)
+	}()
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
+		return err
+	}
+	connected()
+	signal(d.wake)
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		signal(d.wake)
+	}
+}

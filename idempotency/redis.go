@@ -1,0 +1,443 @@
+package idempotency
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// Redis is a [Store] shared by every instance that uses the same Redis (7.0 or later).
+//
+// Each key is one Redis string, Prefix + key, holding a JSON record:
+//
+//	in flight: {"s":"p","f":<fingerprint>,"o":<owner token>}          expires after Options.Lease
+//	completed: {"f":<fingerprint>,"s":"d","c":<status>,"h":<header>,"b":<base64 body>}  after Options.TTL
+//
+// Begin claims a key in one round trip (SET key <in flight> NX PX lease GET): a nil reply means
+// the caller owns it, otherwise the reply is the record to judge. Complete and Release are Lua
+// scripts that act only if the owner token still matches (fencing) and then PUBLISH on the
+// channel Prefix + "done:" + key.
+//
+// Waiting duplicates register in-process and are woken by one PSUBSCRIBE Prefix + "done:*"
+// connection per Redis value (that is, per instance), fanned out to them. A waiter registers
+// before it re-reads the key, so no completion is missed while that connection is subscribed;
+// it also re-reads every 250 ms in case a message was lost, and at its deadline. The listener
+// starts with the first Begin (nothing is dialled before). Whenever it becomes subscribed (at
+// start and after every reconnect) it wakes every waiter to re-read its key, which covers
+// whatever was published while it was not. It reconnects by itself, with backoff up to 2 s,
+// after Redis comes back, and pings an idle connection every 15 s to notice a dead one. Close
+// stops it.
+//
+// Errors from Redis are returned at once (wrapping [ErrUnavailable]); how long a call takes to
+// fail with Redis down is governed by the client's DialTimeout, ReadTimeout and MaxRetries.
+type Redis struct {
+	client redis.UniversalClient
+	opt    Options
+	log    *zap.Logger
+
+	chanPrefix string // Prefix + "done:"; channel of key k = chanPrefix + k
+	pattern    string // PSUBSCRIBE pattern matching every channel of this store
+
+	waiters waiters
+
+	// Tunables, changed by tests only before first use.
+	poll      time.Duration // safety re-read interval of a waiting Begin
+	pingEvery time.Duration // idle time after which the listener pings its connection
+
+	startOnce  sync.Once
+	ctx        context.Context // cancelled by Close; the listener's context
+	cancel     context.CancelFunc
+	done       chan struct{} // closed when the listener has returned (or was never started)
+	mu         sync.Mutex    // guards closed and ps
+	closed     bool
+	ps         *redis.PubSub // the listener's current pub/sub connection
+	subscribed atomic.Bool   // the listener is subscribed right now
+}
+
+var _ Store = (*Redis)(nil)
+
+// NewRedis returns a Store on client (a *redis.Client or *redis.ClusterClient; it is borrowed,
+// and Close does not close it). It dials nothing: the pub/sub listener starts with the first
+// Begin. logger (may be nil) gets the listener's connection losses and recoveries. Call Close
+// when done.
+func NewRedis(client redis.UniversalClient, opt Options, logger *zap.Logger) *Redis {
+	opt = opt.withDefaults()
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Redis{
+		client:     client,
+		opt:        opt,
+		log:        logger,
+		chanPrefix: opt.Prefix + "done:",
+		poll:       defaultPoll,
+		pingEvery:  15 * time.Second,
+		ctx:        ctx,
+		cancel:     cancel,
+		done:       make(chan struct{}),
+	}
+	s.pattern = escapeGlob(s.chanPrefix) + "*"
+	return s
+}
+
+// Close stops the pub/sub listener and waits for it. It does not close the client. Begin still
+// works after Close but waiting duplicates are then woken only by polling.
+func (s *Redis) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	ps := s.ps
+	s.mu.Unlock()
+	s.cancel()
+	if ps != nil {
+		ps.Close() // unblocks the listener's read
+	}
+	s.startOnce.Do(func() { close(s.done) }) // never started: nothing to wait for
+	<-s.done
+	return nil
+}
+
+// defaultPoll is how often a waiting Begin re-reads the key even without a wake-up, in case a
+// wake-up was lost (pub/sub reconnecting) or the owner's lease ended.
+const defaultPoll = 250 * time.Millisecond
+
+// record is the JSON stored under a key.
+type record struct {
+	State  string      `json:"s"`           // "p" in flight, "d" completed
+	FP     string      `json:"f"`           // request fingerprint
+	Owner  string      `json:"o,omitempty"` // owner token, in flight only
+	Status int         `json:"c,omitempty"`
+	Header http.Header `json:"h,omitempty"`
+	Body   []byte      `json:"b,omitempty"`
+}
+
+// doneRecord is a completed record without its fingerprint, as Complete sends it to
+// completeScript.
+type doneRecord struct {
+	State  string      `json:"s"`
+	Status int         `json:"c"`
+	Header http.Header `json:"h,omitempty"`
+	Body   []byte      `json:"b,omitempty"`
+}
+
+const (
+	statePending = "p"
+	stateDone    = "d"
+)
+
+// completeScript stores the completed record ARGV[2] (a JSON object without "f"; the script adds
+// the fingerprint of the in-flight record) with PX ARGV[3] if KEYS[1] is in flight and owned by
+// ARGV[1], then publishes on ARGV[4]. It returns 1 if it stored, 0 if the token is not the owner.
+var completeScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, r = pcall(cjson.decode, v)
+if not ok or type(r) ~= 'table' or r.s ~= 'p' or r.o ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], '{"f":' .. cjson.encode(r.f) .. ',' .. string.sub(ARGV[2], 2), 'PX', ARGV[3])
+redis.call('PUBLISH', ARGV[4], 'd')
+return 1
+`)
+
+// releaseScript deletes KEYS[1] if it is in flight and owned by ARGV[1], then publishes on
+// ARGV[2]. It returns 1 if it deleted, 0 if the token is not the owner.
+var releaseScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+local ok, r = pcall(cjson.decode, v)
+if not ok or type(r) ~= 'table' or r.s ~= 'p' or r.o ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[2], 'r')
+return 1
+`)
+
+// Begin implements [Store.Begin].
+func (s *Redis) Begin(ctx context.Context, key, fp string) (Result, error) {
+	s.start()
+	token := rand.Text()
+	pending, err := json.Marshal(record{State: statePending, FP: fp, Owner: token})
+	if err != nil {
+		return Result{}, fmt.Errorf("idempotency: encoding claim: %w", err)
+	}
+	rkey := s.opt.Prefix + key
+	deadline := time.Now().Add(s.opt.Wait)
+
+	var (
+		wake  chan struct{} // set once registered as a waiter
+		timer *time.Timer   // fires at the deadline
+		poll  *time.Ticker
+		final bool // the deadline passed: this is the last read
+	)
+	defer func() {
+		if wake != nil {
+			s.waiters.remove(key, wake)
+			timer.Stop()
+			poll.Stop()
+		}
+	}()
+	for {
+		// SET NX GET claims the key if it is free and otherwise reads it, in one round trip.
+		old, err := s.client.Do(ctx, "SET", rkey, pending, "NX", "PX", millis(s.opt.Lease), "GET").Text()
+		if errors.Is(err, redis.Nil) {
+			return Result{Outcome: Acquired, Token: token}, nil
+		}
+		if err != nil {
+			return Result{}, s.wrap(ctx, "claiming", key, err)
+		}
+		var rec record
+		if err := json.Unmarshal([]byte(old), &rec); err != nil {
+			return Result{}, fmt.Errorf("%w: idempotency: key %q holds an unreadable record: %v", ErrUnavailable, key, err)
+		}
+		switch {
+		case rec.FP != fp:
+			return Result{Outcome: Mismatch}, nil
+		case rec.State == stateDone:
+			h := rec.Header
+			if h == nil {
+				h = http.Header{}
+			}
+			return Result{Outcome: Replay, Response: &Response{Status: rec.Status, Header: h, Body: rec.Body}}, nil
+		case final || s.opt.Wait <= 0:
+			return Result{Outcome: InProgress}, nil
+		}
+		if wake == nil {
+			// Register first, then read again at once: a completion published after this
+			// point wakes us, one published before it is seen by the read.
+			wake = s.waiters.add(key)
+			timer = time.NewTimer(time.Until(deadline))
+			poll = time.NewTicker(s.poll)
+			continue
+		}
+		select {
+		case <-wake:
+		case <-poll.C:
+		case <-timer.C:
+			final = true
+		case <-ctx.Done():
+			return Result{}, fmt.Errorf("idempotency: waiting for key %q: %w", key, ctx.Err())
+		}
+	}
+}
+
+// Complete implements [Store.Complete].
+func (s *Redis) Complete(ctx context.Context, key, token string, resp Response) error {
+	h := resp.Header
+	if len(h) == 0 {
+		h = nil
+	}
+	// The script adds the fingerprint of the in-flight record.
+	done, err := json.Marshal(doneRecord{State: stateDone, Status: resp.Status, Header: h, Body: resp.Body})
+	if err != nil {
+		return fmt.Errorf("idempotency: encoding response: %w", err)
+	}
+	n, err := completeScript.Run(ctx, s.client, []string{s.opt.Prefix + key},
+		token, done, millis(s.opt.TTL), s.chanPrefix+key).Int()
+	if err != nil {
+		return s.wrap(ctx, "completing", key, err)
+	}
+	if n != 1 {
+		return ErrNotOwner
+	}
+	return nil
+}
+
+// Release implements [Store.Release].
+func (s *Redis) Release(ctx context.Context, key, token string) error {
+	n, err := releaseScript.Run(ctx, s.client, []string{s.opt.Prefix + key}, token, s.chanPrefix+key).Int()
+	if err != nil {
+		return s.wrap(ctx, "releasing", key, err)
+	}
+	if n != 1 {
+		return ErrNotOwner
+	}
+	return nil
+}
+
+// wrap turns a Redis error into the error Begin, Complete and Release return: ctx.Err() if ctx
+// ended, else ErrUnavailable.
+func (s *Redis) wrap(ctx context.Context, op, key string, err error) error {
+	if ctx.Err() != nil {
+		return fmt.Errorf("idempotency: %s key %q: %w", op, key, ctx.Err())
+	}
+	return fmt.Errorf("%w: %s key %q: %w", ErrUnavailable, op, key, err)
+}
+
+// start starts the pub/sub listener, once, unless Close came first.
+func (s *Redis) start() {
+	s.startOnce.Do(func() { go s.listen() })
+}
+
+// listen keeps one PSUBSCRIBE connection up until Close, fanning messages out to waiters.
+func (s *Redis) listen() {
+	defer close(s.done)
+	const minBackoff, maxBackoff = 50 * time.Millisecond, 2 * time.Second
+	backoff := minBackoff
+	lost := false // the connection was lost and that was logged
+	for s.ctx.Err() == nil {
+		wasSubscribed, err := s.session(&lost)
+		s.subscribed.Store(false)
+		if s.ctx.Err() != nil {
+			return
+		}
+		if wasSubscribed {
+			backoff = minBackoff
+		}
+		if !lost {
+			lost = true
+			s.log.Warn("idempotency: pub/sub connection to Redis lost; waiting duplicates fall back to polling until it is back",
+				zap.Error(err))
+		}
+		select {
+		case <-time.After(backoff):
+		case <-s.ctx.Done():
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// session runs one pub/sub connection until it fails or Close. It reports whether it got as
+// far as being subscribed.
+func (s *Redis) session(lost *bool) (wasSubscribed bool, err error) {
+	ps := s.client.PSubscribe(s.ctx) // no pattern yet: dials nothing
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		ps.Close()
+		return false, errors.New("closed")
+	}
+	s.ps = ps
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.ps = nil
+		s.mu.Unlock()
+		ps.Close()
+	}()
+
+	if err := ps.PSubscribe(s.ctx, s.pattern); err != nil {
+		return false, err
+	}
+	pinged := false
+	for {
+		msg, err := ps.ReceiveTimeout(s.ctx, s.pingEvery)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() && !pinged {
+				// Idle: make sure the connection is still alive. No answer by the next
+				// timeout means it is not.
+				if err := ps.Ping(s.ctx); err != nil {
+					return wasSubscribed, err
+				}
+				pinged = true
+				continue
+			}
+			return wasSubscribed, err
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "psubscribe" {
+				wasSubscribed = true
+				s.subscribed.Store(true)
+				if *lost {
+					*lost = false
+					s.log.Info("idempotency: pub/sub connection to Redis is back")
+				}
+				// Completions published while we were not subscribed were missed: have every
+				// waiter read its key again.
+				s.waiters.notifyAll()
+			}
+		case *redis.Message:
+			if key, ok := strings.CutPrefix(m.Channel, s.chanPrefix); ok {
+				s.waiters.notify(key)
+			}
+		}
+	}
+}
+
+// millis returns d in whole milliseconds, at least 1 (Redis refuses PX 0).
+func millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+// escapeGlob escapes the characters that are special in Redis glob patterns.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\', '^', '-':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// waiters is the in-process registry of Begin calls waiting for a key, by key.
+type waiters struct {
+	mu sync.Mutex
+	m  map[string]map[chan struct{}]struct{}
+}
+
+// add registers a waiter for key and returns its wake-up channel (buffered, never closed).
+func (w *waiters) add(key string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m == nil {
+		w.m = make(map[string]map[chan struct{}]struct{})
+	}
+	set := w.m[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		w.m[key] = set
+	}
+	set[ch] = struct{}{}
+	return ch
+}
+
+// remove unregisters the waiter ch of key.
+func (w *waiters) remove(key string, ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	set := w.m[key]
+	delete(set, ch)
+	if len(set) == 0 {
+		delete(w.m, key)
+	}
+}
+
+// notify wakes every waiter of key.
+func (w *waiters) notify(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for ch := range w.m[key] {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// notifyAll wakes every waiter.
+func (w *waiters) notifyAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, set := range w.m {
+		for ch := range set {
+			select {
+			case ch <- struct{}{}:
+			default:
+			}
+		}
+	}
+}

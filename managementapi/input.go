@@ -1,0 +1,245 @@
+package managementapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// MaxBodyBytes is the largest request body the API reads.
+const MaxBodyBytes = 1 << 20
+
+// Limits on field values.
+const (
+	maxNameLen   = 200
+	maxURLLen    = 2048
+	maxChannelID = 1000
+)
+
+// apiError is a client error with its status and message.
+type apiError struct {
+	status int
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func unprocessable(format string, args ...any) *apiError {
+	return &apiError{status: http.StatusUnprocessableEntity, msg: fmt.Sprintf(format, args...)}
+}
+
+var (
+	errInvalidJSON  = &apiError{http.StatusBadRequest, "Invalid JSON body"}
+	errTooLarge     = &apiError{http.StatusRequestEntityTooLarge, "Request body too large"}
+	errContentType  = &apiError{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
+	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status`)
+	errBadStatus    = unprocessable(`"status" must be one of: active, paused`)
+	errChannelsOrg  = unprocessable("One or more channel_ids not found in this org")
+	errHTTPSURL     = unprocessable(`"url" must start with https://`)
+	errInvalidURL   = unprocessable(`"url" must be a valid URL`)
+	errForceBoolean = unprocessable(`"force" must be a boolean`)
+)
+
+// object is a decoded JSON object body, field by field, so that each field's type can be
+// checked and reported on its own.
+type object map[string]json.RawMessage
+
+// readObject reads a JSON object body of at most MaxBodyBytes.
+func readObject(w http.ResponseWriter, r *http.Request) (object, *apiError) {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return nil, errContentType
+		}
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, errTooLarge
+		}
+		return nil, errInvalidJSON
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	var obj object
+	if err := dec.Decode(&obj); err != nil || obj == nil {
+		return nil, errInvalidJSON
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, errInvalidJSON // trailing data after the object
+	}
+	return obj, nil
+}
+
+func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
+
+// str returns field name as a string; ok is false when it is absent or null.
+func (o object) str(name string) (val string, ok bool, e *apiError) {
+	raw := o[name]
+	if isNull(raw) {
+		return "", false, nil
+	}
+	if err := json.Unmarshal(raw, &val); err != nil {
+		return "", false, unprocessable(`"%s" must be a string`, name)
+	}
+	return val, true, nil
+}
+
+// strings returns field name as an array of strings; ok is false when it is absent or null.
+// A null element is a wrong type (json.Unmarshal would turn it into "").
+func (o object) strings(name string) (val []string, ok bool, e *apiError) {
+	raw := o[name]
+	if isNull(raw) {
+		return nil, false, nil
+	}
+	var elems []*string
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, false, unprocessable(`"%s" must be an array of strings`, name)
+	}
+	val = make([]string, 0, len(elems))
+	for _, p := range elems {
+		if p == nil {
+			return nil, false, unprocessable(`"%s" must be an array of strings`, name)
+		}
+		val = append(val, *p)
+	}
+	return val, true, nil
+}
+
+// channelInput is a validated POST /channels body.
+type channelInput struct{ name string }
+
+func parseChannelInput(o object) (channelInput, *apiError) {
+	name, err := requiredName(o)
+	return channelInput{name: name}, err
+}
+
+func requiredName(o object) (string, *apiError) {
+	name, ok, err := o.str("name")
+	if err != nil {
+		return "", err
+	}
+	name = strings.TrimSpace(name)
+	if !ok || name == "" {
+		return "", unprocessable(`"name" is required`)
+	}
+	if utf8.RuneCountInString(name) > maxNameLen {
+		return "", unprocessable(`"name" must be at most %d characters`, maxNameLen)
+	}
+	return name, nil
+}
+
+// parseWebhookInput validates a POST /webhooks body. Fields are checked in the order name, url,
+// events, channel_ids; the first problem is reported.
+func parseWebhookInput(o object) (store.NewWebhook, *apiError) {
+	var in store.NewWebhook
+	var err *apiError
+	if in.Name, err = requiredName(o); err != nil {
+		return in, err
+	}
+	if in.URL, err = parseWebhookURL(o); err != nil {
+		return in, err
+	}
+	if in.Events, err = parseEvents(o); err != nil {
+		return in, err
+	}
+	in.ChannelIDs, err = parseChannelIDs(o)
+	return in, err
+}
+
+func parseWebhookURL(o object) (string, *apiError) {
+	raw, ok, err := o.str("url")
+	if err != nil {
+		return "", err
+	}
+	raw = strings.TrimSpace(raw)
+	if !ok || raw == "" {
+		return "", unprocessable(`"url" is required`)
+	}
+	if !strings.HasPrefix(strings.ToLower(raw), "https://") {
+		return "", errHTTPSURL
+	}
+	u, perr := url.Parse(raw)
+	if perr != nil || len(raw) > maxURLLen || u.Host == "" || u.Hostname() == "" || u.User != nil || u.Fragment != "" {
+		return "", errInvalidURL
+	}
+	return raw, nil
+}
+
+func parseEvents(o object) ([]string, *apiError) {
+	events, ok, err := o.strings("events")
+	if err != nil {
+		return nil, err
+	}
+	if !ok || len(events) == 0 {
+		return nil, unprocessable(`"events" is required`)
+	}
+	out := make([]string, 0, len(events))
+	for _, e := range events {
+		if e != store.EventMessages && e != store.EventMessageStatus {
+			return nil, errBadEvents
+		}
+		if !slices.Contains(out, e) {
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}
+
+// parseChannelIDs returns the distinct channel ids; strings that are not UUIDs cannot name a
+// channel of the org and give the not-found message.
+func parseChannelIDs(o object) ([]uuid.UUID, *apiError) {
+	raw, _, err := o.strings("channel_ids")
+	if err != nil {
+		return nil, err
+	}
+	if len(raw) > maxChannelID {
+		return nil, unprocessable(`"channel_ids" must have at most %d items`, maxChannelID)
+	}
+	ids := make([]uuid.UUID, 0, len(raw))
+	for _, s := range raw {
+		id, ok := parseID(s)
+		if !ok {
+			return nil, errChannelsOrg
+		}
+		if !slices.Contains(ids, id) {
+			ids = append(ids, id)
+		}
+	}
+	return ids, nil
+}
+
+func parseStatus(o object) (string, *apiError) {
+	status, ok, err := o.str("status")
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		return "", unprocessable(`"status" is required`)
+	}
+	if status != store.WebhookActive && status != store.WebhookPaused {
+		return "", errBadStatus
+	}
+	return status, nil
+}
+
+// parseID parses a path or body id. Only the canonical 36-character form is accepted.
+func parseID(s string) (uuid.UUID, bool) {
+	if len(s) != 36 {
+		return uuid.UUID{}, false
+	}
+	id, err := uuid.Parse(s)
+	return id, err == nil
+}

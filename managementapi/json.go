@@ -1,0 +1,136 @@
+package managementapi
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// Time marshals as RFC 3339 in UTC with milliseconds, e.g. "2026-11-22T10:04:05.123Z".
+type Time time.Time
+
+// TimeLayout is the layout of every timestamp the API writes.
+const TimeLayout = "2006-01-02T15:04:05.000Z07:00"
+
+// MarshalJSON implements json.Marshaler.
+func (t Time) MarshalJSON() ([]byte, error) {
+	return []byte(`"` + time.Time(t).UTC().Format(TimeLayout) + `"`), nil
+}
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (t *Time) UnmarshalJSON(b []byte) error {
+	var v time.Time
+	if err := v.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*t = Time(v)
+	return nil
+}
+
+func optTime(t *time.Time) *Time {
+	if t == nil {
+		return nil
+	}
+	v := Time(*t)
+	return &v
+}
+
+// Channel is the JSON form of a channel.
+type Channel struct {
+	ID                     uuid.UUID `json:"id"`
+	Name                   string    `json:"name"`
+	Status                 string    `json:"status"`
+	DisplayPhoneNumber     *string   `json:"display_phone_number"`
+	PhoneNumberID          *string   `json:"phone_number_id"`
+	WabaID                 *string   `json:"waba_id"`
+	ChannelToken           string    `json:"channel_token"`
+	ConnectURL             string    `json:"connect_url"`
+	ConnectedAt            *Time     `json:"connected_at"`
+	TokenExpiresAt         *Time     `json:"token_expires_at"`
+	UpstreamDisconnectedAt *Time     `json:"upstream_disconnected_at"`
+	CreatedAt              Time      `json:"created_at"`
+}
+
+// NewChannel converts a stored channel; connectBase is the prefix of its connect_url.
+func NewChannel(c store.Channel, connectBase string) Channel {
+	return Channel{
+		ID:                     c.ID,
+		Name:                   c.Name,
+		Status:                 c.Status,
+		DisplayPhoneNumber:     c.DisplayPhoneNumber,
+		PhoneNumberID:          c.PhoneNumberID,
+		WabaID:                 c.WabaID,
+		ChannelToken:           c.ChannelToken,
+		ConnectURL:             strings.TrimRight(connectBase, "/") + "/connect/" + c.ChannelToken,
+		ConnectedAt:            optTime(c.ConnectedAt),
+		TokenExpiresAt:         optTime(c.TokenExpiresAt),
+		UpstreamDisconnectedAt: optTime(c.UpstreamDisconnectedAt),
+		CreatedAt:              Time(c.CreatedAt),
+	}
+}
+
+// Webhook is the JSON form of a webhook config. HMACSecret is set only in the create response.
+type Webhook struct {
+	ID         uuid.UUID   `json:"id"`
+	Name       string      `json:"name"`
+	URL        string      `json:"url"`
+	Events     []string    `json:"events"`
+	Status     string      `json:"status"`
+	Scope      string      `json:"scope"`
+	ChannelIDs []uuid.UUID `json:"channel_ids"`
+	HMACSecret string      `json:"hmac_secret,omitempty"`
+	CreatedAt  Time        `json:"created_at"`
+}
+
+// NewWebhook converts a stored webhook config.
+func NewWebhook(w store.Webhook) Webhook {
+	ids := w.ChannelIDs
+	if ids == nil {
+		ids = []uuid.UUID{}
+	}
+	return Webhook{
+		ID:         w.ID,
+		Name:       w.Name,
+		URL:        w.URL,
+		Events:     w.Events,
+		Status:     w.Status,
+		Scope:      w.Scope,
+		ChannelIDs: ids,
+		CreatedAt:  Time(w.CreatedAt),
+	}
+}
+
+// Assignment is the response of a channel assignment.
+type Assignment struct {
+	WebhookConfigID uuid.UUID `json:"webhook_config_id"`
+	ChannelID       uuid.UUID `json:"channel_id"`
+}
+
+// Error is the body of every error response.
+type Error struct {
+	Error string `json:"error"`
+}
+
+// WriteJSON writes v as JSON with status.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":"Internal server error"}`)
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+// WriteError writes {"error": msg} with status.
+func WriteError(w http.ResponseWriter, status int, msg string) {
+	WriteJSON(w, status, Error{Error: msg})
+}

@@ -1,0 +1,274 @@
+package ratelimit
+
+import (
+	"context"
+	"net/http"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func TestRedis100PerMinute(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, testRedisURL(t))
+	prefix := uniquePrefix(t, c)
+	l := NewRedis(c, 100, time.Minute, prefix)
+
+	start := time.Now()
+	for i := range 100 {
+		d, err := l.Allow(ctx, "chan-1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Allowed || d.Limit != 100 || d.Remaining != 99-i || d.RetryAfter != 0 {
+			t.Fatalf("call %d: got %+v, want allowed with remaining %d", i+1, d, 99-i)
+		}
+		// Reset = oldest + window - now: the oldest was accepted a moment ago.
+		if d.Reset <= time.Minute-time.Since(start)-time.Second || d.Reset > time.Minute {
+			t.Fatalf("call %d: Reset %v, want just under 60s", i+1, d.Reset)
+		}
+	}
+	d, err := l.Allow(ctx, "chan-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Allowed || d.Remaining != 0 || d.Limit != 100 {
+		t.Fatalf("101st call: got %+v, want rejected", d)
+	}
+	if d.RetryAfter <= 0 || d.RetryAfter > time.Minute || d.RetryAfter < time.Minute-time.Since(start)-time.Second {
+		t.Fatalf("101st call: RetryAfter %v, want in (0,60s] and just under 60s", d.RetryAfter)
+	}
+	if d.Reset != d.RetryAfter {
+		t.Fatalf("Reset %v != RetryAfter %v (both are oldest+window-now)", d.Reset, d.RetryAfter)
+	}
+	h := http.Header{}
+	d.SetHeaders(h)
+	checkHeaders(t, h, map[string]string{"RateLimit-Limit": "100", "RateLimit-Remaining": "0", "RateLimit-Reset": "60", "Retry-After": "60"})
+
+	// Another key is independent.
+	if d, _ := l.Allow(ctx, "chan-2"); !d.Allowed || d.Remaining != 99 {
+		t.Fatalf("other key: %+v", d)
+	}
+	// The set holds exactly the accepted calls and expires with the window.
+	if n := c.ZCard(ctx, prefix+"chan-1").Val(); n != 100 {
+		t.Fatalf("ZCARD = %d, want 100 (rejected calls must not be stored)", n)
+	}
+	if ttl := c.PTTL(ctx, prefix+"chan-1").Val(); ttl <= 50*time.Second || ttl > time.Minute {
+		t.Fatalf("PTTL = %v, want about the window", ttl)
+	}
+}
+
+// TestRedisExactAcrossInstances stands in for three relay instances (three
+// independent clients and limiters) hammering one key concurrently.
+func TestRedisExactAcrossInstances(t *testing.T) {
+	ctx := context.Background()
+	url := testRedisURL(t)
+	var limiters []*RedisLimiter
+	var prefix string
+	for i := range 3 {
+		c := newClient(t, url)
+		if i == 0 {
+			prefix = uniquePrefix(t, c)
+		}
+		limiters = append(limiters, NewRedis(c, 100, time.Minute, prefix))
+	}
+	check := newClient(t, url)
+
+	for round := range 3 {
+		key := "hot-" + string(rune('a'+round))
+		var (
+			wg        sync.WaitGroup
+			start     = make(chan struct{})
+			mu        sync.Mutex
+			remaining []int
+			denied    atomic.Int64
+		)
+		for i := range 300 {
+			wg.Go(func() {
+				<-start
+				d, err := limiters[i%3].Allow(ctx, key)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					remaining = append(remaining, d.Remaining)
+					mu.Unlock()
+				} else {
+					if d.RetryAfter <= 0 || d.RetryAfter > time.Minute {
+						t.Errorf("RetryAfter %v out of (0,60s]", d.RetryAfter)
+					}
+					denied.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if len(remaining) != 100 || denied.Load() != 200 {
+			t.Fatalf("round %d: %d allowed, %d denied; want exactly 100/200", round, len(remaining), denied.Load())
+		}
+		// Every accepted call saw a distinct count: Remaining is 0..99 once each.
+		sort.Ints(remaining)
+		for i, r := range remaining {
+			if r != i {
+				t.Fatalf("round %d: Remaining values %v are not 0..99", round, remaining)
+			}
+		}
+		if n := check.ZCard(ctx, prefix+key).Val(); n != 100 {
+			t.Fatalf("round %d: ZCARD = %d, want 100 (members must be unique)", round, n)
+		}
+	}
+}
+
+// TestRedisRollingWindow checks, in real time against a real Redis, that a
+// slot frees exactly when the oldest accepted request leaves the window and
+// that rejected requests do not count.
+func TestRedisRollingWindow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-time test")
+	}
+	ctx := context.Background()
+	c := newClient(t, testRedisURL(t))
+	l := NewRedis(c, 5, time.Second, uniquePrefix(t, c))
+	const key = "k"
+	allow := func() Decision {
+		t.Helper()
+		d, err := l.Allow(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+
+	if d := allow(); !d.Allowed || d.Remaining != 4 { // A at t0
+		t.Fatalf("A: %+v", d)
+	}
+	time.Sleep(300 * time.Millisecond)
+	for i := range 4 { // B..E at t0+300ms
+		if d := allow(); !d.Allowed || d.Remaining != 3-i {
+			t.Fatalf("B..E #%d: %+v", i, d)
+		}
+	}
+	d := allow()
+	if d.Allowed || d.RetryAfter <= 500*time.Millisecond || d.RetryAfter > 700*time.Millisecond {
+		t.Fatalf("6th: %+v, want rejected with RetryAfter ~700ms", d)
+	}
+	deadline := time.Now().Add(d.RetryAfter) // when A leaves the window
+
+	// Hammer rejected calls until shortly before A leaves; every answer must
+	// point at the same moment.
+	hammered := 0
+	for time.Until(deadline) > 150*time.Millisecond {
+		d := allow()
+		if d.Allowed {
+			t.Fatalf("allowed %v before the oldest entry left the window", time.Until(deadline))
+		}
+		if drift := time.Now().Add(d.RetryAfter).Sub(deadline).Abs(); drift > 100*time.Millisecond {
+			t.Fatalf("RetryAfter %v points %v away from the first answer", d.RetryAfter, drift)
+		}
+		hammered++
+	}
+	if hammered < 10 {
+		t.Fatalf("only %d rejected calls", hammered)
+	}
+
+	time.Sleep(time.Until(deadline) + 50*time.Millisecond)
+	// Exactly one slot freed (A's), despite all the rejected calls.
+	if d := allow(); !d.Allowed || d.Remaining != 0 { // F
+		t.Fatalf("after A left: %+v, want allowed with 0 remaining", d)
+	}
+	d = allow()
+	if d.Allowed {
+		t.Fatalf("second call after A left was allowed: only one slot may free")
+	}
+	// The next slot frees when B..E leave, about 300ms after A.
+	deadline2 := time.Now().Add(d.RetryAfter)
+	if gap := deadline2.Sub(deadline); gap < 200*time.Millisecond || gap > 400*time.Millisecond {
+		t.Fatalf("next slot frees %v after the first, want ~300ms (RetryAfter %v)", gap, d.RetryAfter)
+	}
+	time.Sleep(time.Until(deadline2) + 50*time.Millisecond)
+	for i := range 4 {
+		if d := allow(); !d.Allowed || d.Remaining != 3-i {
+			t.Fatalf("after B..E left, call %d: %+v", i, d)
+		}
+	}
+	if d := allow(); d.Allowed || d.RetryAfter <= 500*time.Millisecond || d.RetryAfter > time.Second {
+		t.Fatalf("after refilling: %+v, want rejected until F leaves (~900ms)", d)
+	}
+}
+
+func TestRedisSetLimit(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, testRedisURL(t))
+	l := NewRedis(c, 10, time.Minute, uniquePrefix(t, c))
+	for range 10 {
+		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
+			t.Fatalf("%+v %v", d, err)
+		}
+	}
+	l.SetLimit(5, time.Minute)
+	d, err := l.Allow(ctx, "k")
+	if err != nil || d.Allowed || d.Limit != 5 || d.Remaining != 0 || d.RetryAfter <= 0 {
+		t.Fatalf("after lowering: %+v %v", d, err)
+	}
+	l.SetLimit(12, time.Minute)
+	for i := range 2 {
+		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed || d.Remaining != 1-i {
+			t.Fatalf("after raising, call %d: %+v %v", i, d, err)
+		}
+	}
+	if d, _ := l.Allow(ctx, "k"); d.Allowed {
+		t.Fatalf("13th call allowed with limit 12")
+	}
+	l.SetLimit(0, time.Minute)
+	if d, err := l.Allow(ctx, "other"); err != nil || d.Allowed || d.RetryAfter != time.Minute {
+		t.Fatalf("limit 0: %+v %v", d, err)
+	}
+}
+
+// countHook counts the commands a client sends.
+type countHook struct{ names []string }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.names = append(h.names, cmd.Name())
+		return next(ctx, cmd)
+	}
+}
+
+func TestRedisOneRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	c := newClient(t, testRedisURL(t))
+	l := NewRedis(c, 1000, time.Minute, uniquePrefix(t, c))
+	if _, err := l.Allow(ctx, "warm"); err != nil { // loads the script if needed
+		t.Fatal(err)
+	}
+	h := &countHook{}
+	c.AddHook(h)
+	for range 50 {
+		if _, err := l.Allow(ctx, "k"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(h.names) != 50 || strings.Join(h.names, ",") != strings.TrimSuffix(strings.Repeat("evalsha,", 50), ",") {
+		t.Fatalf("50 calls sent %d commands %v, want 50 EVALSHA", len(h.names), h.names)
+	}
+}
+
+func TestRedisUnavailable(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
+	defer c.Close()
+	if _, err := NewRedis(c, 5, time.Minute, "x:").Allow(context.Background(), "k"); err == nil {
+		t.Fatal("want an error when Redis is unreachable")
+	}
+}

@@ -1,0 +1,189 @@
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Channel statuses.
+const (
+	ChannelPending  = "pending"
+	ChannelActive   = "active"
+	ChannelInactive = "inactive"
+)
+
+// Channel is a WhatsApp Business number connected (or being connected) to an org.
+type Channel struct {
+	ID                 uuid.UUID
+	OrgID              uuid.UUID
+	Name               string
+	Status             string
+	ChannelToken       string // decrypted; the relay credential and connect-link token
+	DisplayPhoneNumber *string
+	PhoneNumberID      *string
+	WabaID             *string
+	ConnectedAt        *time.Time
+	TokenExpiresAt     *time.Time
+	// UpstreamDisconnectedAt is set when the upstream rejected the channel's access token
+	// (error code 190); the relay refuses the channel until it is reconnected.
+	UpstreamDisconnectedAt *time.Time
+	// InactiveReason says why an inactive channel is inactive: "operator" or "upstream".
+	InactiveReason *string
+	CreatedAt      time.Time
+}
+
+// channelTokenBytes is the entropy of a channel token: 32 bytes, 43 URL-safe characters.
+const channelTokenBytes = 32
+
+// NewChannelToken returns a fresh random channel token.
+func NewChannelToken() string {
+	return base64.RawURLEncoding.EncodeToString(randomBytes(channelTokenBytes))
+}
+
+// TokenHash is the lookup hash of a channel token.
+func TokenHash(token string) []byte {
+	sum := sha256.Sum256([]byte(token))
+	return sum[:]
+}
+
+func channelTokenAAD(id uuid.UUID) string { return "channels.channel_token:" + id.String() }
+
+const channelColumns = `id, org_id, name, status, channel_token_enc, display_phone_number, phone_number_id,
+	waba_id, connected_at, token_expires_at, upstream_disconnected_at, inactive_reason, created_at`
+
+func (s *Store) scanChannel(row pgx.Row) (Channel, error) {
+	var c Channel
+	var tokenEnc []byte
+	if err := row.Scan(&c.ID, &c.OrgID, &c.Name, &c.Status, &tokenEnc, &c.DisplayPhoneNumber, &c.PhoneNumberID,
+		&c.WabaID, &c.ConnectedAt, &c.TokenExpiresAt, &c.UpstreamDisconnectedAt, &c.InactiveReason, &c.CreatedAt); err != nil {
+		return Channel{}, err
+	}
+	token, err := s.box.OpenString(tokenEnc, channelTokenAAD(c.ID))
+	if err != nil {
+		return Channel{}, fmt.Errorf("channel %s: decrypt channel token: %w", c.ID, err)
+	}
+	c.ChannelToken = token
+	return c, nil
+}
+
+func (s *Store) collectChannels(rows pgx.Rows) ([]Channel, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Channel, error) { return s.scanChannel(r) })
+}
+
+// CreateChannel creates a pending channel in org whose connect link expires after linkTTL.
+func (s *Store) CreateChannel(ctx context.Context, orgID uuid.UUID, name string, linkTTL time.Duration) (Channel, error) {
+	id := newID()
+	token := NewChannelToken()
+	c, err := s.scanChannel(s.pool.QueryRow(ctx, `
+		INSERT INTO channels (id, org_id, name, status, channel_token_hash, channel_token_enc, token_expires_at)
+		VALUES ($1, $2, $3, 'pending', $4, $5, now() + $6::interval)
+		RETURNING `+channelColumns,
+		id, orgID, name, TokenHash(token), s.box.SealString(token, channelTokenAAD(id)), linkTTL))
+	if isForeignKeyViolation(err) {
+		return Channel{}, ErrOrgNotFound
+	}
+	if err != nil {
+		return Channel{}, fmt.Errorf("create channel: %w", err)
+	}
+	return c, nil
+}
+
+// ListChannels returns the org's channels ordered by (created_at, id).
+func (s *Store) ListChannels(ctx context.Context, orgID uuid.UUID) ([]Channel, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+channelColumns+` FROM channels WHERE org_id = $1 ORDER BY created_at, id`, orgID)
+	if err != nil {
+		return nil, fmt.Errorf("list channels: %w", err)
+	}
+	cs, err := s.collectChannels(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list channels: %w", err)
+	}
+	return cs, nil
+}
+
+// GetChannel returns one of the org's channels, or ErrChannelNotFound.
+func (s *Store) GetChannel(ctx context.Context, orgID, id uuid.UUID) (Channel, error) {
+	c, err := s.scanChannel(s.pool.QueryRow(ctx, `SELECT `+channelColumns+` FROM channels WHERE id = $1 AND org_id = $2`, id, orgID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Channel{}, ErrChannelNotFound
+	}
+	if err != nil {
+		return Channel{}, fmt.Errorf("get channel: %w", err)
+	}
+	return c, nil
+}
+
+// ChannelByToken returns the channel whose token is token, or ErrChannelNotFound.
+func (s *Store) ChannelByToken(ctx context.Context, token string) (Channel, error) {
+	c, err := s.scanChannel(s.pool.QueryRow(ctx, `SELECT `+channelColumns+` FROM channels WHERE channel_token_hash = $1`, TokenHash(token)))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Channel{}, ErrChannelNotFound
+	}
+	if err != nil {
+		return Channel{}, fmt.Errorf("channel by token: %w", err)
+	}
+	return c, nil
+}
+
+// DeletedChannel is what is left to clean up upstream after a channel was deleted.
+type DeletedChannel struct {
+	// WabaID and UpstreamToken are set when the channel was connected and no other channel
+	// uses the same business account, i.e. when the app's subscription to it may be removed.
+	WabaID        string
+	UpstreamToken string
+}
+
+// DeleteChannel deletes one of the org's channels and its webhook assignments. An active
+// channel is deleted only with force; otherwise ErrChannelActive. The check and the delete are
+// one statement, so a channel that becomes active concurrently is not deleted without force.
+func (s *Store) DeleteChannel(ctx context.Context, orgID, id uuid.UUID, force bool) (DeletedChannel, error) {
+	var status string
+	var waba *string
+	var tokenEnc []byte
+	err := s.pool.QueryRow(ctx, `
+		WITH target AS (SELECT id, status, waba_id, upstream_token_enc FROM channels WHERE id = $1 AND org_id = $2 FOR UPDATE),
+		     deleted AS (DELETE FROM channels c USING target t
+		                 WHERE c.id = t.id AND ($3 OR t.status <> 'active') RETURNING c.id)
+		SELECT CASE WHEN EXISTS (SELECT 1 FROM deleted) THEN 'deleted' ELSE t.status END,
+		       CASE WHEN NOT EXISTS (SELECT 1 FROM channels o WHERE o.waba_id = t.waba_id AND o.id <> t.id) THEN t.waba_id END,
+		       t.upstream_token_enc
+		FROM target t`,
+		id, orgID, force).Scan(&status, &waba, &tokenEnc)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return DeletedChannel{}, ErrChannelNotFound
+	case err != nil:
+		return DeletedChannel{}, fmt.Errorf("delete channel: %w", err)
+	case status != "deleted":
+		return DeletedChannel{}, ErrChannelActive
+	}
+	var d DeletedChannel
+	if waba != nil && tokenEnc != nil {
+		if token, err := s.box.OpenString(tokenEnc, upstreamTokenAAD(id)); err == nil {
+			d = DeletedChannel{WabaID: *waba, UpstreamToken: token}
+		}
+	}
+	return d, nil
+}
+
+// DeactivateChannel marks a channel inactive by operator action (any org). The relay refuses it
+// from then on; only an operator reconnect reopens it.
+func (s *Store) DeactivateChannel(ctx context.Context, id uuid.UUID) (Channel, error) {
+	c, err := s.scanChannel(s.pool.QueryRow(ctx, `
+		UPDATE channels SET status = 'inactive', inactive_reason = 'operator', updated_at = now()
+		WHERE id = $1 RETURNING `+channelColumns, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Channel{}, ErrChannelNotFound
+	}
+	if err != nil {
+		return Channel{}, fmt.Errorf("deactivate channel: %w", err)
+	}
+	return c, nil
+}

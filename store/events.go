@@ -1,0 +1,182 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// DeliveriesNotifyChannel is the Postgres channel announcing new due deliveries.
+const DeliveriesNotifyChannel = "wabarelay_deliveries"
+
+// IncomingItem is one upstream message or status to turn into an event.
+type IncomingItem struct {
+	// Type is the event type: "messages" or "message_status".
+	Type string
+	// PhoneNumberID routes the item to its channel.
+	PhoneNumberID string
+	// DedupeKey identifies the upstream item and state; a repeat is dropped.
+	DedupeKey string
+	// Data is the event's data object, stored verbatim.
+	Data json.RawMessage
+}
+
+// IntakeResult counts what StoreEvents did with a batch.
+type IntakeResult struct {
+	Events     int // new events stored
+	Duplicates int // items already stored earlier (upstream re-sends)
+	Unknown    int // items for numbers no channel has
+	Deliveries int // deliveries queued
+	// ByType counts new events per type.
+	ByType map[string]int
+}
+
+// Event is the JSON delivered to webhooks.
+type Event struct {
+	ID            uuid.UUID       `json:"id"`
+	Type          string          `json:"type"`
+	CreatedAt     string          `json:"created_at"`
+	ChannelID     uuid.UUID       `json:"channel_id"`
+	PhoneNumberID string          `json:"phone_number_id"`
+	Data          json.RawMessage `json:"data"`
+}
+
+// StoreEvents stores a batch of upstream items as events, with one pending delivery per
+// matching webhook (active or paused, of the channel's org, subscribed to the event type, with
+// org scope or the channel assigned), in one transaction, and announces the deliveries. Items
+// for unknown numbers are counted and dropped; items already stored are counted as duplicates.
+func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem) (IntakeResult, error) {
+	res := IntakeResult{ByType: map[string]int{}}
+	if len(items) == 0 {
+		return res, nil
+	}
+	numbers := make([]string, 0, len(items))
+	for _, it := range items {
+		numbers = append(numbers, it.PhoneNumberID)
+	}
+	type channelRef struct{ id, org uuid.UUID }
+	channels := map[string]channelRef{}
+	rows, err := s.pool.Query(ctx, `SELECT phone_number_id, id, org_id FROM channels WHERE phone_number_id = ANY($1)`, numbers)
+	if err != nil {
+		return res, fmt.Errorf("store events: channels: %w", err)
+	}
+	for rows.Next() {
+		var pn string
+		var c channelRef
+		if err := rows.Scan(&pn, &c.id, &c.org); err != nil {
+			rows.Close()
+			return res, fmt.Errorf("store events: channels: %w", err)
+		}
+		channels[pn] = c
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return res, fmt.Errorf("store events: channels: %w", err)
+	}
+
+	now := s.now().UTC()
+	created := now.Format("2006-01-02T15:04:05.000Z07:00")
+	var ids, chIDs, orgIDs []uuid.UUID
+	var types, keys []string
+	var payloads []string
+	for _, it := range items {
+		c, ok := channels[it.PhoneNumberID]
+		if !ok {
+			res.Unknown++
+			continue
+		}
+		ev := Event{ID: newID(), Type: it.Type, CreatedAt: created, ChannelID: c.id, PhoneNumberID: it.PhoneNumberID, Data: it.Data}
+		b, err := json.Marshal(ev)
+		if err != nil {
+			return res, fmt.Errorf("store events: encode: %w", err)
+		}
+		ids, chIDs, orgIDs = append(ids, ev.ID), append(chIDs, c.id), append(orgIDs, c.org)
+		types, keys, payloads = append(types, it.Type), append(keys, it.DedupeKey), append(payloads, string(b))
+	}
+	if len(ids) == 0 {
+		return res, nil
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `
+			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload::json, $7::timestamptz
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[]) AS u(id, org, ch, typ, key, payload)
+			ON CONFLICT (channel_id, dedupe_key) DO NOTHING
+			RETURNING id, type`, ids, orgIDs, chIDs, types, keys, payloads, now)
+		if err != nil {
+			return err
+		}
+		var stored []uuid.UUID
+		for rows.Next() {
+			var id uuid.UUID
+			var typ string
+			if err := rows.Scan(&id, &typ); err != nil {
+				rows.Close()
+				return err
+			}
+			stored = append(stored, id)
+			res.ByType[typ]++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		res.Events = len(stored)
+		res.Duplicates = len(ids) - len(stored)
+		if len(stored) == 0 {
+			return nil
+		}
+		tag, err := tx.Exec(ctx, `
+			INSERT INTO deliveries (id, event_id, webhook_id, status, next_attempt_at, created_at)
+			SELECT gen_random_uuid(), e.id, w.id, 'pending', $2, $2
+			FROM events e
+			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
+			WHERE e.id = ANY ($1)
+			  AND (w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id))
+			ORDER BY e.id, w.id`, stored, now)
+		if err != nil {
+			return err
+		}
+		res.Deliveries = int(tag.RowsAffected())
+		if res.Deliveries > 0 {
+			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
+		}
+		return err
+	})
+	if err != nil {
+		return IntakeResult{}, fmt.Errorf("store events: %w", err)
+	}
+	return res, nil
+}
+
+// DeactivateByWaba marks every channel of a business account inactive because the account was
+// removed or banned upstream. It returns how many channels changed.
+func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
+		WHERE waba_id = $1 AND status <> 'inactive'`, wabaID)
+	if err != nil {
+		return 0, fmt.Errorf("deactivate by waba: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// PruneEvents deletes events created before cutoff whose deliveries are all finished
+// (delivered, failed or cancelled), with their deliveries and attempts, at most limit events
+// per call. It returns how many events it deleted. Events still being delivered are kept.
+func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		DELETE FROM events WHERE id IN (
+			SELECT e.id FROM events e
+			WHERE e.created_at < $1
+			  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
+			ORDER BY e.created_at LIMIT $2)`, cutoff, limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune events: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}

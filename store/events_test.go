@@ -1,0 +1,134 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func TestStoreEventsMatching(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	orgA, _ := s.CreateOrg(ctx, "a")
+	orgB, _ := s.CreateOrg(ctx, "b")
+	connected := func(org uuid.UUID, pnid string) store.Channel {
+		c, err := s.CreateChannel(ctx, org, "c"+pnid, time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	c1, c2 := connected(orgA.ID, "111"), connected(orgA.ID, "222")
+	connected(orgB.ID, "333")
+	hook := func(org uuid.UUID, events []string, channels ...uuid.UUID) uuid.UUID {
+		w, _, err := s.CreateWebhook(ctx, org, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: events, ChannelIDs: channels})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.ID
+	}
+	all := hook(orgA.ID, []string{"messages", "message_status"})
+	onlyStatus := hook(orgA.ID, []string{"message_status"})
+	onlyC2 := hook(orgA.ID, []string{"messages", "message_status"}, c2.ID)
+	paused := hook(orgA.ID, []string{"messages"})
+	if _, err := s.SetWebhookStatus(ctx, orgA.ID, paused, "paused"); err != nil {
+		t.Fatal(err)
+	}
+	other := hook(orgB.ID, []string{"messages", "message_status"})
+
+	item := func(typ, pnid, key string) store.IncomingItem {
+		return store.IncomingItem{Type: typ, PhoneNumberID: pnid, DedupeKey: key, Data: json.RawMessage(`{"message": {"id":"` + key + `", "z":1,"a":2}}`)}
+	}
+	batch := []store.IncomingItem{
+		item("messages", "111", "m:1"), item("messages", "111", "m:2"), item("messages", "222", "m:3"),
+		item("message_status", "111", "s:1:sent"), item("message_status", "222", "s:1:delivered"),
+		item("messages", "999", "m:unknown"),
+	}
+	res, err := s.StoreEvents(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Events != 5 || res.Unknown != 1 || res.Duplicates != 0 || res.ByType["messages"] != 3 || res.ByType["message_status"] != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	count := func(webhook uuid.UUID) int {
+		var n int
+		s.Pool().QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE webhook_id = $1`, webhook).Scan(&n)
+		return n
+	}
+	for name, c := range map[string]struct {
+		id   uuid.UUID
+		want int
+	}{"org scope": {all, 5}, "status only": {onlyStatus, 2}, "channel c2": {onlyC2, 2}, "paused (held)": {paused, 3}, "other org": {other, 0}} {
+		if got := count(c.id); got != c.want {
+			t.Errorf("%s: %d deliveries, want %d", name, got, c.want)
+		}
+	}
+	if res.Deliveries != 12 {
+		t.Errorf("deliveries = %d, want 12", res.Deliveries)
+	}
+	// the stored payload is the event, with the upstream object as sent (key order kept;
+	// encoding/json compacts whitespace)
+	var payload string
+	s.Pool().QueryRow(ctx, `SELECT payload::text FROM events WHERE dedupe_key = 'm:1'`).Scan(&payload)
+	var ev store.Event
+	if err := json.Unmarshal([]byte(payload), &ev); err != nil || ev.Type != "messages" || ev.ChannelID != c1.ID || ev.PhoneNumberID != "111" ||
+		string(ev.Data) != `{"message":{"id":"m:1","z":1,"a":2}}` {
+		t.Fatalf("payload %s: %+v %v", payload, ev, err)
+	}
+	// the upstream re-sends the same batch: nothing new
+	res, err = s.StoreEvents(ctx, batch)
+	if err != nil || res.Events != 0 || res.Duplicates != 5 || res.Deliveries != 0 {
+		t.Fatalf("re-send: %+v %v", res, err)
+	}
+}
+
+func TestPruneEvents(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	org, _ := s.CreateOrg(ctx, "o")
+	c, _ := s.CreateChannel(ctx, org.ID, "c", time.Hour)
+	if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
+		t.Fatal(err)
+	}
+	var items []store.IncomingItem
+	for i := 0; i < 4; i++ {
+		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: "m" + string(rune('a'+i)), Data: json.RawMessage(`{}`)})
+	}
+	if _, err := s.StoreEvents(ctx, items); err != nil {
+		t.Fatal(err)
+	}
+	pool := s.Pool()
+	// two old and finished, one old but still pending, one recent and finished
+	pool.Exec(ctx, `UPDATE events SET created_at = now() - interval '40 days' WHERE dedupe_key IN ('ma', 'mb', 'mc')`)
+	pool.Exec(ctx, `UPDATE deliveries SET status = 'delivered' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key IN ('ma', 'md'))`)
+	pool.Exec(ctx, `UPDATE deliveries SET status = 'failed' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key = 'mb')`)
+	n, err := s.PruneEvents(ctx, time.Now().Add(-30*24*time.Hour), 1000)
+	if err != nil || n != 2 {
+		t.Fatalf("pruned %d, %v; want 2", n, err)
+	}
+	var left []string
+	rows, _ := pool.Query(ctx, `SELECT dedupe_key FROM events ORDER BY dedupe_key`)
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		left = append(left, k)
+	}
+	var deliveries int
+	pool.QueryRow(ctx, `SELECT count(*) FROM deliveries`).Scan(&deliveries)
+	if strings.Join(left, ",") != "mc,md" || deliveries != 2 {
+		t.Fatalf("left events %v, %d deliveries", left, deliveries)
+	}
+}

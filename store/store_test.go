@@ -1,0 +1,108 @@
+package store_test
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func newStore(t *testing.T) *store.Store {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	key := make([]byte, secretbox.KeySize)
+	rand.Read(key)
+	box, _ := secretbox.New(key)
+	return store.New(pool, box)
+}
+
+func TestAPIKeys(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	org, err := s.CreateOrg(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, key, err := s.CreateAPIKey(ctx, org.ID, "ci", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(key) != 51 || key[:7] != "crt_pk_" || k.Prefix != key[:19] {
+		t.Fatalf("key %q prefix %q", key, k.Prefix)
+	}
+	got, err := s.AuthenticateAPIKey(ctx, key)
+	if err != nil || got.ID != k.ID || got.OrgID != org.ID {
+		t.Fatalf("authenticate: %+v %v", got, err)
+	}
+	// same prefix, other secret
+	if _, err := s.AuthenticateAPIKey(ctx, key[:19]+"0000000000000000000000000000000A"); !errors.Is(err, store.ErrInvalidAPIKey) {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	keys, err := s.ListAPIKeys(ctx, org.ID)
+	if err != nil || len(keys) != 1 || keys[0].LastUsedAt == nil {
+		t.Fatalf("list: %+v %v", keys, err)
+	}
+	if _, err := s.RevokeAPIKey(ctx, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AuthenticateAPIKey(ctx, key); !errors.Is(err, store.ErrInvalidAPIKey) {
+		t.Fatalf("revoked: %v", err)
+	}
+	soon := time.Now().Add(300 * time.Millisecond)
+	_, key2, _ := s.CreateAPIKey(ctx, org.ID, "", &soon)
+	if _, err := s.AuthenticateAPIKey(ctx, key2); err != nil {
+		t.Fatalf("before expiry: %v", err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if _, err := s.AuthenticateAPIKey(ctx, key2); !errors.Is(err, store.ErrAPIKeyExpired) {
+		t.Fatalf("after expiry: %v", err)
+	}
+	if _, _, err := s.CreateAPIKey(ctx, uuid.New(), "", nil); !errors.Is(err, store.ErrOrgNotFound) {
+		t.Fatalf("unknown org: %v", err)
+	}
+}
+
+// TestChannelByTokenAndDeactivate: lookup by token, operator deactivation, and concurrent
+// deletes of a non-active channel.
+func TestChannelByTokenAndDeactivate(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	org, _ := s.CreateOrg(ctx, "o")
+	c, err := s.CreateChannel(ctx, org.ID, "c", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.ChannelByToken(ctx, c.ChannelToken)
+	if err != nil || got.ID != c.ID {
+		t.Fatalf("by token: %v", err)
+	}
+	if _, err := s.ChannelByToken(ctx, c.ChannelToken+"x"); !errors.Is(err, store.ErrChannelNotFound) {
+		t.Fatalf("wrong token: %v", err)
+	}
+	d, err := s.DeactivateChannel(ctx, c.ID)
+	if err != nil || d.Status != store.ChannelInactive || d.InactiveReason == nil || *d.InactiveReason != "operator" {
+		t.Fatalf("deactivate: %+v %v", d, err)
+	}
+	var wg sync.WaitGroup
+	for i := 0; i < 4; i++ {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.DeleteChannel(ctx, org.ID, c.ID, false) }() // errors: all but one find nothing
+	}
+	wg.Wait()
+	if _, err := s.GetChannel(ctx, org.ID, c.ID); !errors.Is(err, store.ErrChannelNotFound) {
+		t.Fatalf("inactive channel not deleted: %v", err)
+	}
+}

@@ -1,0 +1,241 @@
+package store
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Webhook statuses, scopes and event kinds.
+const (
+	WebhookActive = "active"
+	WebhookPaused = "paused"
+
+	ScopeOrg      = "org"
+	ScopeChannels = "channels"
+
+	EventMessages      = "messages"
+	EventMessageStatus = "message_status"
+)
+
+// SecretPrefix starts every webhook signing secret.
+const SecretPrefix = "whsec_"
+
+// Webhook is a webhook configuration. ChannelIDs is empty (not nil) for org scope.
+type Webhook struct {
+	ID         uuid.UUID
+	OrgID      uuid.UUID
+	Name       string
+	URL        string
+	Events     []string
+	Status     string
+	Scope      string
+	ChannelIDs []uuid.UUID
+	CreatedAt  time.Time
+}
+
+// NewWebhook is the input of CreateWebhook. An empty ChannelIDs means org scope.
+type NewWebhook struct {
+	Name       string
+	URL        string
+	Events     []string
+	ChannelIDs []uuid.UUID
+}
+
+// NewWebhookSecret returns a fresh signing secret: "whsec_" + base64 of 32 random bytes.
+func NewWebhookSecret() string {
+	return SecretPrefix + base64.StdEncoding.EncodeToString(randomBytes(32))
+}
+
+func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.String() }
+
+// The channel ids come from webhook_channels, keeping only channels that still exist.
+const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
+	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
+	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}')`
+
+func scanWebhook(row pgx.Row) (Webhook, error) {
+	var w Webhook
+	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs)
+	if w.ChannelIDs == nil {
+		w.ChannelIDs = []uuid.UUID{}
+	}
+	return w, err
+}
+
+// CreateWebhook creates a webhook config and returns it with its signing secret, which is
+// stored encrypted and never returned again. Channel ids that are not channels of the org give
+// ErrChannelsNotInOrg and nothing is created.
+func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhook) (Webhook, string, error) {
+	id := newID()
+	secret := NewWebhookSecret()
+	scope := ScopeOrg
+	if len(in.ChannelIDs) > 0 {
+		scope = ScopeChannels
+	}
+	var w Webhook
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if len(in.ChannelIDs) > 0 {
+			var found int
+			// FOR SHARE keeps the channels from being deleted before the assignment commits.
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM (SELECT id FROM channels WHERE org_id = $1 AND id = ANY($2) FOR SHARE) c`,
+				orgID, in.ChannelIDs).Scan(&found); err != nil {
+				return err
+			}
+			if found != len(in.ChannelIDs) {
+				return ErrChannelsNotInOrg
+			}
+		}
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO webhooks (id, org_id, name, url, events, status, scope, secret_enc)
+			VALUES ($1, $2, $3, $4, $5, 'active', $6, $7)`,
+			id, orgID, in.Name, in.URL, in.Events, scope, s.box.SealString(secret, webhookSecretAAD(id))); err != nil {
+			return err
+		}
+		if len(in.ChannelIDs) > 0 {
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO webhook_channels (webhook_id, channel_id)
+				SELECT $1, unnest($2::uuid[])`, id, in.ChannelIDs); err != nil {
+				return err
+			}
+		}
+		var err error
+		w, err = scanWebhook(tx.QueryRow(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.id = $1`, id))
+		return err
+	})
+	switch {
+	case errors.Is(err, ErrChannelsNotInOrg):
+		return Webhook{}, "", err
+	case isForeignKeyViolation(err):
+		return Webhook{}, "", ErrOrgNotFound
+	case err != nil:
+		return Webhook{}, "", fmt.Errorf("create webhook: %w", err)
+	}
+	return w, secret, nil
+}
+
+// ListWebhooks returns the org's webhooks ordered by (created_at, id).
+func (s *Store) ListWebhooks(ctx context.Context, orgID uuid.UUID) ([]Webhook, error) {
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.org_id = $1 ORDER BY w.created_at, w.id`, orgID)
+	if err != nil {
+		return nil, fmt.Errorf("list webhooks: %w", err)
+	}
+	ws, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Webhook, error) { return scanWebhook(r) })
+	if err != nil {
+		return nil, fmt.Errorf("list webhooks: %w", err)
+	}
+	return ws, nil
+}
+
+// GetWebhook returns one of the org's webhooks, or ErrWebhookNotFound.
+func (s *Store) GetWebhook(ctx context.Context, orgID, id uuid.UUID) (Webhook, error) {
+	w, err := scanWebhook(s.pool.QueryRow(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.id = $1 AND w.org_id = $2`, id, orgID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Webhook{}, ErrWebhookNotFound
+	}
+	if err != nil {
+		return Webhook{}, fmt.Errorf("get webhook: %w", err)
+	}
+	return w, nil
+}
+
+// WebhookSecret returns the decrypted signing secret of a webhook (for the dispatcher).
+func (s *Store) WebhookSecret(ctx context.Context, id uuid.UUID) (string, error) {
+	var enc []byte
+	err := s.pool.QueryRow(ctx, `SELECT secret_enc FROM webhooks WHERE id = $1`, id).Scan(&enc)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrWebhookNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("webhook secret: %w", err)
+	}
+	secret, err := s.box.OpenString(enc, webhookSecretAAD(id))
+	if err != nil {
+		return "", fmt.Errorf("webhook %s: decrypt secret: %w", id, err)
+	}
+	return secret, nil
+}
+
+// SetWebhookStatus sets an org's webhook to active or paused and returns it.
+func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, status string) (Webhook, error) {
+	w, err := scanWebhook(s.pool.QueryRow(ctx, `
+		WITH u AS (UPDATE webhooks SET status = $3, updated_at = now() WHERE id = $1 AND org_id = $2 RETURNING *)
+		SELECT `+webhookColumns+` FROM u w`, id, orgID, status))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Webhook{}, ErrWebhookNotFound
+	}
+	if err != nil {
+		return Webhook{}, fmt.Errorf("set webhook status: %w", err)
+	}
+	return w, nil
+}
+
+// DeleteWebhook deletes one of the org's webhooks with its assignments.
+func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM webhooks WHERE id = $1 AND org_id = $2`, id, orgID)
+	if err != nil {
+		return fmt.Errorf("delete webhook: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return ErrWebhookNotFound
+	}
+	return nil
+}
+
+// lockAssignmentPair locks the org's webhook and channel for an assignment change and returns
+// the webhook's scope. The webhook is checked first: an unknown webhook is reported as such
+// even when the channel is unknown too.
+func lockAssignmentPair(ctx context.Context, tx pgx.Tx, orgID, webhookID, channelID uuid.UUID) (string, error) {
+	var scope string
+	err := tx.QueryRow(ctx, `SELECT scope FROM webhooks WHERE id = $1 AND org_id = $2 FOR UPDATE`, webhookID, orgID).Scan(&scope)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrWebhookNotFound
+	}
+	if err != nil {
+		return "", err
+	}
+	var one int
+	err = tx.QueryRow(ctx, `SELECT 1 FROM channels WHERE id = $1 AND org_id = $2 FOR SHARE`, channelID, orgID).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrChannelNotFound
+	}
+	return scope, err
+}
+
+// AssignChannel attaches a channel to a channels-scoped webhook. Repeats are no-ops, and so is
+// any assignment on an org-scoped webhook (its scope already covers every channel).
+func (s *Store) AssignChannel(ctx context.Context, orgID, webhookID, channelID uuid.UUID) error {
+	return s.changeAssignment(ctx, orgID, webhookID, channelID,
+		`INSERT INTO webhook_channels (webhook_id, channel_id) VALUES ($1, $2) ON CONFLICT DO NOTHING`)
+}
+
+// UnassignChannel detaches a channel from a webhook. Removing a channel that is not attached,
+// or any removal on an org-scoped webhook, is a no-op. A channels-scoped webhook keeps its
+// scope when its last channel is removed (it then receives nothing).
+func (s *Store) UnassignChannel(ctx context.Context, orgID, webhookID, channelID uuid.UUID) error {
+	return s.changeAssignment(ctx, orgID, webhookID, channelID,
+		`DELETE FROM webhook_channels WHERE webhook_id = $1 AND channel_id = $2`)
+}
+
+func (s *Store) changeAssignment(ctx context.Context, orgID, webhookID, channelID uuid.UUID, stmt string) error {
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		scope, err := lockAssignmentPair(ctx, tx, orgID, webhookID, channelID)
+		if err != nil || scope == ScopeOrg {
+			return err
+		}
+		_, err = tx.Exec(ctx, stmt, webhookID, channelID)
+		return err
+	})
+	if errors.Is(err, ErrWebhookNotFound) || errors.Is(err, ErrChannelNotFound) {
+		return err
+	}
+	if err != nil {
+		return fmt.Errorf("change webhook assignment: %w", err)
+	}
+	return nil
+}
