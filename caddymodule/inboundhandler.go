@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
+	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/store"
@@ -68,6 +69,10 @@ func (h *InboundHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cad
 	return nil
 }
 
+// maxHandOff is how many deliveries per item an intake reserves dispatcher slots for (see
+// dispatcher.Reserve); more matching webhooks than that queue the rest.
+const maxHandOff = 2
+
 func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
 	if err != nil {
@@ -91,7 +96,21 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	for i, it := range batch.Items {
 		items[i] = store.IncomingItem{Type: it.Kind, PhoneNumberID: it.PhoneNumberID, DedupeKey: it.DedupeKey, Data: it.Data}
 	}
-	res, err := h.app.store.StoreEvents(r.Context(), items)
+	// Deliveries this instance can start at once are created already claimed and handed to its
+	// dispatcher after the commit (no claim query, no wake-up round trip).
+	disp := h.app.dispatcher
+	var claim store.Claim
+	if disp != nil {
+		claim = store.Claim{Instance: disp.InstanceID(), Lease: disp.Lease(), Max: disp.Reserve(maxHandOff * len(items))}
+	}
+	res, err := h.app.store.StoreEvents(r.Context(), items, claim)
+	if disp != nil {
+		jobs := make([]dispatcher.Job, len(res.Claimed))
+		for i, c := range res.Claimed {
+			jobs[i] = dispatcher.Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, URL: c.URL, Payload: c.Payload}
+		}
+		disp.Deliver(claim.Max, jobs, res.Queued > 0)
+	}
 	if err != nil {
 		h.app.logger.Warn("inbound: storing events failed; the upstream will retry", zap.Error(err))
 		w.Header().Set("Retry-After", "5")

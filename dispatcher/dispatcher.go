@@ -100,11 +100,14 @@ type Dispatcher struct {
 	slotFree chan struct{} // a saturated worker pool or webhook has a free slot again
 	results  chan result   // finished attempts and releases for the completion writer
 
-	mu        sync.Mutex
-	active    int
-	perHook   map[uuid.UUID]int
-	secretTTL time.Duration
-	cache     map[uuid.UUID]cachedSecret
+	mu         sync.Mutex
+	active     int             // attempts running or reserved (Reserve) on this instance
+	running    bool            // Run is claiming: Reserve may hand out slots
+	caughtUp   bool            // the last claim found fewer due rows than it asked for
+	attemptCtx context.Context // the context of attempts, set by Run
+	perHook    map[uuid.UUID]int
+	secretTTL  time.Duration
+	cache      map[uuid.UUID]cachedSecret
 
 	attempts sync.WaitGroup
 }
@@ -176,6 +179,89 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 
 // InstanceID returns the id this dispatcher writes to deliveries.locked_by.
 func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
+
+// Lease returns how long a claim holds a delivery.
+func (d *Dispatcher) Lease() time.Duration { return d.cfg.Lease }
+
+// Job is a delivery that an intake on this instance inserted already claimed for it (status
+// in_flight, attempts 1, locked_by InstanceID, locked_until now + Lease), to be started by
+// Deliver without a claim query.
+type Job struct {
+	ID, EventID, WebhookID uuid.UUID
+	URL                    string
+	Payload                []byte
+}
+
+// Reserve takes up to n free worker slots for deliveries an intake is about to insert already
+// claimed (the direct hand-off that spares the claim query and the wake-up round trip). It
+// hands out nothing while Run is not claiming or while the queue has a backlog (the last claim
+// filled its batch), so that new events never overtake older due deliveries. Every Reserve
+// must be followed by one Deliver with the same n, whatever happens to the intake.
+func (d *Dispatcher) Reserve(n int) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.running || !d.caughtUp || n <= 0 {
+		return 0
+	}
+	n = min(n, d.cfg.Workers-d.active)
+	if n <= 0 {
+		return 0
+	}
+	d.active += n
+	d.attempts.Add(n) // Run's shutdown waits for the slots until Deliver
+	return n
+}
+
+// Deliver starts jobs (at most reserved) on the slots taken by Reserve(reserved) and frees
+// the rest. A job over its webhook's per-instance cap is handed back to the queue. queued
+// reports that the intake also queued due deliveries it did not hand over: the queue then has
+// a backlog, and Reserve hands out nothing until a claim has caught up with it.
+func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
+	if queued {
+		d.mu.Lock()
+		d.caughtUp = false
+		d.mu.Unlock()
+	}
+	if reserved <= 0 {
+		return
+	}
+	if len(jobs) > reserved {
+		jobs = jobs[:reserved] // cannot happen with a correct caller; the rest waits for its lease
+	}
+	d.mu.Lock()
+	ctx := d.attemptCtx
+	var run, back []job
+	for _, j := range jobs {
+		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, url: j.URL, payload: j.Payload}
+		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
+			d.perHook[j.WebhookID]++
+			run = append(run, jb)
+		} else {
+			back = append(back, jb)
+		}
+	}
+	unused := reserved - len(run)
+	wasFull := d.active >= d.cfg.Workers
+	d.active -= unused
+	d.mu.Unlock()
+	for _, j := range back {
+		d.results <- result{job: j, release: true}
+	}
+	for _, j := range run {
+		go func() {
+			defer d.attempts.Done()
+			r := d.attempt(ctx, j)
+			d.done(j.webhookID)
+			d.results <- r
+		}()
+	}
+	for range unused {
+		d.attempts.Done()
+	}
+	if unused > 0 && wasFull {
+		signal(d.slotFree) // the loop may be waiting for a slot
+	}
+}
 
 // newClient builds the delivery HTTP client: no proxy (the SSRF check must see the target's
 // address), SSRF guard on every dial unless private targets are allowed, no redirects.

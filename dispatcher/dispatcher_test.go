@@ -100,7 +100,7 @@ func (e *env) events(n int) []uuid.UUID {
 		items[i] = store.IncomingItem{Type: "messages", PhoneNumberID: e.phone, DedupeKey: fmt.Sprintf("m%d", k),
 			Data: json.RawMessage(fmt.Sprintf(`{"message": {"id": "wamid.%d", "text": {"body": "héllo \u00e9 %d"}}}`, k, k))}
 	}
-	res, err := e.st.StoreEvents(context.Background(), items)
+	res, err := e.st.StoreEvents(context.Background(), items, store.Claim{})
 	if err != nil || res.Events != n {
 		e.t.Fatalf("store events: %+v %v", res, err)
 	}
@@ -185,6 +185,13 @@ func (e *env) config(rc *receiver) Config {
 // run starts a dispatcher; the returned func stops it and waits for Run to return.
 func (e *env) run(cfg Config) func() {
 	e.t.Helper()
+	_, stop := e.start(cfg)
+	return stop
+}
+
+// start is run that also returns the Dispatcher.
+func (e *env) start(cfg Config) (*Dispatcher, func()) {
+	e.t.Helper()
 	d, err := New(e.pool, e.st.WebhookSecret, cfg, zaptest.NewLogger(e.t))
 	if err != nil {
 		e.t.Fatal(err)
@@ -199,7 +206,7 @@ func (e *env) run(cfg Config) func() {
 	var once sync.Once
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	e.t.Cleanup(stop)
-	return stop
+	return d, stop
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
@@ -601,7 +608,10 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 		t.Fatalf("hits %v", hits)
 	}
 	// the dead instance's late completion is fenced out
-	if _, err := e.pool.Exec(ctx, completeSQL, uuid.New(), mustDeliveryID(t, e, ids[1]), 1, time.Now(), false, 500, "late", "", 0, "someone-else", 1); err != nil {
+	var late completions
+	code, msg, body := 500, "late", ""
+	late.add(uuid.New(), mustDeliveryID(t, e, ids[1]), 1, time.Now(), false, &code, &msg, &body, 0, time.Millisecond)
+	if _, err := e.pool.Exec(ctx, completeSQL, late.args("someone-else")...); err != nil {
 		t.Fatal(err)
 	}
 	if row := e.delivery(ids[1]); row.status != "in_flight" {

@@ -46,6 +46,9 @@ func (d *Dispatcher) Run(ctx context.Context, dsn string) {
 	// Timeout+1s after shutdown begins.
 	attemptCtx, cancelAttempts := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelAttempts()
+	d.mu.Lock()
+	d.attemptCtx, d.running = attemptCtx, true
+	d.mu.Unlock()
 
 	writerDone := make(chan struct{})
 	go func() {
@@ -61,6 +64,9 @@ func (d *Dispatcher) Run(ctx context.Context, dsn string) {
 	}()
 
 	d.loop(ctx, attemptCtx)
+	d.mu.Lock()
+	d.running = false // no more reservations; those taken are waited for below
+	d.mu.Unlock()
 
 	waited := make(chan struct{})
 	go func() { d.attempts.Wait(); close(waited) }()
@@ -87,6 +93,9 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 		if free > 0 {
 			limit := min(free, d.cfg.BatchSize)
 			jobs, err := d.claim(ctx, limit, saturated)
+			d.mu.Lock()
+			d.caughtUp = err == nil && len(jobs) < limit
+			d.mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
 					return
@@ -147,23 +156,36 @@ func (d *Dispatcher) capacity() (int, []uuid.UUID) {
 
 // claimSQL takes due deliveries of active webhooks: first attempts before retries (so that
 // retries never starve them), then the oldest due first; expired leases of in_flight rows
-// (a crashed or stuck instance) count as due.
+// (a crashed or stuck instance) count as due with the retries. Each kind is read in order
+// from its own partial index (migration 005), so a claim costs O(limit) whatever the backlog.
 const claimSQL = `
+WITH first AS (
+	SELECT d.id, 0 AS pri, d.next_attempt_at AS due FROM deliveries d
+	WHERE d.status = 'pending' AND d.attempts = 0 AND d.next_attempt_at <= now()
+	  AND d.webhook_id <> ALL ($4::uuid[])
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
+	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
+), retry AS (
+	SELECT d.id, 1 AS pri, d.next_attempt_at AS due FROM deliveries d
+	WHERE d.status = 'pending' AND d.attempts > 0 AND d.next_attempt_at <= now()
+	  AND d.webhook_id <> ALL ($4::uuid[])
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
+	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
+), expired AS (
+	SELECT d.id, 1 AS pri, d.locked_until AS due FROM deliveries d
+	WHERE d.status = 'in_flight' AND d.locked_until < now()
+	  AND d.webhook_id <> ALL ($4::uuid[])
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
+	ORDER BY d.locked_until LIMIT $3 FOR UPDATE OF d SKIP LOCKED
+), picked AS (
+	SELECT id FROM (SELECT * FROM first UNION ALL SELECT * FROM retry UNION ALL SELECT * FROM expired) u
+	ORDER BY pri, due LIMIT $3
+)
 UPDATE deliveries d
 SET status = 'in_flight', attempts = d.attempts + 1, locked_by = $1,
     locked_until = now() + $2 * interval '1 millisecond', updated_at = now()
-FROM (
-	SELECT d2.id FROM deliveries d2
-	JOIN webhooks w ON w.id = d2.webhook_id
-	WHERE w.status = 'active'
-	  AND ((d2.status = 'pending' AND d2.next_attempt_at <= now())
-	    OR (d2.status = 'in_flight' AND d2.locked_until < now()))
-	  AND d2.webhook_id <> ALL ($4::uuid[])
-	ORDER BY (d2.attempts > 0), d2.next_attempt_at, d2.id
-	LIMIT $3
-	FOR UPDATE OF d2 SKIP LOCKED
-) c, events e, webhooks w
-WHERE d.id = c.id AND e.id = d.event_id AND w.id = d.webhook_id
+FROM events e, webhooks w
+WHERE d.id = ANY (ARRAY(SELECT id FROM picked)) AND e.id = d.event_id AND w.id = d.webhook_id
 RETURNING d.id, d.event_id, d.webhook_id, d.attempts, w.url, e.payload::text`
 
 func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID) ([]job, error) {
@@ -312,21 +334,56 @@ func cleanText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
 }
 
-// completeSQL records one attempt and moves the delivery on, fenced on this instance's claim
-// of that attempt: a claim that was lost (lease expired and reclaimed) still logs the attempt,
-// but does not change the delivery.
+// completeSQL records a batch of attempts (parallel arrays, one element per attempt) and moves
+// each delivery on, fenced on this instance ($11) still holding the claim of that attempt: a
+// claim that was lost (lease expired and reclaimed) still logs its attempt but does not change
+// the delivery. One statement per batch: a statement per attempt cost more than the rows.
+// locked_by is set exactly while a delivery is in_flight (every change out of in_flight clears
+// it), so the fence does not repeat status = 'in_flight': with it, the planner would read the
+// lease index (every in_flight row) instead of the primary key.
 const completeSQL = `
-WITH upd AS (
-	UPDATE deliveries SET
-		status = CASE WHEN $5::bool THEN 'delivered' WHEN $9::bigint >= 0 THEN 'pending' ELSE 'failed' END,
-		next_attempt_at = CASE WHEN NOT $5::bool AND $9::bigint >= 0 THEN now() + $9::bigint * interval '1 millisecond' ELSE next_attempt_at END,
-		last_status_code = $6, last_error = $7, locked_by = NULL, locked_until = NULL, updated_at = now()
-	WHERE id = $2 AND locked_by = $10 AND attempts = $3 AND status = 'in_flight'
-	RETURNING id
+WITH r AS (
+	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::timestamptz[], $5::bool[], $6::int[], $7::text[],
+	                     $8::text[], $9::bigint[], $10::int[])
+	         AS r(attempt_id, delivery_id, attempt, started_at, ok, status_code, error, body, retry_in, duration_ms)
+), upd AS (
+	UPDATE deliveries d SET
+		status = CASE WHEN r.ok THEN 'delivered' WHEN r.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
+		next_attempt_at = CASE WHEN NOT r.ok AND r.retry_in >= 0 THEN now() + r.retry_in * interval '1 millisecond' ELSE d.next_attempt_at END,
+		last_status_code = r.status_code, last_error = r.error, locked_by = NULL, locked_until = NULL, updated_at = now()
+	FROM r
+	WHERE d.id = ANY ($2::uuid[]) AND d.id = r.delivery_id AND d.locked_by = $11 AND d.attempts = r.attempt
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
-SELECT $1, d.id, $3, $4, $11, $6, $7, $8 FROM deliveries d WHERE d.id = $2
+SELECT r.attempt_id, r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.error, r.body
+FROM r WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = r.delivery_id)
 ON CONFLICT (id) DO NOTHING`
+
+// completions collects the arguments of completeSQL.
+type completions struct {
+	attemptIDs, deliveryIDs []uuid.UUID
+	attempts                []int
+	started                 []time.Time
+	ok                      []bool
+	codes                   []*int
+	errs, bodies            []*string
+	retryIn                 []int64
+	durations               []int64
+}
+
+func (c *completions) add(attemptID, deliveryID uuid.UUID, attempt int, started time.Time, ok bool,
+	code *int, errMsg, body *string, retryIn int64, duration time.Duration) {
+	c.attemptIDs, c.deliveryIDs = append(c.attemptIDs, attemptID), append(c.deliveryIDs, deliveryID)
+	c.attempts, c.started, c.ok = append(c.attempts, attempt), append(c.started, started), append(c.ok, ok)
+	c.codes, c.errs, c.bodies = append(c.codes, code), append(c.errs, errMsg), append(c.bodies, body)
+	c.retryIn, c.durations = append(c.retryIn, retryIn), append(c.durations, duration.Milliseconds())
+}
+
+// args returns the arguments of completeSQL for instance.
+func (c *completions) args(instance string) []any {
+	return []any{c.attemptIDs, c.deliveryIDs, c.attempts, c.started, c.ok, c.codes, c.errs, c.bodies,
+		c.retryIn, c.durations, instance}
+}
 
 // releaseSQL hands back a claim without an attempt.
 const releaseSQL = `
@@ -360,6 +417,7 @@ func (d *Dispatcher) writeResults() {
 // flush writes a batch, retrying for up to a lease (after which the rows are reclaimed anyway).
 func (d *Dispatcher) flush(batch []result) {
 	b := &pgx.Batch{}
+	var done completions
 	var soonest time.Duration = -1
 	for _, r := range batch {
 		j := r.job
@@ -390,8 +448,7 @@ func (d *Dispatcher) flush(batch []result) {
 			body = &r.body
 		}
 		attemptID, _ := uuid.NewV7()
-		b.Queue(completeSQL, attemptID, j.id, j.attempt, r.started, r.ok, code, errMsg, body,
-			retryIn, d.cfg.InstanceID, r.duration.Milliseconds())
+		done.add(attemptID, j.id, j.attempt, r.started, r.ok, code, errMsg, body, retryIn, r.duration)
 		if d.cfg.Observer != nil {
 			outcome := OutcomeDelivered
 			if !r.ok {
@@ -408,6 +465,9 @@ func (d *Dispatcher) flush(batch []result) {
 			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.id), zap.Stringer("webhook_id", j.webhookID),
 				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", retryIn < 0))
 		}
+	}
+	if len(done.deliveryIDs) > 0 {
+		b.Queue(completeSQL, done.args(d.cfg.InstanceID)...)
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
 	backoff := 50 * time.Millisecond

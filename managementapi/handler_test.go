@@ -894,7 +894,7 @@ func TestDeliveryLog(t *testing.T) {
 	for i := 0; i < 5; i++ {
 		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "555", DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
 	}
-	if _, err := e.store.StoreEvents(ctx, items); err != nil {
+	if _, err := e.store.StoreEvents(ctx, items, store.Claim{}); err != nil {
 		t.Fatal(err)
 	}
 	// two failed deliveries with attempts, the rest pending

@@ -30,9 +30,30 @@ type IntakeResult struct {
 	Events     int // new events stored
 	Duplicates int // items already stored earlier (upstream re-sends)
 	Unknown    int // items for numbers no channel has
-	Deliveries int // deliveries queued
+	Deliveries int // deliveries created
+	// Queued counts deliveries created pending for active webhooks (due now, not claimed).
+	Queued int
+	// Claimed are the deliveries created already claimed (see Claim).
+	Claimed []ClaimedDelivery
 	// ByType counts new events per type.
 	ByType map[string]int
+}
+
+// Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
+// claimed by Instance for Lease (status in_flight, attempts 1, as a dispatcher's claim leaves
+// them) and to return them, so that the intake's own dispatcher can start them at once. The
+// zero Claim claims nothing.
+type Claim struct {
+	Instance string
+	Lease    time.Duration
+	Max      int
+}
+
+// ClaimedDelivery is a delivery StoreEvents inserted already claimed.
+type ClaimedDelivery struct {
+	ID, EventID, WebhookID uuid.UUID
+	URL                    string
+	Payload                []byte // the event JSON, as stored
 }
 
 // Event is the JSON delivered to webhooks.
@@ -45,11 +66,13 @@ type Event struct {
 	Data          json.RawMessage `json:"data"`
 }
 
-// StoreEvents stores a batch of upstream items as events, with one pending delivery per
-// matching webhook (active or paused, of the channel's org, subscribed to the event type, with
-// org scope or the channel assigned), in one transaction, and announces the deliveries. Items
-// for unknown numbers are counted and dropped; items already stored are counted as duplicates.
-func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem) (IntakeResult, error) {
+// StoreEvents stores a batch of upstream items as events, with one delivery per matching
+// webhook (active or paused, of the channel's org, subscribed to the event type, with org scope
+// or the channel assigned), in one transaction, and announces the deliveries left pending.
+// Up to claim.Max deliveries to active webhooks are created already claimed (see Claim).
+// Items for unknown numbers are counted and dropped; items already stored are counted as
+// duplicates.
+func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Claim) (IntakeResult, error) {
 	res := IntakeResult{ByType: map[string]int{}}
 	if len(items) == 0 {
 		return res, nil
@@ -100,6 +123,10 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem) (IntakeRe
 	if len(ids) == 0 {
 		return res, nil
 	}
+	payloadOf := make(map[uuid.UUID]string, len(ids))
+	for i, id := range ids {
+		payloadOf[id] = payloads[i]
+	}
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
@@ -130,19 +157,51 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem) (IntakeRe
 		if len(stored) == 0 {
 			return nil
 		}
-		tag, err := tx.Exec(ctx, `
-			INSERT INTO deliveries (id, event_id, webhook_id, status, next_attempt_at, created_at)
-			SELECT gen_random_uuid(), e.id, w.id, 'pending', $2, $2
-			FROM events e
-			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
-			WHERE e.id = ANY ($1)
-			  AND (w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id))
-			ORDER BY e.id, w.id`, stored, now)
+		rows, err = tx.Query(ctx, `
+			WITH m AS (
+				SELECT e.id AS event_id, w.id AS webhook_id, w.status = 'active' AS active
+				FROM events e
+				JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
+				WHERE e.id = ANY ($1)
+				  AND (w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id))
+			), n AS (
+				SELECT m.*, m.active AND row_number() OVER (PARTITION BY m.active ORDER BY m.event_id, m.webhook_id) <= $3 AS claimed
+				FROM m
+			), ins AS (
+				INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, next_attempt_at, locked_by, locked_until, created_at)
+				SELECT gen_random_uuid(), n.event_id, n.webhook_id,
+				       CASE WHEN n.claimed THEN 'in_flight' ELSE 'pending' END, CASE WHEN n.claimed THEN 1 ELSE 0 END, $2,
+				       CASE WHEN n.claimed THEN $4 END, CASE WHEN n.claimed THEN now() + $5 * interval '1 millisecond' END, $2
+				FROM n ORDER BY n.event_id, n.webhook_id
+				RETURNING id, event_id, webhook_id, status
+			)
+			SELECT ins.id, ins.event_id, ins.webhook_id, ins.status = 'in_flight', w.status = 'active', w.url
+			FROM ins JOIN webhooks w ON w.id = ins.webhook_id`,
+			stored, now, claim.Max, claim.Instance, claim.Lease.Milliseconds())
 		if err != nil {
 			return err
 		}
-		res.Deliveries = int(tag.RowsAffected())
-		if res.Deliveries > 0 {
+		for rows.Next() {
+			var d ClaimedDelivery
+			var claimed, active bool
+			if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &claimed, &active, &d.URL); err != nil {
+				rows.Close()
+				return err
+			}
+			res.Deliveries++
+			switch {
+			case claimed:
+				d.Payload = []byte(payloadOf[d.EventID])
+				res.Claimed = append(res.Claimed, d)
+			case active:
+				res.Queued++
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		if res.Deliveries > len(res.Claimed) {
 			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
 		}
 		return err
@@ -166,14 +225,16 @@ func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error
 }
 
 // PruneEvents deletes events created before cutoff whose deliveries are all finished
-// (delivered, failed or cancelled), with their deliveries and attempts, at most limit events
-// per call. It returns how many events it deleted. Events still being delivered are kept.
+// (delivered, failed or cancelled, or of a webhook that no longer exists), with their
+// deliveries and attempts, at most limit events per call. It returns how many events it
+// deleted. Events still being delivered are kept.
 func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time, limit int) (int, error) {
 	tag, err := s.pool.Exec(ctx, `
 		DELETE FROM events WHERE id IN (
 			SELECT e.id FROM events e
 			WHERE e.created_at < $1
-			  AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
+			  AND NOT EXISTS (SELECT 1 FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
+			                  WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
 			ORDER BY e.created_at LIMIT $2)`, cutoff, limit)
 	if err != nil {
 		return 0, fmt.Errorf("prune events: %w", err)

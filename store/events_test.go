@@ -53,7 +53,7 @@ func TestStoreEventsMatching(t *testing.T) {
 		item("message_status", "111", "s:1:sent"), item("message_status", "222", "s:1:delivered"),
 		item("messages", "999", "m:unknown"),
 	}
-	res, err := s.StoreEvents(ctx, batch)
+	res, err := s.StoreEvents(ctx, batch, store.Claim{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestStoreEventsMatching(t *testing.T) {
 		t.Fatalf("payload %s: %+v %v", payload, ev, err)
 	}
 	// the upstream re-sends the same batch: nothing new
-	res, err = s.StoreEvents(ctx, batch)
+	res, err = s.StoreEvents(ctx, batch, store.Claim{})
 	if err != nil || res.Events != 0 || res.Duplicates != 5 || res.Deliveries != 0 {
 		t.Fatalf("re-send: %+v %v", res, err)
 	}
@@ -107,7 +107,7 @@ func TestPruneEvents(t *testing.T) {
 	for i := 0; i < 4; i++ {
 		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: "m" + string(rune('a'+i)), Data: json.RawMessage(`{}`)})
 	}
-	if _, err := s.StoreEvents(ctx, items); err != nil {
+	if _, err := s.StoreEvents(ctx, items, store.Claim{}); err != nil {
 		t.Fatal(err)
 	}
 	pool := s.Pool()

@@ -548,7 +548,10 @@ func (l *loader) step(ctx context.Context, rc *receiver, pool *pgxpool.Pool, pro
 		var n int64
 		qctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
-		if err := pool.QueryRow(qctx, `SELECT count(*) FROM deliveries WHERE status IN ('pending', 'in_flight')`).Scan(&n); err != nil {
+		if err := pool.QueryRow(qctx, `
+			SELECT (SELECT count(*) FROM deliveries WHERE status = 'pending' AND attempts = 0)
+			     + (SELECT count(*) FROM deliveries WHERE status = 'pending' AND attempts > 0)
+			     + (SELECT count(*) FROM deliveries WHERE status = 'in_flight')`).Scan(&n); err != nil {
 			return -1
 		}
 		return n

@@ -1,0 +1,157 @@
+package dispatcher
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// reserve waits until the dispatcher hands out slots (its first claim found the queue empty).
+func reserve(t *testing.T, d *Dispatcher, n int) int {
+	t.Helper()
+	var got int
+	waitFor(t, "slots to reserve", 5*time.Second, func() bool { got = d.Reserve(n); return got > 0 })
+	return got
+}
+
+// intake stores n message events the way wabarelay_inbound does, with the claim of reserved.
+func (e *env) intake(n int, claim store.Claim) store.IntakeResult {
+	e.t.Helper()
+	items := make([]store.IncomingItem, n)
+	for i := range items {
+		k := e.seq.Add(1)
+		items[i] = store.IncomingItem{Type: "messages", PhoneNumberID: e.phone, DedupeKey: fmt.Sprintf("h%d", k),
+			Data: json.RawMessage(fmt.Sprintf(`{"message": {"id": "wamid.h%d"}}`, k))}
+	}
+	res, err := e.st.StoreEvents(context.Background(), items, claim)
+	if err != nil || res.Events != n {
+		e.t.Fatalf("store events: %+v %v", res, err)
+	}
+	return res
+}
+
+func jobsOf(res store.IntakeResult) []Job {
+	jobs := make([]Job, len(res.Claimed))
+	for i, c := range res.Claimed {
+		jobs[i] = Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, URL: c.URL, Payload: c.Payload}
+	}
+	return jobs
+}
+
+func TestHandOffDeliversWithoutClaim(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	_, secret := e.webhook(rc.srv.URL)
+	cfg := e.config(rc)
+	cfg.PollInterval = time.Hour // only the start-up claim: anything delivered later was handed off
+	d, _ := e.start(cfg)
+
+	n := reserve(t, d, 10)
+	if n != 10 {
+		t.Fatalf("reserved %d of 10 free slots", n)
+	}
+	// Two slots fewer than deliveries: two go out directly, the third waits in the queue.
+	res := e.intake(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: 2})
+	if len(res.Claimed) != 2 || res.Queued != 1 || res.Deliveries != 3 {
+		t.Fatalf("intake %+v", res)
+	}
+	for _, c := range res.Claimed {
+		var status, lockedBy string
+		var attempts int
+		if err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, locked_by FROM deliveries WHERE id = $1`, c.ID).
+			Scan(&status, &attempts, &lockedBy); err != nil {
+			t.Fatal(err)
+		}
+		if status != "in_flight" || attempts != 1 || lockedBy != d.InstanceID() {
+			t.Fatalf("claimed delivery stored as %s/%d/%s", status, attempts, lockedBy)
+		}
+	}
+	d.Deliver(n, jobsOf(res), res.Queued > 0)
+
+	// The queued one is announced (NOTIFY) and claimed; the two handed off need nothing more.
+	waitFor(t, "three receipts", 5*time.Second, func() bool { return len(rc.snapshot()) == 3 })
+	for _, h := range rc.snapshot() {
+		var stored string
+		if err := e.pool.QueryRow(context.Background(), `SELECT payload::text FROM events WHERE id = $1`,
+			h.header.Get("webhook-id")).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if string(h.body) != stored {
+			t.Fatalf("body %s\nstored %s", h.body, stored)
+		}
+		verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
+		verifyStandard(t, secret, h.header, h.body)
+	}
+	for _, c := range res.Claimed {
+		waitFor(t, "delivered", 5*time.Second, e.statusIs(c.EventID, "delivered"))
+		if row := e.delivery(c.EventID); row.attempts != 1 {
+			t.Fatalf("handed-off delivery %+v", row)
+		}
+		if a := e.attemptRows(c.EventID); len(a) != 1 || a[0].code == nil || *a[0].code != http.StatusOK {
+			t.Fatalf("attempt log %+v", a)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	if n := len(rc.snapshot()); n != 3 {
+		t.Fatalf("%d receipts, want 3", n)
+	}
+}
+
+func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		time.Sleep(100 * time.Millisecond)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	e.webhook(rc.srv.URL)
+	cfg := e.config(rc)
+	cfg.PerWebhook = 1
+	d, _ := e.start(cfg)
+
+	n := reserve(t, d, 3)
+	res := e.intake(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
+	if len(res.Claimed) != 3 {
+		t.Fatalf("intake %+v", res)
+	}
+	d.Deliver(n, jobsOf(res), false)
+	for _, c := range res.Claimed {
+		waitFor(t, "delivered", 5*time.Second, e.statusIs(c.EventID, "delivered"))
+		// The two over the cap were handed back without using up an attempt.
+		if row := e.delivery(c.EventID); row.attempts != 1 || len(e.attemptRows(c.EventID)) != 1 {
+			t.Fatalf("delivery %+v, attempts %+v", row, e.attemptRows(c.EventID))
+		}
+	}
+	if n := len(rc.snapshot()); n != 3 {
+		t.Fatalf("%d receipts, want 3", n)
+	}
+}
+
+func TestShutdownWaitsForReservations(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	d, stop := e.start(e.config(rc))
+	n := reserve(t, d, 4)
+
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	select {
+	case <-stopped:
+		t.Fatal("Run returned with slots still reserved")
+	case <-time.After(200 * time.Millisecond):
+	}
+	if got := d.Reserve(1); got != 0 {
+		t.Fatalf("reserved %d slots while stopping", got)
+	}
+	d.Deliver(n, nil, false)
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after the reservation was given back")
+	}
+}
