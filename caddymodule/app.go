@@ -14,6 +14,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -119,6 +120,8 @@ type App struct {
 	listenerDone   chan struct{}
 	dispatcher     *dispatcher.Dispatcher
 	dispatcherDone chan struct{}
+	// pendingStores counts idempotency stores still running after their response was sent.
+	pendingStores atomic.Int64
 }
 
 // MetaConfig holds the upstream (Meta) app's credentials and Embedded Signup settings.
@@ -368,6 +371,11 @@ func (a *App) Start() error {
 // Stop stops background work (bounded wait). Shared clients stay open for in-flight requests;
 // Cleanup releases them.
 func (a *App) Stop() error {
+	// Idempotency stores of answered sends (each bounded to 5 s): a process about to exit
+	// should not leave their keys in flight until the lease ends.
+	for deadline := time.Now().Add(5 * time.Second); a.pendingStores.Load() > 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if a.stopListener != nil {
 		a.stopListener()
 		select {

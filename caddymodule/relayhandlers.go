@@ -303,8 +303,8 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	status := rec.Status()
 	// Finish with the store on a context that outlives a client that hung up.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	defer cancel()
 	if err != nil || st.NotSent || (status >= 400 && status < 500) {
+		defer cancel()
 		if rerr := idem.Release(sctx, k, res.Token); rerr != nil && !errors.Is(rerr, idempotency.ErrNotOwner) {
 			h.app.logger.Warn("idempotency: release failed", zap.Error(rerr))
 		}
@@ -313,17 +313,19 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 		return rec.WriteResponse()
 	}
-	// Answer first, then store: the caller does not wait for the second Redis round trip;
-	// duplicates arriving meanwhile wait on the in-flight claim and are woken by Complete.
+	// Answer first, then store in the background: neither the caller nor the next request on
+	// its connection waits for the second Redis round trip. Duplicates arriving meanwhile wait
+	// on the in-flight claim and are woken by Complete. App.Stop waits for pending stores.
 	resp := idempotency.Response{Status: status, Header: replayHeaders(rec.Header()), Body: bytes.Clone(buf.Bytes())}
-	werr := rec.WriteResponse()
-	if werr == nil {
-		_ = http.NewResponseController(w).Flush()
-	}
-	if cerr := idem.Complete(sctx, k, res.Token, resp); cerr != nil {
-		h.app.logger.Warn("idempotency: storing the response failed", zap.Error(cerr))
-	}
-	return werr
+	h.app.pendingStores.Add(1)
+	go func() {
+		defer h.app.pendingStores.Add(-1)
+		defer cancel()
+		if cerr := idem.Complete(sctx, k, res.Token, resp); cerr != nil {
+			h.app.logger.Warn("idempotency: storing the response failed", zap.Error(cerr))
+		}
+	}()
+	return rec.WriteResponse()
 }
 
 // replayHeaders picks the response headers worth replaying.

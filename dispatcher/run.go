@@ -466,14 +466,11 @@ func (d *Dispatcher) flush(batch []result) {
 				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", retryIn < 0))
 		}
 	}
-	if len(done.deliveryIDs) > 0 {
-		b.Queue(completeSQL, done.args(d.cfg.InstanceID)...)
-	}
 	deadline := time.Now().Add(d.cfg.Lease)
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := d.pool.SendBatch(ctx, b).Close()
+		err := d.record(ctx, b, &done)
 		cancel()
 		if err == nil {
 			break
@@ -491,6 +488,23 @@ func (d *Dispatcher) flush(batch []result) {
 	if soonest >= 0 {
 		time.AfterFunc(soonest, func() { signal(d.wake) })
 	}
+}
+
+// record writes the releases in b and the completions in done.
+func (d *Dispatcher) record(ctx context.Context, b *pgx.Batch, done *completions) error {
+	if b.Len() > 0 {
+		if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		b.QueuedQueries = nil // written: a retry after a failed completion must not repeat them
+	}
+	if len(done.deliveryIDs) == 0 {
+		return nil
+	}
+	// Planned for each batch (unnamed statement, one round trip): a cached generic plan made
+	// while the table was small or unanalysed keeps reading the whole table.
+	_, err := d.pool.Exec(ctx, completeSQL, append([]any{pgx.QueryExecModeCacheDescribe}, done.args(d.cfg.InstanceID)...)...)
+	return err
 }
 
 // listen wakes the loop on every notification, reconnecting with backoff. After every

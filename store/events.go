@@ -177,7 +177,9 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			)
 			SELECT ins.id, ins.event_id, ins.webhook_id, ins.status = 'in_flight', w.status = 'active', w.url
 			FROM ins JOIN webhooks w ON w.id = ins.webhook_id`,
-			stored, now, claim.Max, claim.Instance, claim.Lease.Milliseconds())
+			// Planned for each call: a cached generic plan made while the tables were small or
+			// unanalysed keeps scanning them whole.
+			pgx.QueryExecModeCacheDescribe, stored, now, claim.Max, claim.Instance, claim.Lease.Milliseconds())
 		if err != nil {
 			return err
 		}
