@@ -125,6 +125,24 @@ func TestInbound(t *testing.T) {
 	if after := e.count("deliveries"); after != before {
 		t.Fatalf("re-send created %d deliveries", after-before)
 	}
+	// a medium received in an event is handed to its channel: the relay lets that channel (and
+	// only it) fetch the medium; before the event it was out of scope
+	const mediaID = "1040000000000001"
+	e.fake.AddMedia(mediaID, pnid, "image/jpeg", []byte("jpeg"))
+	proxy := origin + proxyPrefix
+	expectRelayError(t, call(t, "GET", proxy+"/"+mediaID, c1.ChannelToken, ""), 403, "Path not allowed for this channel")
+	image := `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","changes":[{"field":"messages","value":{"messaging_product":"whatsapp",` +
+		`"metadata":{"display_phone_number":"15550100","phone_number_id":"` + pnid + `"},"contacts":[{"profile":{"name":"Ann"},"wa_id":"15550001111"}],` +
+		`"messages":[{"from":"15550001111","id":"wamid.img1","timestamp":"1700000002","type":"image","image":{"mime_type":"image/jpeg","sha256":"x","id":"` + mediaID + `"}}]}}]}]}`
+	if status, body := signedPost(t, url, testAppSecret, image); status != 200 || !strings.Contains(body, `"events":1`) {
+		t.Fatalf("image message: %d %s", status, body)
+	}
+	if r := call(t, "GET", proxy+"/"+mediaID, c1.ChannelToken, ""); r.status != 200 || !strings.Contains(string(r.body), mediaID) {
+		t.Fatalf("received medium through the relay: %d %s", r.status, r.body)
+	}
+	expectRelayError(t, call(t, "GET", proxy+"/"+mediaID, c2.ChannelToken, ""), 403, "Path not allowed for this channel")
+	_ = c1
+
 	// garbage signed → 400; huge → 413
 	if status, _ := signedPost(t, url, testAppSecret, `{"object":"page"}`); status != 400 {
 		t.Fatalf("other object: %d", status)

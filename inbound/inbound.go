@@ -108,6 +108,9 @@ type Item struct {
 	// "contact":<matching value.contacts entry verbatim, or null>} for
 	// messages, {"status":<upstream status verbatim>} for statuses.
 	Data json.RawMessage
+	// MediaIDs are the upstream ids of the media a message carries (image, audio, video,
+	// document, sticker): objects the channel has been handed, which the relay's scope admits.
+	MediaIDs []string
 }
 
 // AccountChange is an account-level change (no metadata.phone_number_id),
@@ -221,9 +224,39 @@ type contactKeys struct {
 }
 
 type messageKeys struct {
-	ID         string `json:"id"`
-	From       string `json:"from"`
-	FromUserID string `json:"from_user_id"`
+	ID         string   `json:"id"`
+	From       string   `json:"from"`
+	FromUserID string   `json:"from_user_id"`
+	Image      mediaRef `json:"image"`
+	Audio      mediaRef `json:"audio"`
+	Video      mediaRef `json:"video"`
+	Document   mediaRef `json:"document"`
+	Sticker    mediaRef `json:"sticker"`
+}
+
+// mediaRef is the part of a media object (image, audio, …) that matters here: its upstream id.
+// A value of another shape leaves it empty.
+type mediaRef struct{ ID string }
+
+func (m *mediaRef) UnmarshalJSON(b []byte) error {
+	var v struct {
+		ID flexString `json:"id"`
+	}
+	if json.Unmarshal(b, &v) == nil {
+		m.ID = string(v.ID)
+	}
+	return nil
+}
+
+// mediaIDs returns the ids of the media a message carries.
+func (k *messageKeys) mediaIDs() []string {
+	var ids []string
+	for _, m := range [...]mediaRef{k.Image, k.Audio, k.Video, k.Document, k.Sticker} {
+		if m.ID != "" {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
 }
 
 type statusKeys struct {
@@ -286,6 +319,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			WabaID:        wabaID,
 			DedupeKey:     "m:" + k.ID,
 			Data:          data,
+			MediaIDs:      k.mediaIDs(),
 		})
 	}
 

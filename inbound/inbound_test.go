@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -490,6 +491,29 @@ func BenchmarkParse(b *testing.B) {
 		batch, err := Parse(body)
 		if err != nil || len(batch.Items) != 200 {
 			b.Fatal(err, len(batch.Items))
+		}
+	}
+}
+
+func TestParseMediaIDs(t *testing.T) {
+	body := `{"object":"whatsapp_business_account","entry":[{"id":"1","changes":[{"field":"messages","value":{` +
+		`"metadata":{"phone_number_id":"2"},"messages":[` +
+		`{"from":"3","id":"wamid.a","type":"image","image":{"id":"111","mime_type":"image/jpeg"}},` +
+		`{"from":"3","id":"wamid.b","type":"document","document":{"id":222,"filename":"a.pdf"}},` +
+		`{"from":"3","id":"wamid.c","type":"sticker","sticker":{"id":"333","animated":false}},` +
+		`{"from":"3","id":"wamid.d","type":"text","text":{"body":"no media"}},` +
+		`{"from":"3","id":"wamid.e","type":"image","image":"not an object"}]}}]}]}`
+	b, err := Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := [][]string{{"111"}, {"222"}, {"333"}, nil, nil}
+	if len(b.Items) != len(want) {
+		t.Fatalf("%d items, want %d", len(b.Items), len(want))
+	}
+	for i, w := range want {
+		if got := b.Items[i].MediaIDs; !slices.Equal(got, w) {
+			t.Errorf("item %d: media ids %q, want %q", i, got, w)
 		}
 	}
 }

@@ -23,6 +23,9 @@ type IncomingItem struct {
 	DedupeKey string
 	// Data is the event's data object, stored verbatim.
 	Data json.RawMessage
+	// ObjectIDs are upstream object ids (media) the item hands to its channel; they are
+	// recorded with the events, so the relay's scope admits them from then on.
+	ObjectIDs []string
 }
 
 // IntakeResult counts what StoreEvents did with a batch.
@@ -106,6 +109,8 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	var ids, chIDs, orgIDs []uuid.UUID
 	var types, keys []string
 	var payloads []string
+	var objChannels []uuid.UUID
+	var objIDs []string
 	for _, it := range items {
 		c, ok := channels[it.PhoneNumberID]
 		if !ok {
@@ -119,6 +124,9 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		}
 		ids, chIDs, orgIDs = append(ids, ev.ID), append(chIDs, c.id), append(orgIDs, c.org)
 		types, keys, payloads = append(types, it.Type), append(keys, it.DedupeKey), append(payloads, string(b))
+		for _, o := range it.ObjectIDs {
+			objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
+		}
 	}
 	if len(ids) == 0 {
 		return res, nil
@@ -156,6 +164,14 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		res.Duplicates = len(ids) - len(stored)
 		if len(stored) == 0 {
 			return nil
+		}
+		if len(objIDs) > 0 {
+			// Re-sent items' objects are already recorded; the conflict clause covers them.
+			if _, err := tx.Exec(ctx, `
+				INSERT INTO channel_objects (channel_id, object_id)
+				SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING`, objChannels, objIDs); err != nil {
+				return err
+			}
 		}
 		rows, err = tx.Query(ctx, `
 			WITH m AS (
