@@ -341,8 +341,14 @@ func cleanText(b []byte) string {
 // locked_by is set exactly while a delivery is in_flight (every change out of in_flight clears
 // it), so the fence does not repeat status = 'in_flight': with it, the planner would read the
 // lease index (every in_flight row) instead of the primary key.
+//
+// The statement commits asynchronously (synchronous_commit off for its own transaction): an
+// outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
+// then attempted again, which at-least-once delivery allows. Events and deliveries themselves
+// are always committed synchronously.
 const completeSQL = `
-WITH r AS (
+WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
+r AS (
 	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::timestamptz[], $5::bool[], $6::int[], $7::text[],
 	                     $8::text[], $9::bigint[], $10::int[])
 	         AS r(attempt_id, delivery_id, attempt, started_at, ok, status_code, error, body, retry_in, duration_ms)
@@ -356,7 +362,7 @@ WITH r AS (
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 SELECT r.attempt_id, r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.error, r.body
-FROM r WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = r.delivery_id)
+FROM r CROSS JOIN async WHERE EXISTS (SELECT 1 FROM deliveries d WHERE d.id = r.delivery_id)
 ON CONFLICT (id) DO NOTHING`
 
 // completions collects the arguments of completeSQL.

@@ -247,15 +247,26 @@ func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error
 // deliveries and attempts, at most limit events per call. It returns how many events it
 // deleted. Events still being delivered are kept.
 func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time, limit int) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		DELETE FROM events WHERE id IN (
-			SELECT e.id FROM events e
-			WHERE e.created_at < $1
-			  AND NOT EXISTS (SELECT 1 FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
-			                  WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
-			ORDER BY e.created_at LIMIT $2)`, cutoff, limit)
+	// No foreign keys cascade here (migrations 005, 006): the statement deletes the events'
+	// deliveries and attempts itself.
+	var n int
+	err := s.pool.QueryRow(ctx, `
+		WITH e AS (
+			DELETE FROM events WHERE id IN (
+				SELECT e.id FROM events e
+				WHERE e.created_at < $1
+				  AND NOT EXISTS (SELECT 1 FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
+				                  WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
+				ORDER BY e.created_at LIMIT $2)
+			RETURNING id
+		), d AS (
+			DELETE FROM deliveries d USING e WHERE d.event_id = e.id RETURNING d.id
+		), a AS (
+			DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id
+		)
+		SELECT count(*) FROM e`, cutoff, limit).Scan(&n)
 	if err != nil {
 		return 0, fmt.Errorf("prune events: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }

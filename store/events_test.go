@@ -115,6 +115,9 @@ func TestPruneEvents(t *testing.T) {
 	pool.Exec(ctx, `UPDATE events SET created_at = now() - interval '40 days' WHERE dedupe_key IN ('ma', 'mb', 'mc')`)
 	pool.Exec(ctx, `UPDATE deliveries SET status = 'delivered' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key IN ('ma', 'md'))`)
 	pool.Exec(ctx, `UPDATE deliveries SET status = 'failed' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key = 'mb')`)
+	// one attempt for every delivery
+	pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms)
+		SELECT gen_random_uuid(), id, 1, now(), 1 FROM deliveries`)
 	n, err := s.PruneEvents(ctx, time.Now().Add(-30*24*time.Hour), 1000)
 	if err != nil || n != 2 {
 		t.Fatalf("pruned %d, %v; want 2", n, err)
@@ -126,9 +129,65 @@ func TestPruneEvents(t *testing.T) {
 		rows.Scan(&k)
 		left = append(left, k)
 	}
-	var deliveries int
+	var deliveries, attempts, orphans int
 	pool.QueryRow(ctx, `SELECT count(*) FROM deliveries`).Scan(&deliveries)
-	if strings.Join(left, ",") != "mc,md" || deliveries != 2 {
-		t.Fatalf("left events %v, %d deliveries", left, deliveries)
+	pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.id = a.delivery_id))
+		FROM delivery_attempts a`).Scan(&attempts, &orphans)
+	if strings.Join(left, ",") != "mc,md" || deliveries != 2 || attempts != 2 || orphans != 0 {
+		t.Fatalf("left events %v, %d deliveries, %d attempts (%d orphaned)", left, deliveries, attempts, orphans)
+	}
+}
+
+// TestDeleteWebhookCancelsDeliveries: a deleted webhook's deliveries (pending ones included)
+// and their attempts go with it; another webhook's stay.
+func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	org, _ := s.CreateOrg(ctx, "o")
+	c, _ := s.CreateChannel(ctx, org.ID, "c", time.Hour)
+	if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	var hooks []uuid.UUID
+	for range 2 {
+		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hooks = append(hooks, w.ID)
+	}
+	items := []store.IncomingItem{
+		{Type: "messages", PhoneNumberID: "1", DedupeKey: "ma", Data: json.RawMessage(`{}`)},
+		{Type: "messages", PhoneNumberID: "1", DedupeKey: "mb", Data: json.RawMessage(`{}`)},
+	}
+	if res, err := s.StoreEvents(ctx, items, store.Claim{}); err != nil || res.Deliveries != 4 {
+		t.Fatalf("stored %+v, %v", res, err)
+	}
+	pool := s.Pool()
+	if _, err := pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms)
+		SELECT gen_random_uuid(), id, 1, now(), 1 FROM deliveries`); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.DeleteWebhook(ctx, org.ID, hooks[0]); err != nil {
+		t.Fatal(err)
+	}
+	count := func(sql string, args ...any) int {
+		var n int
+		if err := pool.QueryRow(ctx, sql, args...).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count(`SELECT count(*) FROM deliveries WHERE webhook_id = $1`, hooks[0]); n != 0 {
+		t.Fatalf("%d deliveries of the deleted webhook left", n)
+	}
+	if n := count(`SELECT count(*) FROM deliveries WHERE webhook_id = $1 AND status = 'pending'`, hooks[1]); n != 2 {
+		t.Fatalf("the other webhook has %d pending deliveries, want 2", n)
+	}
+	if n := count(`SELECT count(*) FROM delivery_attempts a WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.id = a.delivery_id)`); n != 0 {
+		t.Fatalf("%d attempts of deleted deliveries left", n)
+	}
+	if n := count(`SELECT count(*) FROM delivery_attempts`); n != 2 {
+		t.Fatalf("%d attempts left, want the other webhook's 2", n)
 	}
 }

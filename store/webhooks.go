@@ -177,10 +177,10 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 
 // DeleteWebhook deletes one of the org's webhooks with its assignments.
 func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
-	// Its deliveries (and their attempts, by cascade) go with it: pending ones are cancelled
-	// that way. No foreign key does this (migration 005); an intake that raced the delete and
-	// still queued a delivery for it leaves an orphan that is never claimed and that
-	// PruneEvents counts as finished.
+	// Its deliveries and their attempts go with it: pending ones are cancelled that way. No
+	// foreign key does this (migrations 005, 006); an intake that raced the delete and still
+	// queued a delivery for it leaves an orphan that is never claimed and that PruneEvents
+	// counts as finished (and deletes with its event).
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM webhooks WHERE id = $1 AND org_id = $2`, id, orgID)
 		if err != nil {
@@ -189,7 +189,9 @@ func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
 		if tag.RowsAffected() == 0 {
 			return ErrWebhookNotFound
 		}
-		_, err = tx.Exec(ctx, `DELETE FROM deliveries WHERE webhook_id = $1`, id)
+		_, err = tx.Exec(ctx, `
+			WITH d AS (DELETE FROM deliveries WHERE webhook_id = $1 RETURNING id)
+			DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id`, id)
 		return err
 	})
 	if err != nil && !errors.Is(err, ErrWebhookNotFound) {
