@@ -158,6 +158,22 @@ func TestInbound(t *testing.T) {
 	if c, _ := e.store.GetChannel(ctx, orgB.ID, cB.ID); c.Status != "inactive" {
 		t.Fatalf("banned account's channel is %s", c.Status)
 	}
+	// a number removed upstream deactivates its channel (named by display number), and only it
+	cR, _ := e.store.CreateChannel(ctx, e.org, "r", time.Hour)
+	if err := e.store.ConnectChannel(ctx, cR.ID, store.Connection{PhoneNumberID: "4444", WabaID: wabaID,
+		DisplayPhoneNumber: "+1 555-0199", UpstreamToken: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	removed := `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","time":1700000000,"changes":[{"field":"account_update","value":{"event":"PHONE_NUMBER_REMOVED","phone_number":"15550199"}}]}]}`
+	if status, body := signedPost(t, url, testAppSecret, removed); status != 200 {
+		t.Fatalf("number removed: %d %s", status, body)
+	}
+	if c, _ := e.store.GetChannel(ctx, e.org, cR.ID); c.Status != "inactive" {
+		t.Fatalf("removed number's channel is %s", c.Status)
+	}
+	if c, _ := e.store.GetChannel(ctx, e.org, c1.ID); c.Status != "active" {
+		t.Fatalf("another number's channel is %s", c.Status)
+	}
 }
 
 func (e *relayEnv) count(table string) int {

@@ -146,6 +146,13 @@ func (h *InboundHandler) accountChanges(ctx context.Context, changes []inbound.A
 			}
 			h.app.logger.Warn("inbound: business account removed upstream; channels deactivated",
 				zap.String("waba_id", c.WabaID), zap.String("event", c.Event), zap.Int("channels", n))
+		case "PHONE_NUMBER_REMOVED":
+			changed, err := h.app.store.DeactivateByDisplayNumber(ctx, c.WabaID, c.PhoneNumber)
+			if err != nil {
+				return err
+			}
+			h.app.logger.Warn("inbound: phone number removed upstream",
+				zap.String("waba_id", c.WabaID), zap.Bool("channel_deactivated", changed))
 		}
 	}
 	return nil

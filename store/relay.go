@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -197,15 +198,26 @@ func (s *Store) ReopenLink(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, 
 	return c, nil
 }
 
-// DeactivateByPhoneNumber marks the channel on an upstream number inactive because the number
-// was removed (deregistered, banned) upstream. It reports whether a channel was changed. This is
-// the hook for the upstream's account-level webhooks.
-func (s *Store) DeactivateByPhoneNumber(ctx context.Context, phoneNumberID string) (bool, error) {
+// DeactivateByDisplayNumber marks the channel of business account wabaID whose display phone
+// number has the digits of phoneNumber inactive because the number was removed upstream (the
+// upstream's account_update PHONE_NUMBER_REMOVED names the number, not its id). It reports
+// whether a channel was changed.
+func (s *Store) DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error) {
+	digits := strings.Map(func(r rune) rune {
+		if r >= '0' && r <= '9' {
+			return r
+		}
+		return -1
+	}, phoneNumber)
+	if digits == "" {
+		return false, nil
+	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
-		WHERE phone_number_id = $1 AND status <> 'inactive'`, phoneNumberID)
+		WHERE waba_id = $1 AND regexp_replace(display_phone_number, '[^0-9]', '', 'g') = $2 AND status <> 'inactive'`,
+		wabaID, digits)
 	if err != nil {
-		return false, fmt.Errorf("deactivate by phone number: %w", err)
+		return false, fmt.Errorf("deactivate by display number: %w", err)
 	}
 	return tag.RowsAffected() > 0, nil
 }

@@ -5,35 +5,42 @@
 //	go build -o bin/caddy ./cmd/caddy
 //	go run ./bench/events                                  # 1,000 events/s for 20 s
 //	go run ./bench/events -rate 1000,2000,3000,5000        # one step per rate, in order
+//	go run ./bench/events -rate 500 -webhooks 4            # 500 events/s = 2,000 deliveries/s
 //
 // It starts everything itself and removes everything at the end (also on Ctrl-C): a fresh
 // database wabarelay_bench_<rand> on the Postgres named by -pg (dropped at the end), the HTTPS
 // receiver (httptest, in this process, answering 204 at once) and one bin/caddy process with
 // `admin off` on a free loopback port.
 //
-// Data: one org, -channels active channels (one phone number id each) and one org-scoped webhook
-// subscribed to messages and message_status, pointing at the receiver.
+// Data: one org, -channels active channels (one phone number id each) and -webhooks org-scoped
+// webhooks (default 1), all subscribed to messages and message_status; webhook i points at the
+// receiver's path /hook/<i>. Every accepted event thus fans out into -webhooks deliveries
+// (deliveries = events × webhooks), which measures the dispatcher's sustained deliveries/s apart
+// from the per-event intake cost (intake stores each event once, whatever the fan-out).
 //
 // Load, per step: posts of -per-post text messages each (one entry, one change, one phone number
 // id; post k on channel k mod channels), signed with X-Hub-Signature-256, scheduled at
 // rate/per-post posts per second for -duration regardless of how earlier posts fare (open loop;
 // at most -max-inflight posts outstanding, a post that finds no slot is counted as skipped).
 // Every message id is unique in the run. After the offered load the step waits (at most -drain)
-// until every accepted event has reached the receiver and no delivery is pending; the tables
+// until every accepted event has reached every webhook's path and no delivery is pending; the tables
 // are then emptied (TRUNCATE events, deliveries, attempts) before the next step.
 //
-// Measured: intake ack latency (send → 200) of every post; deliveries received per second while
-// load is offered and while draining; deliveries pending (pending + in_flight rows) sampled every
-// 500 ms; end-to-end latency per event (receiver receive time − send time of the post that
-// carried the message, matched by data.message.id); the ledger: events accepted (sum of "events"
-// in the 200 answers) = distinct events delivered, duplicates (receipts beyond the first per
-// webhook-id), lost (accepted but never received); CPU time per event of Caddy, of the bench
-// database's Postgres backends, of the other Postgres processes (WAL writer, checkpointer, …)
-// and of the bench itself (load + receiver), from /proc/<pid>/stat, over the offered-load window.
+// Measured: intake ack latency (send → 200) of every post; deliveries (distinct (webhook, event)
+// pairs) received per second while load is offered and while draining; deliveries pending
+// (pending + in_flight rows) sampled every 500 ms; end-to-end latency per delivery (receive time
+// at a webhook's path − send time of the post that carried the message, matched by the path and
+// data.message.id); the ledger, exact per (webhook, event): events accepted (sum of "events" in
+// the 200 answers) × webhooks = distinct (webhook, event) pairs delivered, duplicates (receipts
+// beyond the first per pair; also counted per (path, webhook-id)), lost (accepted pairs never
+// received at their webhook's path, nothing pending); CPU time per offered event (and per
+// delivery: per event / webhooks) of Caddy, of the bench database's Postgres backends, of the
+// other Postgres processes (WAL writer, checkpointer, …) and of the bench itself (load +
+// receiver), from /proc/<pid>/stat, over the offered-load window.
 //
 // A step counts as sustained when every offered post was accepted and the backlog did not grow:
-// pending at the end of the offered load is at most pending at a quarter of it plus a quarter
-// second's worth of offered events.
+// pending deliveries at the end of the offered load are at most those at a quarter of it plus a
+// quarter second's worth of offered deliveries (events × webhooks).
 package main
 
 import (
@@ -91,6 +98,7 @@ type config struct {
 	poolMaxConns int
 	workers      int
 	perWebhook   int
+	webhooks     int
 	receiverH2   bool
 	showLogs     bool
 }
@@ -110,6 +118,7 @@ func main() {
 	flag.IntVar(&c.poolMaxConns, "pool-max-conns", 0, "pool_max_conns added to Caddy's database DSN (0: the pgxpool default, max(4, CPUs))")
 	flag.IntVar(&c.workers, "workers", 256, "delivery workers")
 	flag.IntVar(&c.perWebhook, "per-webhook", 256, "delivery per_webhook cap")
+	flag.IntVar(&c.webhooks, "webhooks", 1, "org-scoped webhooks (each on its own receiver path); every event fans out into this many deliveries (at most 64)")
 	flag.BoolVar(&c.receiverH2, "receiver-h2", false, "the receiver offers HTTP/2 (default HTTP/1.1)")
 	flag.BoolVar(&c.showLogs, "v", false, "print Caddy's log at the end")
 	flag.Parse()
@@ -125,6 +134,9 @@ func main() {
 	}
 	if c.channels < 1 || c.perPost < 1 || c.maxInflight < 1 || c.workers < 1 || c.perWebhook < 1 || c.poolMaxConns < 0 {
 		benchkit.Fatalf("-channels, -per-post, -max-inflight, -workers and -per-webhook must be positive")
+	}
+	if c.webhooks < 1 || c.webhooks > 64 {
+		benchkit.Fatalf("-webhooks must be in [1, 64]")
 	}
 	if c.duration <= 0 || c.duration > 30*time.Second || c.drain <= 0 || c.drain > 5*time.Minute {
 		benchkit.Fatalf("-duration must be in (0, 30s] and -drain in (0, 5m]")
@@ -199,7 +211,7 @@ func run(ctx context.Context, c config) (err error) {
 	}
 
 	// ---- receiver ----
-	rcv := newReceiver()
+	rcv := newReceiver(c.webhooks)
 	srv := httptest.NewUnstartedServer(rcv)
 	srv.EnableHTTP2 = c.receiverH2
 	srv.Config.ReadHeaderTimeout = 10 * time.Second
@@ -209,8 +221,8 @@ func run(ctx context.Context, c config) (err error) {
 	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
 		return err
 	}
-	receiverURL := srv.URL + "/hook"
-	benchkit.Logf("receiver on %s", receiverURL)
+	receiverURL := srv.URL + hookPrefix // webhook i: receiverURL + i
+	benchkit.Logf("receiver on %s<0..%d>", receiverURL, c.webhooks-1)
 
 	// ---- data ----
 	key := make([]byte, 32)
@@ -219,7 +231,7 @@ func run(ctx context.Context, c config) (err error) {
 	for i := range pnids {
 		pnids[i] = fmt.Sprintf("1065%011d", i)
 	}
-	if err := createData(ctx, dsn, key, pnids, receiverURL); err != nil {
+	if err := createData(ctx, dsn, key, pnids, receiverURL, c.webhooks); err != nil {
 		return err
 	}
 
@@ -285,13 +297,13 @@ http://127.0.0.1:%d {
 	procs := cpuProcs{pidBench: os.Getpid(), "caddy": cd.PID()}
 
 	// ---- warm-up: connections and caches, not measured ----
-	benchkit.Logf("warm-up: 100 events at 200 events/s")
+	benchkit.Logf("warm-up: 100 events at 200 events/s (× %d %s)", c.webhooks, plural(c.webhooks, "webhook", "webhooks"))
 	w := ld.step(ctx, rcv, pool, procs, dbName, "w", 200, 500*time.Millisecond, 0)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if w.lost() != 0 || w.accepted == 0 {
-		return fmt.Errorf("warm-up: %d events accepted, %d lost, %d post errors (%s); see -v for Caddy's log",
+		return fmt.Errorf("warm-up: %d events accepted, %d deliveries lost, %d post errors (%s); see -v for Caddy's log",
 			w.accepted, w.lost(), w.postErrors, w.errorSummary())
 	}
 	if err := truncate(ctx, pool); err != nil {
@@ -300,13 +312,14 @@ http://127.0.0.1:%d {
 
 	var results []*stepResult
 	for i, rate := range c.rates {
-		benchkit.Logf("step %d: %d events/s for %s (%d per post, %.0f posts/s)", i+1, rate, c.duration, c.perPost, float64(rate)/float64(c.perPost))
+		benchkit.Logf("step %d: %d events/s × %d %s = %d deliveries/s for %s (%d per post, %.0f posts/s)",
+			i+1, rate, c.webhooks, plural(c.webhooks, "webhook", "webhooks"), rate*c.webhooks, c.duration, c.perPost, float64(rate)/float64(c.perPost))
 		r := ld.step(ctx, rcv, pool, procs, dbName, strconv.Itoa(i+1), rate, c.duration, c.drain)
 		if err := ctx.Err(); err != nil {
 			return err
 		}
 		results = append(results, r)
-		benchkit.Logf("  accepted %d/%d events, deliveries/s run %.0f drain %.0f, pending %d → %d → %d, e2e p50 %.1f ms p99 %.1f ms, lost %d, dup %d, sustained %v",
+		benchkit.Logf("  accepted %d/%d events, deliveries/s run %.0f drain %.0f, pending %d → %d → %d, e2e p50 %.1f ms p99 %.1f ms, deliveries lost %d, dup %d, sustained %v",
 			r.accepted, r.offered, r.runRate(), r.drainRate(), r.pendingStart, r.pendingQuarter, r.pendingEnd,
 			r.e2e.p50, r.e2e.p99, r.lost(), r.duplicates, r.sustained())
 		if err := truncate(ctx, pool); err != nil {
@@ -325,16 +338,35 @@ http://127.0.0.1:%d {
 
 // ---- receiver ----
 
+// hookPrefix is the receiver path prefix: webhook i delivers to hookPrefix + i.
+const hookPrefix = "/hook/"
+
 // receiver answers 204 to every delivery and records, for the current step, the first receipt
-// of each event (by its message id) and the receipts per webhook-id.
+// of each (webhook, event) pair (webhook by the request path, event by its message id) and the
+// receipts per (path, webhook-id).
 type receiver struct {
+	webhooks int
 	cur      atomic.Pointer[stepState]
 	total    atomic.Int64 // every receipt, all steps
 	mismatch atomic.Int64 // webhook-id header ≠ body id, or unparsable body
+	badPath  atomic.Int64 // receipts on a path that is no webhook's
 	stray    atomic.Int64 // receipts for another step's events
 }
 
-func newReceiver() *receiver { return &receiver{} }
+func newReceiver(webhooks int) *receiver { return &receiver{webhooks: webhooks} }
+
+// hookIndex returns the webhook index of a receiver path (hookPrefix + i).
+func (rc *receiver) hookIndex(path string) (int, bool) {
+	rest, ok := strings.CutPrefix(path, hookPrefix)
+	if !ok {
+		return 0, false
+	}
+	h, err := strconv.Atoi(rest)
+	if err != nil || h < 0 || h >= rc.webhooks || strconv.Itoa(h) != rest {
+		return 0, false
+	}
+	return h, true
+}
 
 type deliveredEvent struct {
 	ID        string `json:"id"`
@@ -356,6 +388,11 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if err := json.Unmarshal(body, &ev); err != nil || ev.ID == "" || ev.ID != hid {
 		rc.mismatch.Add(1)
 	}
+	hook, ok := rc.hookIndex(r.URL.Path)
+	if !ok {
+		rc.badPath.Add(1)
+		return
+	}
 	st := rc.cur.Load()
 	if st == nil {
 		rc.stray.Add(1)
@@ -367,28 +404,40 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	st.receipts.Add(1)
-	if st.recv[idx].CompareAndSwap(0, now.UnixNano()) {
+	if st.recv[st.pair(hook, idx)].CompareAndSwap(0, now.UnixNano()) {
 		st.distinct.Add(1)
+		st.perHook[hook].Add(1)
 	} else {
 		st.dupes.Add(1)
 	}
 	st.mu.Lock()
-	st.byHookID[hid]++
+	st.byHookID[hookReceipt{hook, hid}]++
 	st.mu.Unlock()
 }
 
-// stepState is one step's per-message bookkeeping. Message i is in post i / perPost.
+// hookReceipt is a webhook-id as received at one webhook's path.
+type hookReceipt struct {
+	hook int
+	id   string
+}
+
+// stepState is one step's per-delivery bookkeeping. Message i is in post i / perPost; its
+// delivery to webhook h is pair h*events + i.
 type stepState struct {
 	prefix   string // "wamid.<run>.<step>."
 	perPost  int
-	sent     []int64 // per post: send time (unix ns), 0 if not sent
-	recv     []atomic.Int64
+	events   int            // messages offered in the step (posts × perPost)
+	sent     []int64        // per post: send time (unix ns), 0 if not sent
+	recv     []atomic.Int64 // per (webhook, message) pair: first receive time (unix ns), 0 if none
+	perHook  []atomic.Int64 // per webhook: distinct messages received
 	receipts atomic.Int64
-	distinct atomic.Int64
-	dupes    atomic.Int64 // receipts of an already received message
+	distinct atomic.Int64 // distinct (webhook, message) pairs received
+	dupes    atomic.Int64 // receipts of an already received (webhook, message) pair
 	mu       sync.Mutex
-	byHookID map[string]int
+	byHookID map[hookReceipt]int
 }
+
+func (s *stepState) pair(hook, msg int) int { return hook*s.events + msg }
 
 func (s *stepState) messageIndex(wamid string) (int, bool) {
 	rest, ok := strings.CutPrefix(wamid, s.prefix)
@@ -396,7 +445,7 @@ func (s *stepState) messageIndex(wamid string) (int, bool) {
 		return 0, false
 	}
 	i, err := strconv.Atoi(rest)
-	if err != nil || i < 0 || i >= len(s.recv) {
+	if err != nil || i < 0 || i >= s.events {
 		return 0, false
 	}
 	return i, true
@@ -446,42 +495,53 @@ func (l *loader) body(buf []byte, prefix, pnid string, first, n int) []byte {
 type sample struct {
 	at        time.Duration // since the start of the offered load
 	pending   int64
-	delivered int64 // distinct events received so far
+	delivered int64 // distinct (webhook, event) pairs received so far
 }
 
 type stepResult struct {
-	rate, posts, offered int
+	rate, posts, offered int // offered: events
+	webhooks             int // deliveries per accepted event
 	duration             time.Duration
 
 	skipped, postErrors  int
 	accepted             int
 	ack                  quantiles
 	e2e                  quantiles
-	runDelivered         int64 // distinct events received during the offered load
-	drainDelivered       int64
+	runDelivered         int64 // distinct (webhook, event) pairs received during the offered load
+	drainDelivered       int64 // … and while draining
 	drainTime            time.Duration
 	drained              bool
 	pendingStart         int64
 	pendingQuarter       int64
 	pendingEnd           int64
 	pendingMax           int64
-	pendingAfter         int64 // still pending when the drain ended (0 when drained)
-	distinct, duplicates int64
+	pendingAfter         int64 // deliveries still pending when the drain ended (0 when drained)
+	distinct, duplicates int64 // (webhook, event) pairs
 	receipts             int64
-	hookIDs, hookIDDupes int
-	unacked              int64 // events received from posts that did not get a 200
+	hookIDs, hookIDDupes int     // distinct (path, webhook-id) pairs, receipts beyond the first of one
+	perHook              []int64 // per webhook: distinct events received
+	perHookUnacked       []int64 // per webhook: … of which from posts that did not get a 200
+	unacked              int64   // (webhook, event) pairs received from posts that did not get a 200
 	samples              []sample
 	cpu                  map[string]time.Duration
 	errMu                sync.Mutex
 	errs                 map[string]int
 }
 
-// undelivered is accepted events not received when the step ended.
+// expected is the deliveries owed: accepted events × webhooks.
+func (r *stepResult) expected() int64 { return int64(r.accepted) * int64(r.webhooks) }
+
+// undelivered is accepted (webhook, event) pairs not received when the step ended, summed per
+// webhook (so that one webhook's surplus cannot hide another's gap).
 func (r *stepResult) undelivered() int64 {
-	return max(int64(r.accepted)-(r.distinct-r.unacked), 0)
+	var n int64
+	for h := range r.webhooks {
+		n += max(int64(r.accepted)-(r.perHook[h]-r.perHookUnacked[h]), 0)
+	}
+	return n
 }
 
-// lost is undelivered events with no delivery pending in the database either.
+// lost is undelivered (webhook, event) pairs with no delivery pending in the database either.
 func (r *stepResult) lost() int64 {
 	return max(r.undelivered()-max(r.pendingAfter, 0), 0)
 }
@@ -495,10 +555,11 @@ func (r *stepResult) drainRate() float64 {
 	return float64(r.drainDelivered) / r.drainTime.Seconds()
 }
 
-// sustained: every offered event accepted and no growing backlog.
+// sustained: every offered event accepted and no growing backlog (pending deliveries grew by at
+// most a quarter second's worth of offered deliveries).
 func (r *stepResult) sustained() bool {
 	return r.skipped == 0 && r.postErrors == 0 && r.accepted == r.offered && r.lost() == 0 &&
-		float64(r.pendingEnd) <= float64(r.pendingQuarter)+float64(r.rate)/4
+		float64(r.pendingEnd) <= float64(r.pendingQuarter)+float64(r.rate*r.webhooks)/4
 }
 
 func (r *stepResult) fail(msg string) {
@@ -529,12 +590,13 @@ func (r *stepResult) errorSummary() string {
 // clear (drain 0: wait up to 30 s, used by the warm-up).
 func (l *loader) step(ctx context.Context, rc *receiver, pool *pgxpool.Pool, procs cpuProcs, dbName, name string,
 	rate int, d, drain time.Duration) *stepResult {
-	per := l.c.perPost
+	per, hooks := l.c.perPost, l.c.webhooks
 	interval := time.Duration(float64(time.Second) * float64(per) / float64(rate))
 	posts := max(int(d/interval), 1)
-	st := &stepState{prefix: "wamid." + l.runID + "." + name + ".", perPost: per,
-		sent: make([]int64, posts), recv: make([]atomic.Int64, posts*per), byHookID: make(map[string]int, posts*per)}
-	res := &stepResult{rate: rate, posts: posts, offered: posts * per, duration: d, errs: map[string]int{}}
+	st := &stepState{prefix: "wamid." + l.runID + "." + name + ".", perPost: per, events: posts * per,
+		sent: make([]int64, posts), recv: make([]atomic.Int64, posts*per*hooks), perHook: make([]atomic.Int64, hooks),
+		byHookID: make(map[hookReceipt]int, posts*per*hooks)}
+	res := &stepResult{rate: rate, posts: posts, offered: posts * per, webhooks: hooks, duration: d, errs: map[string]int{}}
 	rc.cur.Store(st)
 	acks := make([]time.Duration, posts)
 	accepted := make([]int32, posts) // events stored per post (from the 200 answer); -1: no 200
@@ -652,7 +714,7 @@ func (l *loader) step(ctx context.Context, rc *receiver, pool *pgxpool.Pool, pro
 	drainStart := time.Now()
 	deadline := drainStart.Add(limit)
 	for ctx.Err() == nil && time.Now().Before(deadline) {
-		if st.distinct.Load() >= int64(res.accepted) && pendingNow() == 0 {
+		if st.distinct.Load() >= res.expected() && pendingNow() == 0 {
 			res.drained = true
 			break
 		}
@@ -691,22 +753,29 @@ func (l *loader) step(ctx context.Context, rc *receiver, pool *pgxpool.Pool, pro
 	}
 	smu.Unlock()
 
-	// latencies
+	// latencies (end to end: per delivery), per-webhook ledger
+	res.perHook, res.perHookUnacked = make([]int64, hooks), make([]int64, hooks)
+	for h := range hooks {
+		res.perHook[h] = st.perHook[h].Load()
+	}
 	var ackL, e2eL []time.Duration
 	for p := range posts {
 		if accepted[p] >= 0 {
 			ackL = append(ackL, acks[p])
 		}
-		for i := p * per; i < (p+1)*per; i++ {
-			rt := st.recv[i].Load()
-			if rt == 0 {
-				continue
-			}
-			if accepted[p] < 0 {
-				res.unacked++
-			}
-			if st.sent[p] != 0 {
-				e2eL = append(e2eL, time.Duration(rt-st.sent[p]))
+		for h := range hooks {
+			for i := p * per; i < (p+1)*per; i++ {
+				rt := st.recv[st.pair(h, i)].Load()
+				if rt == 0 {
+					continue
+				}
+				if accepted[p] < 0 {
+					res.unacked++
+					res.perHookUnacked[h]++
+				}
+				if st.sent[p] != 0 {
+					e2eL = append(e2eL, time.Duration(rt-st.sent[p]))
+				}
 			}
 		}
 	}
@@ -743,9 +812,9 @@ func truncate(ctx context.Context, pool *pgxpool.Pool) error {
 
 // ---- data ----
 
-// createData creates one org, its active channels (channel i on pnids[i]) and one org-scoped
-// webhook to receiverURL for messages and message_status.
-func createData(ctx context.Context, dsn string, key []byte, pnids []string, receiverURL string) error {
+// createData creates one org, its active channels (channel i on pnids[i]) and webhooks
+// org-scoped webhooks for messages and message_status, webhook i to receiverURL + i.
+func createData(ctx context.Context, dsn string, key []byte, pnids []string, receiverURL string, webhooks int) error {
 	start := time.Now()
 	pcfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
@@ -778,11 +847,14 @@ func createData(ctx context.Context, dsn string, key []byte, pnids []string, rec
 			return fmt.Errorf("connect channel: %w", err)
 		}
 	}
-	if _, _, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "bench receiver", URL: receiverURL,
-		Events: []string{"messages", "message_status"}}); err != nil {
-		return fmt.Errorf("create webhook: %w", err)
+	for i := range webhooks {
+		if _, _, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "bench receiver " + strconv.Itoa(i),
+			URL: receiverURL + strconv.Itoa(i), Events: []string{"messages", "message_status"}}); err != nil {
+			return fmt.Errorf("create webhook: %w", err)
+		}
 	}
-	benchkit.Logf("%d active channels and one org-scoped webhook created in %s", len(pnids), time.Since(start).Round(time.Millisecond))
+	benchkit.Logf("%d active channels and %d org-scoped %s created in %s", len(pnids), webhooks, plural(webhooks, "webhook", "webhooks"),
+		time.Since(start).Round(time.Millisecond))
 	return nil
 }
 
@@ -847,14 +919,19 @@ func report(c config, rs []*stepResult, rc *receiver, machine string) bool {
 	p := func(format string, args ...any) { fmt.Fprintf(&sb, format, args...) }
 	p("\n## Events benchmark\n\n")
 	p("```sh\ngo build -o bin/caddy ./cmd/caddy\n%s\n```\n\n", commandLine())
-	p("One Caddy (`wabarelay_inbound` + dispatcher: workers %d, per_webhook %d, database pool %s), %d channels, one org-scoped webhook "+
-		"to a local HTTPS receiver answering 204 (HTTP/%s). Upstream posts of %d messages each, signed, offered open-loop at a fixed rate "+
-		"for %s per step, then drained. %s. Everything (load generator, receiver, Caddy, Postgres) shares this machine.\n\n",
-		c.workers, c.perWebhook, poolDesc(c.poolMaxConns), c.channels, map[bool]string{true: "2", false: "1.1"}[c.receiverH2],
+	hooks := c.webhooks
+	p("One Caddy (`wabarelay_inbound` + dispatcher: workers %d, per_webhook %d, database pool %s), %d channels, %d org-scoped %s "+
+		"(messages, message_status) to a local HTTPS receiver answering 204 (HTTP/%s), one receiver path per webhook: every accepted event "+
+		"fans out into %d %s, so deliveries = events × webhooks (%d). Upstream posts of %d messages each, signed, offered open-loop at a fixed rate "+
+		"for %s per step, then drained. Deliveries, their rates, pending counts and end-to-end latency are per (webhook, event) pair. "+
+		"%s. Everything (load generator, receiver, Caddy, Postgres) shares this machine.\n\n",
+		c.workers, c.perWebhook, poolDesc(c.poolMaxConns), c.channels, hooks, plural(hooks, "webhook", "webhooks"),
+		map[bool]string{true: "2", false: "1.1"}[c.receiverH2], hooks, plural(hooks, "delivery", "deliveries"), hooks,
 		c.perPost, c.duration, machine)
-	p("| offered events/s | events accepted / offered | intake ack p50 / p99 ms | deliveries/s during load | deliveries/s draining | " +
-		"pending at ¼ → end of load (max) | drain time | end-to-end p50 / p99 ms | delivered / duplicates / lost (still pending) | sustained |\n")
-	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|\n")
+	p("| offered events/s | deliveries offered/s (× %d %s) | events accepted / offered | intake ack p50 / p99 ms | deliveries/s during load | deliveries/s draining | "+
+		"pending deliveries at ¼ → end of load (max) | drain time | end-to-end p50 / p99 ms | deliveries delivered / duplicates / lost (still pending) | sustained |\n",
+		hooks, plural(hooks, "webhook", "webhooks"))
+	p("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|\n")
 	ok := true
 	for _, r := range rs {
 		sus := "yes"
@@ -869,8 +946,8 @@ func report(c config, rs []*stepResult, rc *receiver, machine string) bool {
 		if r.drainTime >= time.Second {
 			drainRate = fmt.Sprintf("%.0f", r.drainRate())
 		}
-		p("| %d | %d / %d | %.1f / %.1f | %.0f | %s | %d → %d (%d) | %s | %.1f / %.1f | %d / %d / %d (%d) | %s |\n",
-			r.rate, r.accepted, r.offered, r.ack.p50, r.ack.p99, r.runRate(), drainRate,
+		p("| %d | %d | %d / %d | %.1f / %.1f | %.0f | %s | %d → %d (%d) | %s | %.1f / %.1f | %d / %d / %d (%d) | %s |\n",
+			r.rate, r.rate*r.webhooks, r.accepted, r.offered, r.ack.p50, r.ack.p99, r.runRate(), drainRate,
 			r.pendingQuarter, r.pendingEnd, r.pendingMax, drain, r.e2e.p50, r.e2e.p99,
 			r.distinct, r.duplicates, r.lost(), max(r.pendingAfter, 0), sus)
 		if r.lost() != 0 {
@@ -885,13 +962,14 @@ func report(c config, rs []*stepResult, rc *receiver, machine string) bool {
 		}
 	}
 	if best > 0 {
-		p("Highest sustained offered rate in this run: **%d events/s** (every offered event accepted, no growing backlog).\n\n", best)
+		p("Highest sustained offered rate in this run: **%d events/s = %d deliveries/s** (%d %s; every offered event accepted, no growing backlog).\n\n",
+			best, best*hooks, hooks, plural(hooks, "webhook", "webhooks"))
 	} else {
 		p("No step was sustained.\n\n")
 	}
-	p("CPU time per offered event during the offered load (µs, from /proc/<pid>/stat; machine busy = all of it over %d CPUs × the load time):\n\n",
-		runtime.NumCPU())
-	p("| offered events/s | caddy | postgres (bench db backends) | postgres (other) | bench (load + receiver) | total | machine busy |\n|--:|--:|--:|--:|--:|--:|--:|\n")
+	p("CPU time per offered event during the offered load (µs, from /proc/<pid>/stat; machine busy = all of it over %d CPUs × the load time; "+
+		"per delivery = per event / %d %s):\n\n", runtime.NumCPU(), hooks, plural(hooks, "webhook", "webhooks"))
+	p("| offered events/s | caddy | postgres (bench db backends) | postgres (other) | bench (load + receiver) | total | total per delivery | machine busy |\n|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	for _, r := range rs {
 		n := float64(r.offered)
 		var tot time.Duration
@@ -900,8 +978,8 @@ func report(c config, rs []*stepResult, rc *receiver, machine string) bool {
 		}
 		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / max(n, 1) }
 		busy := 100 * tot.Seconds() / (r.duration.Seconds() * float64(runtime.NumCPU()))
-		p("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", r.rate, us(r.cpu["caddy"]), us(r.cpu[pgBackends]), us(r.cpu[pgOther]),
-			us(r.cpu[pidBench]), us(tot), busy)
+		p("| %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", r.rate, us(r.cpu["caddy"]), us(r.cpu[pgBackends]), us(r.cpu[pgOther]),
+			us(r.cpu[pidBench]), us(tot), us(tot)/float64(r.webhooks), busy)
 	}
 	p("\nChecks:\n")
 	for _, r := range rs {
@@ -913,21 +991,42 @@ func report(c config, rs []*stepResult, rc *receiver, machine string) bool {
 		}
 		p("- %s %d events/s: %d posts, %d skipped (no free slot), %d failed%s\n", mark(r.skipped == 0 && r.postErrors == 0), r.rate, r.posts,
 			r.skipped, r.postErrors, errSuffix(r))
-		p("- %s %d events/s: accepted %d = distinct delivered %d (from non-200 posts %d), receipts %d, duplicates %d, distinct webhook-ids %d (%d repeated), lost %d (accepted, undelivered, nothing pending)\n",
-			mark(r.lost() == 0), r.rate, r.accepted, r.distinct, r.unacked, r.receipts, r.duplicates, r.hookIDs, r.hookIDDupes, r.lost())
+		p("- %s %d events/s: accepted %d events × %d %s = %d deliveries = distinct (webhook, event) pairs delivered %d (from non-200 posts %d), "+
+			"receipts %d, duplicates %d, distinct (path, webhook-id) pairs %d (%d repeated), lost %d (accepted pairs undelivered, nothing pending)\n",
+			mark(r.lost() == 0), r.rate, r.accepted, r.webhooks, plural(r.webhooks, "webhook", "webhooks"), r.expected(), r.distinct, r.unacked, r.receipts, r.duplicates,
+			r.hookIDs, r.hookIDDupes, r.lost())
+		if r.webhooks > 1 {
+			// Undrained, the webhooks may stand at different points (see the note below).
+			lo, hi := slices.Min(r.perHook), slices.Max(r.perHook)
+			m := mark(lo == hi)
+			if !r.drained && lo != hi {
+				m = "note"
+			} else if lo != hi {
+				ok = false
+			}
+			p("- %s %d events/s: distinct events delivered per webhook path: min %d, max %d (accepted %d)\n", m, r.rate, lo, hi, r.accepted)
+		}
 		if !r.drained {
-			p("- note %d events/s: not drained within -drain: %d accepted events undelivered, %d deliveries still pending (discarded before the next step)\n",
+			p("- note %d events/s: not drained within -drain: %d accepted (webhook, event) pairs undelivered, %d deliveries still pending (discarded before the next step)\n",
 				r.rate, r.undelivered(), r.pendingAfter)
 		}
 	}
 	// Strays are attempts still in flight when an undrained step's tables were truncated.
-	p("- %s receiver: %d receipts in all (warm-up included), %d with webhook-id ≠ body id, %d after their step ended (in flight at an undrained step's end)\n",
-		map[bool]string{true: "ok  ", false: "FAIL"}[rc.mismatch.Load() == 0], rc.total.Load(), rc.mismatch.Load(), rc.stray.Load())
-	if rc.mismatch.Load() != 0 {
+	rcvOK := rc.mismatch.Load() == 0 && rc.badPath.Load() == 0
+	p("- %s receiver: %d receipts in all (warm-up included), %d with webhook-id ≠ body id, %d on a path that is no webhook's, %d after their step ended (in flight at an undrained step's end)\n",
+		map[bool]string{true: "ok  ", false: "FAIL"}[rcvOK], rc.total.Load(), rc.mismatch.Load(), rc.badPath.Load(), rc.stray.Load())
+	if !rcvOK {
 		ok = false
 	}
 	fmt.Print(sb.String())
 	return ok
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 func poolDesc(n int) string {
