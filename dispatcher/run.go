@@ -344,7 +344,10 @@ func cleanText(b []byte) string {
 // the delivery. One statement per batch: a statement per attempt cost more than the rows.
 // locked_by is set exactly while a delivery is in_flight (every change out of in_flight clears
 // it), so the fence does not repeat status = 'in_flight': with it, the planner would read the
-// lease index (every in_flight row) instead of the primary key. Attempts of deliveries deleted
+// lease index (every in_flight row) instead of the primary key. The update joins the batch to
+// the primary key row by row (planned per call, so the batch's size is known); an extra
+// "id = ANY(batch)" made it compare every row with every batch element instead (200 rows:
+// 13 ms against 5 ms). Attempts of deliveries deleted
 // meanwhile (their webhook was deleted) are not recorded; that test, too, is written to be read
 // from the primary key by the array (an EXISTS per row was planned as a scan of the table).
 //
@@ -364,7 +367,7 @@ r AS (
 		next_attempt_at = CASE WHEN NOT r.ok AND r.retry_in >= 0 THEN now() + r.retry_in * interval '1 millisecond' ELSE d.next_attempt_at END,
 		last_status_code = r.status_code, last_error = r.error, locked_by = NULL, locked_until = NULL, updated_at = now()
 	FROM r
-	WHERE d.id = ANY ($2::uuid[]) AND d.id = r.delivery_id AND d.locked_by = $11 AND d.attempts = r.attempt
+	WHERE d.id = r.delivery_id AND d.locked_by = $11 AND d.attempts = r.attempt
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 SELECT r.attempt_id, r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.error, r.body
