@@ -92,7 +92,9 @@ func TestStoreEventsMatching(t *testing.T) {
 	}
 }
 
-func TestPruneEvents(t *testing.T) {
+// storeWithChannel returns a store with one org and one active channel on phone number id "1".
+func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
+	t.Helper()
 	s := newStore(t)
 	ctx := context.Background()
 	org, _ := s.CreateOrg(ctx, "o")
@@ -100,6 +102,12 @@ func TestPruneEvents(t *testing.T) {
 	if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}); err != nil {
 		t.Fatal(err)
 	}
+	return s, org
+}
+
+func TestPruneEvents(t *testing.T) {
+	s, org := storeWithChannel(t)
+	ctx := context.Background()
 	if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -141,13 +149,8 @@ func TestPruneEvents(t *testing.T) {
 // TestDeleteWebhookCancelsDeliveries: a deleted webhook's deliveries (pending ones included)
 // and their attempts go with it; another webhook's stay.
 func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
-	s := newStore(t)
+	s, org := storeWithChannel(t)
 	ctx := context.Background()
-	org, _ := s.CreateOrg(ctx, "o")
-	c, _ := s.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
 	var hooks []uuid.UUID
 	for range 2 {
 		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}})
