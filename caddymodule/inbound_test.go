@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -190,4 +191,48 @@ func (e *relayEnv) countWhere(table, col string, v any) int {
 		e.t.Fatal(err)
 	}
 	return n
+}
+
+// TestInboundPostgresDown: while Postgres is unreachable the intake answers 503 with
+// Retry-After (the upstream then retries), never 200; once it is back, the same post is stored,
+// once.
+func TestInboundPostgresDown(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	e := newRelayEnvOn(t, "", srv.CreateDB(t))
+	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),
+		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
+	url := origin + "/webhooks/upstream"
+	e.channelOn(true, pnid)
+	if _, _, err := e.store.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "w", URL: "https://h.example.com",
+		Events: []string{"messages"}}); err != nil {
+		t.Fatal(err)
+	}
+	batch := upstreamBatch(map[string][2][]string{pnid: {{"d1", "d2"}, nil}})
+
+	srv.Stop(t)
+	req, _ := http.NewRequest("POST", url, strings.NewReader(batch))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(batch)))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("with Postgres down: %d %s (Retry-After %q), want 503 with Retry-After", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	}
+
+	srv.Start(t)
+	e.pool.Reset() // the test's own connections died with the server
+	waitFor(t, 15*time.Second, func() bool {
+		status, _ := signedPost(t, url, testAppSecret, batch)
+		return status == 200
+	})
+	if n := e.count("events"); n != 2 {
+		t.Fatalf("%d events stored after recovery, want 2", n)
+	}
+	if n := e.count("deliveries"); n != 2 {
+		t.Fatalf("%d deliveries after recovery, want 2", n)
+	}
 }

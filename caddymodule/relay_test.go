@@ -58,9 +58,15 @@ const (
 
 func newRelayEnv(t *testing.T, redisURL string) *relayEnv {
 	t.Helper()
+	return newRelayEnvOn(t, redisURL, testenv.Postgres(t))
+}
+
+// newRelayEnvOn is newRelayEnv on the database dsn (for tests that stop their own server).
+func newRelayEnvOn(t *testing.T, redisURL, dsn string) *relayEnv {
+	t.Helper()
 	key := make([]byte, 32)
 	rand.Read(key)
-	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: testenv.Postgres(t), redisURL: redisURL,
+	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: dsn, redisURL: redisURL,
 		keyB64: base64.StdEncoding.EncodeToString(key)}
 	e.fake.Start()
 	t.Cleanup(e.fake.Close)
@@ -152,7 +158,7 @@ http://127.0.0.1:%d {
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := testenv.StartChild(cmd); err != nil {
 		e.t.Fatal(err)
 	}
 	exited := make(chan struct{})

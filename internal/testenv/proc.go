@@ -50,3 +50,9 @@ func launchOnFreePort(port *int, launch func() error) error {
 		}
 	}
 }
+
+// StartChild starts cmd (for example a Caddy process under test, with a Pdeathsig in its
+// SysProcAttr) from the same long-lived thread as the servers, so that its parent-death signal
+// fires when the test process dies and not when the Go runtime retires the thread of whatever
+// goroutine happened to start it.
+func StartChild(cmd *exec.Cmd) error { return startChild(cmd) }
