@@ -347,9 +347,9 @@ func cleanText(b []byte) string {
 // lease index (every in_flight row) instead of the primary key. The update joins the batch to
 // the primary key row by row (planned per call, so the batch's size is known); an extra
 // "id = ANY(batch)" made it compare every row with every batch element instead (200 rows:
-// 13 ms against 5 ms). Attempts of deliveries deleted
-// meanwhile (their webhook was deleted) are not recorded; that test, too, is written to be read
-// from the primary key by the array (an EXISTS per row was planned as a scan of the table).
+// 13 ms against 5 ms). Attempts of deliveries deleted meanwhile (their webhook was deleted) are
+// not recorded; that test is written to be read from the primary key by the array (an EXISTS
+// per row was planned as a scan of the table).
 //
 // The statement commits asynchronously (synchronous_commit off for its own transaction): an
 // outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
