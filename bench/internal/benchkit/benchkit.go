@@ -19,6 +19,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // child is a process the bench started: killed with us (Pdeathsig), in its own process group so
@@ -111,7 +113,8 @@ func StartChild(name, logPath string, env []string, bin string, args ...string) 
 	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// From a thread that lives as long as the bench: Pdeathsig follows the forking thread.
+	if err := testenv.StartChild(cmd); err != nil {
 		f.Close()
 		return nil, err
 	}
