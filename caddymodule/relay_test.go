@@ -155,8 +155,8 @@ http://127.0.0.1:%d {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), childEnv+"=run --config "+path+" --adapter caddyfile",
 		"WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64, "WBR_TEST_REDIS="+redisURL, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
+	logs := new(syncBuffer)
+	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := testenv.StartChild(cmd); err != nil {
 		e.t.Fatal(err)
@@ -174,9 +174,11 @@ http://127.0.0.1:%d {
 		}
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	// Ready once every app has started: the HTTP listener opens before the wabarelay app has
+	// finished starting (ping, migrations), and a test that stops Postgres in between would
+	// make that start fail and Caddy exit.
 	for deadline := time.Now().Add(30 * time.Second); ; {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			c.Close()
+		if bytes.Contains(logs.Bytes(), []byte(`"msg":"serving initial configuration"`)) {
 			break
 		}
 		select {
@@ -195,6 +197,27 @@ http://127.0.0.1:%d {
 	e.procs["http://"+addr] = cmd
 	return "http://" + addr
 }
+
+// syncBuffer is a bytes.Buffer that a child process writes while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+// Bytes returns a copy of what was written so far.
+func (b *syncBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return bytes.Clone(b.buf.Bytes())
+}
+
+func (b *syncBuffer) String() string { return string(b.Bytes()) }
 
 type relayResp struct {
 	status int
