@@ -95,7 +95,6 @@ func TestInbound(t *testing.T) {
 	statusHook := hook(e.org, []string{"message_status"})
 	c2Hook := hook(e.org, []string{"messages", "message_status"}, c2.ID)
 	bHook := hook(orgB.ID, []string{"messages", "message_status"})
-	_ = c1
 
 	batch := upstreamBatch(map[string][2][]string{pnid: {{"a1", "a2", "a3"}, {"s1"}}, pnid2: {nil, {"s2"}}, "777": {{"x"}, nil}})
 	// bad or missing signature: 401 and nothing stored
@@ -142,7 +141,6 @@ func TestInbound(t *testing.T) {
 		t.Fatalf("received medium through the relay: %d %s", r.status, r.body)
 	}
 	expectRelayError(t, call(t, "GET", proxy+"/"+mediaID, c2.ChannelToken, ""), 403, "Path not allowed for this channel")
-	_ = c1
 
 	// garbage signed → 400; huge → 413
 	if status, _ := signedPost(t, url, testAppSecret, `{"object":"page"}`); status != 400 {

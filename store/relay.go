@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -203,19 +202,11 @@ func (s *Store) ReopenLink(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, 
 // upstream's account_update PHONE_NUMBER_REMOVED names the number, not its id). It reports
 // whether a channel was changed.
 func (s *Store) DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error) {
-	digits := strings.Map(func(r rune) rune {
-		if r >= '0' && r <= '9' {
-			return r
-		}
-		return -1
-	}, phoneNumber)
-	if digits == "" {
-		return false, nil
-	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
-		WHERE waba_id = $1 AND regexp_replace(display_phone_number, '[^0-9]', '', 'g') = $2 AND status <> 'inactive'`,
-		wabaID, digits)
+		WHERE waba_id = $1 AND status <> 'inactive' AND regexp_replace($2, '[^0-9]', '', 'g') <> ''
+		  AND regexp_replace(display_phone_number, '[^0-9]', '', 'g') = regexp_replace($2, '[^0-9]', '', 'g')`,
+		wabaID, phoneNumber)
 	if err != nil {
 		return false, fmt.Errorf("deactivate by display number: %w", err)
 	}
