@@ -24,6 +24,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -112,9 +113,12 @@ type App struct {
 	idem         idempotency.Store
 	idemKey      string
 	mgmtLimiter  limiterHandle
-	metrics      *metrics
-	logger       *zap.Logger
-	released     bool
+	// authGuard refuses client addresses that present too many bad credentials, before any
+	// lookup (relay, management API, connect links).
+	authGuard *authguard.Guard
+	metrics   *metrics
+	logger    *zap.Logger
+	released  bool
 
 	stopListener   context.CancelFunc
 	listenerDone   chan struct{}
@@ -270,6 +274,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.store = store.New(a.pool, a.box)
 	a.cache = relay.NewCache(a.store, relay.DefaultTTL)
+	a.authGuard = newAuthGuard()
 	a.idem, a.idemKey = acquireIdempotency(a.redis, a.redisKey, a.logger)
 	a.metrics = registerMetrics(ctx.GetMetricsRegistry())
 	if reg := ctx.GetMetricsRegistry(); reg != nil {
