@@ -47,6 +47,21 @@ func NewChannelToken() string {
 	return base64.RawURLEncoding.EncodeToString(randomBytes(channelTokenBytes))
 }
 
+// ValidChannelToken reports whether s has the shape of a channel token (43 URL-safe base64
+// characters), so that garbage is refused without a lookup.
+func ValidChannelToken(s string) bool {
+	if len(s) != base64.RawURLEncoding.EncodedLen(channelTokenBytes) {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
+
 // TokenHash is the lookup hash of a channel token.
 func TokenHash(token string) []byte {
 	sum := sha256.Sum256([]byte(token))
