@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/store"
@@ -82,15 +83,25 @@ func (h *ChannelAuth) Provision(ctx caddy.Context) (err error) {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	r = withClient(r)
 	authz := r.Header.Get("Authorization")
 	if authz == "" {
 		h.app.metrics.relayRequests.WithLabelValues("unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, msgAuthRequired)
 		return nil
 	}
+	// An address that presented too many bad tokens is refused before any lookup.
+	addr := httpx.ClientAddr(r)
+	if retry, ok := h.app.authGuard.Check(addr); !ok {
+		h.app.metrics.relayRequests.WithLabelValues("auth_throttled").Inc()
+		writeRetryAfter(w, retry)
+		writeError(w, http.StatusTooManyRequests, managementapi.MsgRateLimited)
+		return nil
+	}
 	scheme, token, _ := strings.Cut(authz, " ")
 	token = strings.TrimSpace(token)
-	if !strings.EqualFold(scheme, "Bearer") || token == "" {
+	if !strings.EqualFold(scheme, "Bearer") || !store.ValidChannelToken(token) {
+		h.app.authGuard.Fail(addr)
 		h.app.metrics.relayRequests.WithLabelValues("unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, msgInvalidToken)
 		return nil
@@ -98,10 +109,14 @@ func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	ch, err := h.app.cache.Lookup(r.Context(), token)
 	switch {
 	case errors.Is(err, relay.ErrUnknownToken):
+		h.app.authGuard.Fail(addr)
 		h.app.metrics.relayRequests.WithLabelValues("unauthorized").Inc()
 		writeError(w, http.StatusUnauthorized, msgInvalidToken)
 		return nil
 	case err != nil:
+		if r.Context().Err() != nil {
+			return nil // the client went away
+		}
 		h.app.logger.Warn("relay: channel lookup failed", zap.Error(err))
 		h.app.metrics.relayRequests.WithLabelValues("unavailable").Inc()
 		w.Header().Set("Retry-After", "5")
@@ -116,10 +131,8 @@ func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		writeError(w, http.StatusServiceUnavailable, msgDisconnected)
 		return nil
 	}
-	if ok, err := h.inScope(r.Context(), ch, r.URL.Path); err != nil || !ok {
-		if err != nil {
-			h.app.logger.Warn("relay: scope check failed", zap.Error(err))
-		}
+	// Decided from memory: the path's shape, then the channel's own ids and objects.
+	if relay.CheckPath(r.URL.Path, r.URL.RawPath) != nil || !relay.InScope(ch, relay.UpstreamPath(r.URL.Path)) {
 		h.app.metrics.relayRequests.WithLabelValues("forbidden").Inc()
 		writeError(w, http.StatusForbidden, msgPathNotAllowed)
 		return nil
@@ -130,15 +143,9 @@ func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	return next.ServeHTTP(w, r.WithContext(relay.WithState(r.Context(), &relay.State{Channel: ch})))
 }
 
-func (h *ChannelAuth) inScope(ctx context.Context, ch *store.RelayChannel, path string) (bool, error) {
-	seg := relay.FirstSegment(relay.UpstreamPath(path))
-	if seg == "" {
-		return false, nil
-	}
-	if seg == ch.PhoneNumberID || seg == ch.WabaID {
-		return true, nil
-	}
-	return h.app.cache.HasObject(ctx, ch, seg)
+// writeRetryAfter sets Retry-After to d in whole seconds, rounded up.
+func writeRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 }
 
 // RelayRateLimit limits relay calls per channel: never more than Requests in any rolling
@@ -241,7 +248,12 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxRelayBody))
 	if err != nil {
-		writeError(w, http.StatusRequestEntityTooLarge, "Request body too large")
+		// Nothing was sent: the body is too large, or the caller went away before it arrived.
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, "Request body too large")
+		} else {
+			writeError(w, http.StatusBadRequest, "Request body could not be read")
+		}
 		return nil
 	}
 	stripped, key, found, err := relay.RemoveKey(body, relay.IdempotencyKeyField)
@@ -250,8 +262,12 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		writeError(w, http.StatusUnprocessableEntity, err.Error())
 		return nil
 	}
+	// From here on a send runs to its end even if the caller hangs up: cancelling it midway
+	// would leave the caller unable to know whether the message went out.
+	sendCtx, cancelSend := context.WithTimeout(context.WithoutCancel(r.Context()), relay.SendDeadline)
+	defer cancelSend()
 	if !found {
-		return next.ServeHTTP(w, r)
+		return next.ServeHTTP(w, r.WithContext(sendCtx))
 	}
 	if key == "" || len(key) > maxIdempotencyKeyLen {
 		writeError(w, http.StatusUnprocessableEntity, `"idempotency_key" must be 1 to 255 characters`)
@@ -278,13 +294,17 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	case idempotency.Replay:
 		h.app.metrics.replays.Inc()
 		h.app.metrics.relayRequests.WithLabelValues("replayed").Inc()
-		for name, vals := range res.Response.Header {
+		resp := *res.Response
+		if !relay.ValidStatus(resp.Status) {
+			resp = upstreamUnavailable() // a record of a release before this check existed
+		}
+		for name, vals := range resp.Header {
 			w.Header()[name] = vals
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
-		w.Header().Set("Content-Length", strconv.Itoa(len(res.Response.Body)))
-		w.WriteHeader(res.Response.Status)
-		w.Write(res.Response.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
+		w.WriteHeader(resp.Status)
+		w.Write(resp.Body)
 		return nil
 	case idempotency.InProgress:
 		w.Header().Set("Retry-After", "1")
@@ -298,12 +318,13 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bufPool.Put(buf)
+	own := w.Header().Clone()
 	rec := caddyhttp.NewResponseRecorder(w, buf, func(int, http.Header) bool { return true })
-	err = next.ServeHTTP(rec, r)
+	err = next.ServeHTTP(rec, r.WithContext(sendCtx))
 	status := rec.Status()
 	// Finish with the store on a context that outlives a client that hung up.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
-	if err != nil || st.NotSent || (status >= 400 && status < 500) {
+	if relay.ReleaseKey(status, st.UpstreamAnswered, st.NotSent) {
 		defer cancel()
 		if rerr := idem.Release(sctx, k, res.Token); rerr != nil && !errors.Is(rerr, idempotency.ErrNotOwner) {
 			h.app.logger.Warn("idempotency: release failed", zap.Error(rerr))
@@ -313,19 +334,61 @@ func (h *Idempotency) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		}
 		return rec.WriteResponse()
 	}
+	var resp idempotency.Response
+	if err != nil || !relay.ValidStatus(status) {
+		// Nothing usable was written and nothing proves the upstream did not send: the caller
+		// and every retry get the relay's 502 (a status below 100 is never stored).
+		if err != nil {
+			h.app.logger.Warn("relay: send failed without an answer", zap.Error(err))
+		}
+		resp = upstreamUnavailable()
+		resetHeaders(w, own)
+		for name, vals := range resp.Header {
+			w.Header()[name] = vals
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(resp.Body)))
+		w.WriteHeader(resp.Status)
+		w.Write(resp.Body)
+	} else {
+		resp = idempotency.Response{Status: status, Header: replayHeaders(rec.Header()), Body: bytes.Clone(buf.Bytes())}
+	}
 	// Answer first, then store in the background: neither the caller nor the next request on
 	// its connection waits for the second Redis round trip. Duplicates arriving meanwhile wait
 	// on the in-flight claim and are woken by Complete. App.Stop waits for pending stores.
-	resp := idempotency.Response{Status: status, Header: replayHeaders(rec.Header()), Body: bytes.Clone(buf.Bytes())}
 	h.app.pendingStores.Add(1)
 	go func() {
 		defer h.app.pendingStores.Add(-1)
 		defer cancel()
+		defer func() {
+			if v := recover(); v != nil {
+				h.app.logger.Error("idempotency: storing the response panicked", zap.Any("panic", v))
+			}
+		}()
 		if cerr := idem.Complete(sctx, k, res.Token, resp); cerr != nil {
 			h.app.logger.Warn("idempotency: storing the response failed", zap.Error(cerr))
 		}
 	}()
+	if err != nil || !relay.ValidStatus(status) {
+		return nil
+	}
 	return rec.WriteResponse()
+}
+
+// upstreamUnavailable is the relay's own 502 answer, as stored for replays.
+func upstreamUnavailable() idempotency.Response {
+	return idempotency.Response{Status: http.StatusBadGateway,
+		Header: http.Header{"Content-Type": {"application/json"}}, Body: []byte(`{"error":"` + msgUpstreamDown + `"}`)}
+}
+
+// resetHeaders makes w's header exactly own: an answer the relay substitutes for the
+// upstream's carries only the relay's own headers (DESIGN §5 "Substituted answers"), never the
+// upstream's Content-Length, Content-Encoding or WWW-Authenticate.
+func resetHeaders(w http.ResponseWriter, own http.Header) {
+	h := w.Header()
+	clear(h)
+	for name, vals := range own {
+		h[name] = vals
+	}
 }
 
 // replayHeaders picks the response headers worth replaying.
@@ -393,10 +456,12 @@ func (h *UpstreamAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 		r.Header.Set("Accept-Encoding", "identity")
 	}
 	r.URL.RawQuery = withoutAccessToken(r.URL.RawQuery)
-	r.URL.Path = strings.TrimRight(up.Path, "/") + relay.UpstreamPath(r.URL.Path)
+	upath := relay.UpstreamPath(r.URL.Path)
+	r.URL.Path = strings.TrimRight(up.Path, "/") + upath
 	r.URL.RawPath = ""
 	caddyhttp.SetVar(r.Context(), upstreamVar, h.app.upstreamDial)
 
+	own := w.Header().Clone() // the relay's own headers so far (rate limit)
 	buf := bufPool.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bufPool.Put(buf)
@@ -408,9 +473,13 @@ func (h *UpstreamAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	err := next.ServeHTTP(rec, r)
 	h.app.metrics.upstreamLatency.Observe(time.Since(start).Seconds())
 	if err != nil {
+		resetHeaders(w, own)
 		return h.proxyError(w, r, st, err)
 	}
 	if !rec.Buffered() {
+		if relay.ValidStatus(rec.Status()) {
+			st.UpstreamAnswered = true
+		}
 		h.app.metrics.relayRequests.WithLabelValues(outcomeOf(rec.Status())).Inc()
 		return nil
 	}
@@ -418,34 +487,42 @@ func (h *UpstreamAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 	status := rec.Status()
 	if relay.TokenDead(status, body) {
 		st.NotSent = true
-		if err := h.app.cache.MarkDisconnected(context.WithoutCancel(r.Context()), ch.ID); err != nil {
+		mctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		err := h.app.cache.MarkDisconnected(mctx, ch.ID)
+		cancel()
+		if err != nil {
 			h.app.logger.Error("relay: recording a dead upstream token failed", zap.Error(err))
 		}
 		h.app.logger.Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
 			zap.String("channel_id", ch.ID.String()))
 		h.app.metrics.relayRequests.WithLabelValues("disconnected").Inc()
+		resetHeaders(w, own)
 		writeError(w, http.StatusServiceUnavailable, msgDisconnected)
 		return nil
 	}
-	if status/100 == 2 && (r.Method == http.MethodGet || strings.HasSuffix(r.URL.Path, "/media")) {
-		if ids := relay.ObjectIDs(body); len(ids) > 0 && !isOwnID(ch, ids) {
-			if err := h.app.cache.AddObjects(r.Context(), ch, ids); err != nil {
-				h.app.logger.Warn("relay: recording object ids failed", zap.Error(err))
-			}
+	st.UpstreamAnswered = true
+	if kind, ids := relay.Handed(ch, r.Method, upath, status, body); len(ids) > 0 {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 5*time.Second)
+		err := relay.Admit(actx, h.app.store, ch, kind, ids)
+		cancel()
+		if err != nil {
+			h.app.logger.Warn("relay: recording object ids failed", zap.Error(err))
 		}
 	}
-	body = relay.RewriteLinks(body, proxyBase, ch.UpstreamToken)
 	hdr := w.Header()
+	if out := relay.RewriteLinks(body, proxyBase, ch.UpstreamToken); !bytes.Equal(out, body) {
+		// A rewritten body is the relay's answer: the upstream's validators and
+		// authentication challenge no longer describe it.
+		body = out
+		hdr.Del("Etag")
+		hdr.Del("Www-Authenticate")
+	}
 	hdr.Set("Content-Length", strconv.Itoa(len(body)))
 	hdr.Del("Content-Encoding")
 	w.WriteHeader(status)
 	w.Write(body)
 	h.app.metrics.relayRequests.WithLabelValues(outcomeOf(status)).Inc()
 	return nil
-}
-
-func isOwnID(ch *store.RelayChannel, ids []string) bool {
-	return len(ids) == 1 && (ids[0] == ch.PhoneNumberID || ids[0] == ch.WabaID)
 }
 
 func outcomeOf(status int) string {
@@ -490,7 +567,7 @@ func (h *UpstreamAuth) proxyBase(r *http.Request) string {
 	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok {
 		prefix = strings.TrimSuffix(orig.URL.Path, r.URL.Path)
 	}
-	return managementapi.RequestOrigin(r) + prefix
+	return httpx.Origin(r) + prefix
 }
 
 func withoutAccessToken(q string) string {

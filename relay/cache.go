@@ -36,7 +36,6 @@ const (
 type entry struct {
 	ch      *store.RelayChannel // nil: no channel has this token
 	fetched time.Time
-	objects map[string]bool // object ids known to be in scope (positive answers only)
 }
 
 // Cache resolves channel tokens without a Postgres query per request. Entries live TTL at most
@@ -156,57 +155,6 @@ func (c *Cache) Flush() {
 	c.byHash = map[[32]byte]*entry{}
 	c.byID = map[uuid.UUID][32]byte{}
 	c.negatives = 0
-}
-
-// HasObject reports whether objectID was handed to the channel (see Scope). Positive answers
-// are cached with the channel's entry.
-func (c *Cache) HasObject(ctx context.Context, ch *store.RelayChannel, objectID string) (bool, error) {
-	c.mu.RLock()
-	e := c.entryOf(ch.ID)
-	known := e != nil && e.objects[objectID]
-	c.mu.RUnlock()
-	if known {
-		return true, nil
-	}
-	ok, err := c.store.ChannelHasObject(ctx, ch.ID, objectID)
-	if ok {
-		c.rememberObjects(ch.ID, []string{objectID})
-	}
-	return ok, err
-}
-
-// AddObjects records object ids handed to the channel through the relay.
-func (c *Cache) AddObjects(ctx context.Context, ch *store.RelayChannel, ids []string) error {
-	if len(ids) == 0 {
-		return nil
-	}
-	if err := c.store.AddChannelObjects(ctx, ch.ID, ids); err != nil {
-		return err
-	}
-	c.rememberObjects(ch.ID, ids)
-	return nil
-}
-
-func (c *Cache) entryOf(id uuid.UUID) *entry {
-	if h, ok := c.byID[id]; ok {
-		return c.byHash[h]
-	}
-	return nil
-}
-
-func (c *Cache) rememberObjects(id uuid.UUID, ids []string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e := c.entryOf(id)
-	if e == nil {
-		return
-	}
-	if e.objects == nil {
-		e.objects = map[string]bool{}
-	}
-	for _, o := range ids {
-		e.objects[o] = true
-	}
 }
 
 // MarkDisconnected records a dead upstream token for the channel and drops its entry.

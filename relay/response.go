@@ -100,8 +100,9 @@ func ProxyLink(link, proxyBase string) string {
 	return out
 }
 
-// ObjectIDs returns the object ids an upstream response hands to the caller: the ids in
-// "data" (e.g. templates) and a top-level "id" (e.g. an uploaded medium).
+// ObjectIDs returns the object ids an upstream answer names: a top-level "id" (e.g. a created
+// template) and the ids in "data" (e.g. a template listing). See [Handed] for which answers
+// hand them to a channel.
 func ObjectIDs(body []byte) []string {
 	var v struct {
 		ID   json.RawMessage `json:"id"`
@@ -113,15 +114,13 @@ func ObjectIDs(body []byte) []string {
 		return nil
 	}
 	var ids []string
-	add := func(raw json.RawMessage) {
-		var s string
-		if json.Unmarshal(raw, &s) == nil && s != "" {
-			ids = append(ids, s)
-		}
+	if id := stringID(v.ID); id != "" {
+		ids = append(ids, id)
 	}
-	add(v.ID)
 	for _, d := range v.Data {
-		add(d.ID)
+		if id := stringID(d.ID); id != "" {
+			ids = append(ids, id)
+		}
 	}
 	return ids
 }

@@ -13,6 +13,9 @@ type State struct {
 	// NotSent is set when the upstream provably did not act on the request: it was never
 	// reached, or it rejected the access token. An idempotency key is then released.
 	NotSent bool
+	// UpstreamAnswered is set when the answer written down the chain is the upstream's own
+	// (passed through or rewritten), as opposed to one the relay made up.
+	UpstreamAnswered bool
 }
 
 type stateKey struct{}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,6 +23,59 @@ type RelayChannel struct {
 	UpstreamToken string
 	// Disconnected is set when the upstream rejected UpstreamToken (error code 190).
 	Disconnected bool
+	// Objects are the upstream object ids handed to the channel (its templates and media),
+	// never another channel's phone number or business account id. Loaded with the channel, so
+	// the relay decides scope from memory.
+	Objects *ObjectSet
+}
+
+// Kinds of channel objects (channel_objects.kind).
+const (
+	ObjectTemplate = "template"
+	ObjectMedia    = "media"
+)
+
+// ObjectSet is a set of object ids, safe for concurrent use.
+type ObjectSet struct {
+	mu  sync.RWMutex
+	ids map[string]struct{}
+}
+
+// NewObjectSet returns a set holding ids.
+func NewObjectSet(ids ...string) *ObjectSet {
+	s := &ObjectSet{ids: make(map[string]struct{}, len(ids))}
+	s.Add(ids...)
+	return s
+}
+
+// Has reports whether id is in the set. A nil set is empty.
+func (s *ObjectSet) Has(id string) bool {
+	if s == nil {
+		return false
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	_, ok := s.ids[id]
+	return ok
+}
+
+// Add adds ids to the set.
+func (s *ObjectSet) Add(ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		s.ids[id] = struct{}{}
+	}
+}
+
+// Len returns the number of ids in the set.
+func (s *ObjectSet) Len() int {
+	if s == nil {
+		return 0
+	}
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return len(s.ids)
 }
 
 func upstreamTokenAAD(id uuid.UUID) string { return "channels.upstream_token:" + id.String() }
@@ -33,10 +87,15 @@ func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayCha
 	var pnid, waba *string
 	var tokenEnc []byte
 	var disconnectedAt *time.Time
+	var objects []string
+	// The channel's objects come with it, minus any id that is another channel's number or
+	// business account (an object admitted before that channel connected).
 	err := s.pool.QueryRow(ctx, `
-		SELECT id, org_id, status, phone_number_id, waba_id, upstream_token_enc, upstream_disconnected_at
-		FROM channels WHERE channel_token_hash = $1`, TokenHash(token)).
-		Scan(&c.ID, &c.OrgID, &c.Status, &pnid, &waba, &tokenEnc, &disconnectedAt)
+		SELECT c.id, c.org_id, c.status, c.phone_number_id, c.waba_id, c.upstream_token_enc, c.upstream_disconnected_at,
+			ARRAY(SELECT o.object_id FROM channel_objects o WHERE o.channel_id = c.id
+				AND NOT EXISTS (SELECT 1 FROM channels x WHERE x.id <> c.id AND (x.phone_number_id = o.object_id OR x.waba_id = o.object_id)))
+		FROM channels c WHERE c.channel_token_hash = $1`, TokenHash(token)).
+		Scan(&c.ID, &c.OrgID, &c.Status, &pnid, &waba, &tokenEnc, &disconnectedAt, &objects)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RelayChannel{}, ErrChannelNotFound
 	}
@@ -50,6 +109,7 @@ func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayCha
 		c.WabaID = *waba
 	}
 	c.Disconnected = disconnectedAt != nil
+	c.Objects = NewObjectSet(objects...)
 	if tokenEnc != nil {
 		if c.UpstreamToken, err = s.box.OpenString(tokenEnc, upstreamTokenAAD(c.ID)); err != nil {
 			return RelayChannel{}, fmt.Errorf("channel %s: decrypt upstream token: %w", c.ID, err)
@@ -105,29 +165,44 @@ func (s *Store) MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) erro
 	return nil
 }
 
-// AddChannelObjects records upstream object ids (templates, media) handed to a channel.
-func (s *Store) AddChannelObjects(ctx context.Context, id uuid.UUID, objectIDs []string) error {
+// AdmitChannelObjects records upstream object ids of kind (ObjectTemplate, ObjectMedia) handed
+// to a channel through the relay and returns those admitted: every id except the phone number
+// and business account ids of other channels. Rows of a deleted channel are not written.
+func (s *Store) AdmitChannelObjects(ctx context.Context, id uuid.UUID, kind string, objectIDs []string) ([]string, error) {
 	if len(objectIDs) == 0 {
-		return nil
+		return nil, nil
 	}
-	_, err := s.pool.Exec(ctx, `
-		INSERT INTO channel_objects (channel_id, object_id) SELECT $1, unnest($2::text[])
-		ON CONFLICT DO NOTHING`, id, objectIDs)
-	if err != nil && !isForeignKeyViolation(err) { // the channel was deleted meanwhile
-		return fmt.Errorf("add channel objects: %w", err)
+	rows, err := s.pool.Query(ctx, `
+		WITH ok AS (
+			SELECT DISTINCT o FROM unnest($3::text[]) o
+			WHERE NOT EXISTS (SELECT 1 FROM channels x WHERE x.id <> $1 AND (x.phone_number_id = o OR x.waba_id = o))
+		), ins AS (
+			INSERT INTO channel_objects (channel_id, object_id, kind)
+			SELECT $1, o, $2 FROM ok WHERE EXISTS (SELECT 1 FROM channels WHERE id = $1)
+			ON CONFLICT DO NOTHING
+		)
+		SELECT o FROM ok`, id, kind, objectIDs)
+	if err != nil {
+		return nil, fmt.Errorf("admit channel objects: %w", err)
 	}
-	return nil
+	admitted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if isForeignKeyViolation(err) { // the channel was deleted meanwhile
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("admit channel objects: %w", err)
+	}
+	return admitted, nil
 }
 
-// ChannelHasObject reports whether objectID was handed to the channel.
-func (s *Store) ChannelHasObject(ctx context.Context, id uuid.UUID, objectID string) (bool, error) {
-	var ok bool
-	err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM channel_objects WHERE channel_id = $1 AND object_id = $2)`,
-		id, objectID).Scan(&ok)
+// PruneMediaObjects forgets media ids recorded before cutoff (the upstream keeps media 30
+// days) and returns how many were removed.
+func (s *Store) PruneMediaObjects(ctx context.Context, cutoff time.Time) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM channel_objects WHERE kind = 'media' AND created_at < $1`, cutoff)
 	if err != nil {
-		return false, fmt.Errorf("channel object: %w", err)
+		return 0, fmt.Errorf("prune media objects: %w", err)
 	}
-	return ok, nil
+	return tag.RowsAffected(), nil
 }
 
 // ChannelPIN returns the channel's stored registration PIN ("" if none).
