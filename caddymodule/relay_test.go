@@ -244,12 +244,25 @@ func call(t *testing.T, method, url, token, body string) relayResp {
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	return do(t, req)
+}
+
+// do sends req and reads the whole answer strictly: a body shorter or longer than its
+// Content-Length, or a dropped connection, fails the test.
+func do(t *testing.T, req *http.Request) relayResp {
+	t.Helper()
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: reading the answer (%d, Content-Length %q): %v", req.Method, req.URL.Path, resp.StatusCode, resp.Header.Get("Content-Length"), err)
+	}
+	if cl := resp.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(b)) {
+		t.Fatalf("%s %s: Content-Length %s, body %d bytes", req.Method, req.URL.Path, cl, len(b))
+	}
 	return relayResp{resp.StatusCode, resp.Header, b}
 }
 
@@ -434,10 +447,16 @@ func TestRelayDisconnected(t *testing.T) {
 		t.Fatalf("before: %d %s", r.status, r.body)
 	}
 	e.fake.RevokeToken(realToken)
-	expectRelayError(t, call(t, "POST", send, ch.ChannelToken, textBody), 503, "CHANNEL_DISCONNECTED")
+	// The upstream's 190 answer carries its own Content-Length and WWW-Authenticate: none of it
+	// may survive into the relay's 503 (a strict client reads the whole body).
+	first := call(t, "POST", send, ch.ChannelToken, textBody)
+	expectRelayError(t, first, 503, "CHANNEL_DISCONNECTED")
+	substituted(t, first)
 	n := len(e.fake.Requests())
 	for i := 0; i < 3; i++ {
-		expectRelayError(t, call(t, "GET", base+"/"+wabaID+"/message_templates", ch.ChannelToken, ""), 503, "CHANNEL_DISCONNECTED")
+		r := call(t, "GET", base+"/"+wabaID+"/message_templates", ch.ChannelToken, "")
+		expectRelayError(t, r, 503, "CHANNEL_DISCONNECTED")
+		substituted(t, r)
 	}
 	if m := len(e.fake.Requests()); m != n {
 		t.Fatalf("upstream called %d more times after the token died", m-n)
@@ -452,6 +471,27 @@ func TestRelayDisconnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, textBody).status == 200 })
+
+	// the same on a keyed send after the reconnect: a 190 releases the key, and the 503 is whole
+	e.fake.RevokeToken("EAAGnewToken")
+	keyed := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"k"},"idempotency_key":"after-reconnect"}`
+	r := call(t, "POST", send, ch.ChannelToken, keyed)
+	expectRelayError(t, r, 503, "CHANNEL_DISCONNECTED")
+	substituted(t, r)
+}
+
+// substituted checks that an answer the relay made in place of the upstream's carries only
+// the relay's headers (DESIGN §5 "Substituted answers").
+func substituted(t *testing.T, r relayResp) {
+	t.Helper()
+	for _, name := range []string{"Www-Authenticate", "Content-Encoding", "X-Fb-Trace-Id", "X-Fb-Request-Id"} {
+		if v := r.header.Get(name); v != "" {
+			t.Errorf("substituted %d answer carries the upstream's %s: %q", r.status, name, v)
+		}
+	}
+	if r.header.Get("Content-Length") != strconv.Itoa(len(r.body)) {
+		t.Errorf("substituted answer: Content-Length %q for %d bytes", r.header.Get("Content-Length"), len(r.body))
+	}
 }
 
 // TestRelayTwoInstances: two Caddy processes sharing Redis and Postgres: one rate limit, one
