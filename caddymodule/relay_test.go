@@ -149,12 +149,19 @@ http://127.0.0.1:%d {
 	%s
 }
 `, redisLine, e.fake.URL(), port, proxyPrefix, siteExtra)
+	return e.caddyFile(cfg, port, "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64, "WBR_TEST_REDIS="+redisURL)
+}
+
+// caddyFile starts a Caddy process with the Caddyfile cfg, serving on port, with env added to
+// its environment, and returns its origin once it serves its configuration.
+func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
+	e.t.Helper()
 	dir := e.t.TempDir()
 	path := filepath.Join(dir, "Caddyfile")
 	os.WriteFile(path, []byte(cfg), 0o600)
 	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(os.Environ(), childEnv+"=run --config "+path+" --adapter caddyfile",
-		"WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64, "WBR_TEST_REDIS="+redisURL, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir)
+	cmd.Env = append(append(os.Environ(), childEnv+"=run --config "+path+" --adapter caddyfile",
+		"XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
 	logs := new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = logs, logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
