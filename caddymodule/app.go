@@ -449,6 +449,10 @@ func (a *App) startDispatcher(ctx context.Context) error {
 // DefaultRetention is how long finished deliveries and their events are kept.
 const DefaultRetention = 720 * time.Hour
 
+// MediaRetention is how long a media id stays in its channel's relay scope: the upstream keeps
+// media for 30 days.
+const MediaRetention = 30 * 24 * time.Hour
+
 // pruneLoop deletes events (with their deliveries and attempts) older than the retention whose
 // deliveries are all finished: every 10 minutes, in batches, until ctx ends. Several instances
 // may prune at once; deletes are idempotent.
@@ -485,6 +489,14 @@ func (a *App) pruneLoop(ctx context.Context) {
 		if total > 0 {
 			a.logger.Info("retention clean-up", zap.Int("events_deleted", total), zap.Duration("retention", retention))
 		}
+		// Media ids leave the relay scope when the upstream forgets them.
+		mctx, cancel := context.WithTimeout(ctx, time.Minute)
+		if n, err := a.store.PruneMediaObjects(mctx, time.Now().Add(-MediaRetention)); err != nil {
+			a.logger.Warn("media scope clean-up failed", zap.Error(err))
+		} else if n > 0 {
+			a.logger.Info("media scope clean-up", zap.Int64("media_ids_forgotten", n))
+		}
+		cancel()
 	}
 }
 
