@@ -476,7 +476,9 @@ func (a *App) pruneLoop(ctx context.Context) {
 		}
 		total := 0
 		for ctx.Err() == nil {
-			n, err := a.store.PruneEvents(ctx, time.Now().Add(-retention), 1000)
+			pctx, cancel := context.WithTimeout(ctx, time.Minute)
+			n, err := a.store.PruneEvents(pctx, time.Now().Add(-retention), 1000)
+			cancel()
 			total += n
 			if err != nil {
 				a.logger.Warn("retention clean-up failed", zap.Error(err))
