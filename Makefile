@@ -2,7 +2,7 @@
 GO ?= go
 BIN ?= bin/caddy
 
-.PHONY: build run test bench vet fmt clean
+.PHONY: build run test fuzz bench vet fmt clean
 
 build: ## Build the Caddy binary with every wabarelay module
 	$(GO) build -trimpath -o $(BIN) ./cmd/caddy
@@ -12,6 +12,15 @@ run: ## Run locally against the local Postgres, with a demo org and API key
 
 test: ## Run every test (starts throwaway Postgres/Redis unless WABARELAY_TEST_* are set)
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+FUZZTIME ?= 30s
+fuzz: ## Run every fuzz target for FUZZTIME each (`make test` runs their seed corpora)
+	@set -e; for f in $$(grep -rl --include='*_test.go' '^func Fuzz' . | sort); do \
+		for t in $$(sed -n 's/^func \(Fuzz[A-Za-z0-9_]*\)(.*/\1/p' $$f); do \
+			echo "== $$(dirname $$f) $$t ($(FUZZTIME))"; \
+			$(GO) test -run '^$$' -fuzz "^$$t$$" -fuzztime $(FUZZTIME) ./$$(dirname $$f); \
+		done; \
+	done
 
 bench: build ## Go micro-benchmarks, then the relay and events benchmark programs (local Postgres)
 	$(GO) test -run '^$$' -bench . -benchmem ./...
