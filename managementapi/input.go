@@ -85,7 +85,10 @@ func readObject(w http.ResponseWriter, r *http.Request) (object, *apiError) {
 
 func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "null" }
 
-// str returns field name as a string; ok is false when it is absent or null.
+// str returns field name as a string; ok is false when it is absent or null. A string that
+// is not valid UTF-8 text without NUL characters (which Postgres's text types refuse) is
+// refused here, the one place caller strings enter: encoding/json would quietly turn invalid
+// UTF-8 into U+FFFD, so the raw bytes are checked before decoding.
 func (o object) str(name string) (val string, ok bool, e *apiError) {
 	raw := o[name]
 	if isNull(raw) {
@@ -94,7 +97,20 @@ func (o object) str(name string) (val string, ok bool, e *apiError) {
 	if err := json.Unmarshal(raw, &val); err != nil {
 		return "", false, unprocessable(`"%s" must be a string`, name)
 	}
+	if !validText(raw, val) {
+		return "", false, errNotText(name)
+	}
 	return val, true, nil
+}
+
+// validText reports whether a decoded JSON string val (raw: its JSON text) is valid UTF-8
+// without NUL characters.
+func validText(raw json.RawMessage, val string) bool {
+	return utf8.Valid(raw) && strings.IndexByte(val, 0) < 0
+}
+
+func errNotText(name string) *apiError {
+	return unprocessable(`"%s" must be valid UTF-8 text without NUL characters`, name)
 }
 
 // strings returns field name as an array of strings; ok is false when it is absent or null.
@@ -114,6 +130,11 @@ func (o object) strings(name string) (val []string, ok bool, e *apiError) {
 			return nil, false, unprocessable(`"%s" must be an array of strings`, name)
 		}
 		val = append(val, *p)
+	}
+	for _, v := range val {
+		if !validText(raw, v) {
+			return nil, false, errNotText(name)
+		}
 	}
 	return val, true, nil
 }

@@ -1,0 +1,101 @@
+package managementapi
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+// FuzzRequestBody: whatever the body, reading and validating it never panics, every refusal is
+// a 4xx, and whatever is accepted is valid UTF-8 text without NUL characters (what Postgres's
+// text types take).
+func FuzzRequestBody(f *testing.F) {
+	for _, s := range []string{
+		`{"name":"CRM","url":"https://crm.example.com/h","events":["messages","message_status"]}`,
+		`{"name":"a\u0000b","url":"https://x.example","events":["messages"]}`,
+		"{\"name\":\"a\xffb\",\"url\":\"https://x.example\",\"events\":[\"messages\"]}",
+		`{"name":"x","url":"https://x.example/\u0000","events":["messages"],"channel_ids":["\u0000"]}`,
+		`{"status":"paused"}`, `{"status":"\u0000"}`, `{"since":"2026-11-25T00:00:00Z"}`,
+		`{"name":"\ud800"}`, `{"name":null,"events":[null]}`, `[]`, `{`, ``, `{"name":1}{}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := httptest.NewRequest("POST", "/webhooks", strings.NewReader(string(body)))
+		r.Header.Set("Content-Type", "application/json")
+		o, e := readObject(httptest.NewRecorder(), r)
+		if e != nil {
+			if e.status < 400 || e.status >= 500 {
+				t.Fatalf("status %d for %q", e.status, body)
+			}
+			return
+		}
+		text := func(what, s string) {
+			if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+				t.Fatalf("%s %q accepted from %q", what, s, body)
+			}
+		}
+		check := func(e *apiError) bool {
+			if e != nil && (e.status < 400 || e.status >= 500) {
+				t.Fatalf("status %d for %q", e.status, body)
+			}
+			return e == nil
+		}
+		if in, e := parseWebhookInput(o); check(e) {
+			text("name", in.Name)
+			text("url", in.URL)
+			for _, ev := range in.Events {
+				text("event", ev)
+			}
+		}
+		if in, e := parseChannelInput(o); check(e) {
+			text("name", in.name)
+		}
+		if s, e := parseStatus(o); check(e) {
+			text("status", s)
+		}
+		if s, _, e := o.str("since"); check(e) {
+			text("since", s)
+		}
+	})
+}
+
+// TestTextFieldsRefuseNUL: strings with a NUL character or invalid UTF-8 are refused with the
+// documented 422, never passed on to Postgres.
+func TestTextFieldsRefuseNUL(t *testing.T) {
+	for body, field := range map[string]string{
+		`{"name":"a\u0000b"}`:   "name",
+		"{\"name\":\"a\x00b\"}": "", // a raw control character is not JSON at all
+		"{\"name\":\"a\xffb\"}": "name",
+		`{"name":"ok","url":"https://x.example","events":["messages\u0000"]}`: "events",
+		`{"name":"ok","url":"https://x.example","events":["messages"],"channel_ids":["\u0000"]}`: "channel_ids",
+		`{"status":"paused\u0000"}`: "status",
+	} {
+		r := httptest.NewRequest("POST", "/webhooks", strings.NewReader(body))
+		o, e := readObject(httptest.NewRecorder(), r)
+		if field == "" {
+			if e == nil || e.status != http.StatusBadRequest {
+				t.Errorf("%q: %v, want 400", body, e)
+			}
+			continue
+		}
+		if e != nil {
+			t.Fatalf("%q: %v", body, e)
+		}
+		var got *apiError
+		switch field {
+		case "status":
+			_, got = parseStatus(o)
+		case "name":
+			_, got = parseChannelInput(o)
+		default:
+			_, got = parseWebhookInput(o)
+		}
+		want := `"` + field + `" must be valid UTF-8 text without NUL characters`
+		if got == nil || got.status != http.StatusUnprocessableEntity || got.msg != want {
+			t.Errorf("%q: %v, want 422 %s", body, got, want)
+		}
+	}
+}
