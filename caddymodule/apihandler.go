@@ -69,6 +69,7 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 				logger.Warn("unsubscribing a deleted channel's business account failed", zap.String("waba_id", d.WabaID), zap.Error(err))
 			}
 		},
+		AuthGuard: app.authGuard,
 		OnAuthenticated: func(r *http.Request, key store.APIKey) {
 			if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 				repl.Set("http.auth.user.id", key.ID.String())
@@ -80,7 +81,7 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *APIHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	h.handler.ServeHTTP(w, r)
+	h.handler.ServeHTTP(w, withClient(r))
 	return nil
 }
 

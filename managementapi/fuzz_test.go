@@ -69,7 +69,7 @@ func TestTextFieldsRefuseNUL(t *testing.T) {
 		`{"name":"a\u0000b"}`:   "name",
 		"{\"name\":\"a\x00b\"}": "", // a raw control character is not JSON at all
 		"{\"name\":\"a\xffb\"}": "name",
-		`{"name":"ok","url":"https://x.example","events":["messages\u0000"]}`: "events",
+		`{"name":"ok","url":"https://x.example","events":["messages\u0000"]}`:                    "events",
 		`{"name":"ok","url":"https://x.example","events":["messages"],"channel_ids":["\u0000"]}`: "channel_ids",
 		`{"status":"paused\u0000"}`: "status",
 	} {

@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
+	"github.com/wabarelay/wabarelay/internal/authguard"
+	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -67,6 +69,10 @@ type Options struct {
 	// OnAuthenticated, if set, is called after a request's API key is accepted, e.g. to put
 	// the key id into the access log.
 	OnAuthenticated func(r *http.Request, key store.APIKey)
+	// AuthGuard, if set, counts failed authentications per client address (httpx.ClientAddr)
+	// and refuses an address that failed too often with 429 before any lookup, so a flood of
+	// bad keys costs no queries.
+	AuthGuard *authguard.Guard
 }
 
 // Handler serves the management API. Paths are relative to {base_url}: the mount point must
@@ -234,12 +240,22 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 		WriteError(w, http.StatusUnauthorized, MsgKeyRequired)
 		return store.APIKey{}, false
 	}
+	addr := httpx.ClientAddr(r)
+	if g := h.opt.AuthGuard; g != nil {
+		if retry, ok := g.Check(addr); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+			WriteError(w, http.StatusTooManyRequests, MsgRateLimited)
+			return store.APIKey{}, false
+		}
+	}
 	key, err := h.opt.Store.AuthenticateAPIKey(r.Context(), raw)
 	switch {
 	case errors.Is(err, store.ErrInvalidAPIKey):
+		h.authFailed(addr)
 		WriteError(w, http.StatusUnauthorized, MsgKeyInvalid)
 		return key, false
 	case errors.Is(err, store.ErrAPIKeyExpired):
+		h.authFailed(addr)
 		WriteError(w, http.StatusUnauthorized, MsgKeyExpired)
 		return key, false
 	case err != nil:
@@ -250,6 +266,12 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 		h.opt.OnAuthenticated(r, key)
 	}
 	return key, true
+}
+
+func (h *Handler) authFailed(addr string) {
+	if h.opt.AuthGuard != nil {
+		h.opt.AuthGuard.Fail(addr)
+	}
 }
 
 // allow applies the per-key rate limit. A limiter failure lets the request through (logged):
@@ -308,13 +330,9 @@ func (h *Handler) connectBase(r *http.Request) string {
 	return RequestOrigin(r)
 }
 
-// RequestOrigin returns the scheme and host the request was made to, e.g. "https://relay.example.com".
-func RequestOrigin(r *http.Request) string {
-	if r.TLS != nil {
-		return "https://" + r.Host
-	}
-	return "http://" + r.Host
-}
+// RequestOrigin returns the scheme and host the client addressed, e.g.
+// "https://relay.example.com" (through trusted proxies: see httpx.Origin).
+func RequestOrigin(r *http.Request) string { return httpx.Origin(r) }
 
 // clientError writes an apiError.
 func clientError(w http.ResponseWriter, e *apiError) { WriteError(w, e.status, e.msg) }
