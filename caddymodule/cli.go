@@ -25,9 +25,10 @@ func init() {
 		Short: "Manage the wabarelay database: migrations, orgs, API keys, channels",
 		Long: `
 Operator commands for wabarelay. The database comes from --database or the
-WABARELAY_DATABASE_URL environment variable; commands that read channel secrets
-need --encryption-key or WABARELAY_ENCRYPTION_KEY. Output is one JSON object
-per line.`,
+WABARELAY_DATABASE_URL environment variable; commands that read or write
+secrets need --encryption-key or WABARELAY_ENCRYPTION_KEY (none of the current
+ones do: API keys are stored hashed, and channel commands print no secret).
+Output is one JSON object per line.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("database", "", "Postgres connection string (default $WABARELAY_DATABASE_URL)")
 			cmd.PersistentFlags().String("encryption-key", "", "base64 encryption key (default $WABARELAY_ENCRYPTION_KEY)")
@@ -57,9 +58,12 @@ func runCLI(needKey bool, fn func(env *cliEnv, cmd *cobra.Command) error) func(*
 		var box *secretbox.Box
 		if needKey {
 			raw := flagOrEnv(cmd, "encryption-key", "WABARELAY_ENCRYPTION_KEY")
+			if raw == "" {
+				return errors.New("no encryption key: pass --encryption-key or set WABARELAY_ENCRYPTION_KEY")
+			}
 			key, err := secretbox.ParseKey(raw)
 			if err != nil {
-				return fmt.Errorf("encryption key: %w", err)
+				return fmt.Errorf("encryption key (--encryption-key or WABARELAY_ENCRYPTION_KEY): %w", err)
 			}
 			if box, err = secretbox.New(key); err != nil {
 				return err
@@ -235,7 +239,7 @@ func cliChannel() *cobra.Command {
 	deactivate := &cobra.Command{
 		Use:   "deactivate --id CHANNEL_ID",
 		Short: "Deactivate a channel (the relay then answers 403)",
-		RunE: runCLI(true, func(env *cliEnv, cmd *cobra.Command) error {
+		RunE: runCLI(false, func(env *cliEnv, cmd *cobra.Command) error {
 			id, err := uuidFlag(cmd, "id")
 			if err != nil {
 				return err
@@ -251,7 +255,7 @@ func cliChannel() *cobra.Command {
 	reconnect := &cobra.Command{
 		Use:   "reconnect --id CHANNEL_ID [--ttl DURATION]",
 		Short: "Reopen a channel's connect link (also for channels an operator deactivated)",
-		RunE: runCLI(true, func(env *cliEnv, cmd *cobra.Command) error {
+		RunE: runCLI(false, func(env *cliEnv, cmd *cobra.Command) error {
 			id, err := uuidFlag(cmd, "id")
 			if err != nil {
 				return err
