@@ -92,7 +92,11 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	}
 	batch, err := inbound.Parse(body)
 	if err != nil {
-		managementapi.WriteError(w, http.StatusBadRequest, "Invalid webhook body")
+		// Signed by the upstream but not a WhatsApp payload at all: nothing to store, and a
+		// refusal would only make the upstream retry it for days.
+		h.app.metrics.inboundMalformed.Inc()
+		h.app.logger.Warn("inbound: signed post is not a WhatsApp payload; answered 200 and dropped", zap.Int("bytes", len(body)))
+		managementapi.WriteJSON(w, http.StatusOK, map[string]int{"events": 0, "duplicates": 0})
 		return
 	}
 	items := make([]store.IncomingItem, len(batch.Items))
@@ -142,7 +146,16 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 func (h *InboundHandler) accountChanges(ctx context.Context, changes []inbound.AccountChange) error {
 	for _, c := range changes {
 		switch c.Event {
-		case "ACCOUNT_BANNED", "ACCOUNT_DELETED", "DISABLED_UPDATE":
+		case "DISABLED_UPDATE":
+			// Only DISABLE disables the account; SCHEDULE_FOR_DISABLE is a warning ahead of it
+			// and REINSTATE lifts it (Meta's account_update reference, ban_info.waba_ban_state).
+			if c.BanState != inbound.BanDisable {
+				h.app.logger.Warn("inbound: business account ban state changed; channels left as they are",
+					zap.String("waba_id", c.WabaID), zap.String("ban_state", c.BanState))
+				continue
+			}
+			fallthrough
+		case "ACCOUNT_BANNED", "ACCOUNT_DELETED":
 			n, err := h.app.store.DeactivateByWaba(ctx, c.WabaID)
 			if err != nil {
 				return err

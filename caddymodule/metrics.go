@@ -24,6 +24,7 @@ type metrics struct {
 	inboundDuplicates prometheus.Counter
 	inboundUnknown    prometheus.Counter
 	inboundRejected   prometheus.Counter
+	inboundMalformed  prometheus.Counter
 
 	deliveries     *prometheus.CounterVec
 	attemptLatency prometheus.Histogram
@@ -55,6 +56,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 				Name: "inbound_unknown_number_total", Help: "Upstream webhook items for phone numbers no channel has (dropped)."}),
 			inboundRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_rejected_total", Help: "Upstream webhook posts refused for a bad signature."}),
+			inboundMalformed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_malformed_total", Help: "Signed upstream webhook posts that are not a WhatsApp payload (answered 200, dropped)."}),
 			deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "delivery_attempts_total", Help: "Webhook delivery attempts by outcome (delivered, retrying, failed)."}, []string{"outcome"}),
 			attemptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
@@ -65,6 +68,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 	if reg != nil {
 		for _, c := range []prometheus.Collector{theMetrics.relayRequests, theMetrics.rateLimited, theMetrics.replays, theMetrics.upstreamLatency,
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
+			theMetrics.inboundMalformed,
 			theMetrics.deliveries, theMetrics.attemptLatency} {
 			var are prometheus.AlreadyRegisteredError
 			if err := reg.Register(c); err != nil && !errors.As(err, &are) {

@@ -323,7 +323,7 @@ func TestDeliveredAndSigned(t *testing.T) {
 	}
 	h := hits[0]
 	var stored string
-	if err := e.pool.QueryRow(context.Background(), `SELECT payload::text FROM events WHERE id = $1`, ids[0]).Scan(&stored); err != nil {
+	if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`, ids[0]).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
 	if string(h.body) != stored {

@@ -77,7 +77,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	waitFor(t, "three receipts", 5*time.Second, func() bool { return len(rc.snapshot()) == 3 })
 	for _, h := range rc.snapshot() {
 		var stored string
-		if err := e.pool.QueryRow(context.Background(), `SELECT payload::text FROM events WHERE id = $1`,
+		if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`,
 			h.header.Get("webhook-id")).Scan(&stored); err != nil {
 			t.Fatal(err)
 		}

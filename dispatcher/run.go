@@ -186,7 +186,7 @@ SET status = 'in_flight', attempts = d.attempts + 1, locked_by = $1,
     locked_until = now() + $2 * interval '1 millisecond', updated_at = now()
 FROM events e, webhooks w
 WHERE d.id = ANY (ARRAY(SELECT id FROM picked)) AND e.id = d.event_id AND w.id = d.webhook_id
-RETURNING d.id, d.event_id, d.webhook_id, d.attempts, w.url, e.payload::text`
+RETURNING d.id, d.event_id, d.webhook_id, d.attempts, w.url, e.payload`
 
 func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID) ([]job, error) {
 	if saturated == nil {
@@ -203,12 +203,10 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID
 	var jobs []job
 	for rows.Next() {
 		var j job
-		var payload string
-		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.url, &payload); err != nil {
+		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.url, &j.payload); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		j.payload = []byte(payload)
 		jobs = append(jobs, j)
 	}
 	rows.Close()

@@ -133,7 +133,17 @@ type AccountChange struct {
 	// PhoneNumber is value.phone_number, or else value.display_phone_number,
 	// when present; else "".
 	PhoneNumber string
+	// BanState is value.ban_info.waba_ban_state (DISABLED_UPDATE): "DISABLE",
+	// "SCHEDULE_FOR_DISABLE" or "REINSTATE"; else "".
+	BanState string
 }
+
+// Ban states of an account_update DISABLED_UPDATE (value.ban_info.waba_ban_state).
+const (
+	BanDisable            = "DISABLE"
+	BanScheduleForDisable = "SCHEDULE_FOR_DISABLE"
+	BanReinstate          = "REINSTATE"
+)
 
 // IsAccountField reports whether Parse reports changes with this field as
 // AccountChange. Fields other than these and "messages" are skipped.
@@ -271,6 +281,9 @@ type accountValue struct {
 	WabaInfo           struct {
 		WabaID flexString `json:"waba_id"`
 	} `json:"waba_info"`
+	BanInfo struct {
+		WabaBanState flexString `json:"waba_ban_state"`
+	} `json:"ban_info"`
 }
 
 func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
@@ -366,6 +379,7 @@ func (b *Batch) addAccount(entryID, field string, raw json.RawMessage) {
 		Value:       raw,
 		Event:       event,
 		PhoneNumber: phone,
+		BanState:    string(v.BanInfo.WabaBanState),
 	})
 }
 

@@ -59,6 +59,27 @@ type ClaimedDelivery struct {
 	Payload                []byte // the event JSON, as stored
 }
 
+// EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
+// (the upstream's objects) kept byte for byte: not re-encoded, so not HTML-escaped, not
+// normalised, whatever bytes it holds.
+func EncodeEvent(id uuid.UUID, typ, createdAt string, channelID uuid.UUID, phoneNumberID string, data json.RawMessage) []byte {
+	pn, _ := json.Marshal(phoneNumberID) // text: it routed the item to a channel
+	b := make([]byte, 0, 160+len(typ)+len(pn)+len(data))
+	b = append(b, `{"id":"`...)
+	b = append(b, id.String()...)
+	b = append(b, `","type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","created_at":"`...)
+	b = append(b, createdAt...)
+	b = append(b, `","channel_id":"`...)
+	b = append(b, channelID.String()...)
+	b = append(b, `","phone_number_id":`...)
+	b = append(b, pn...)
+	b = append(b, `,"data":`...)
+	b = append(b, data...)
+	return append(b, '}')
+}
+
 // Event is the JSON delivered to webhooks.
 type Event struct {
 	ID            uuid.UUID       `json:"id"`
@@ -82,7 +103,9 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	}
 	numbers := make([]string, 0, len(items))
 	for _, it := range items {
-		numbers = append(numbers, it.PhoneNumberID)
+		if IsText(it.PhoneNumberID) { // an id that is not text is no channel's number
+			numbers = append(numbers, it.PhoneNumberID)
+		}
 	}
 	type channelRef struct{ id, org uuid.UUID }
 	channels := map[string]channelRef{}
@@ -108,7 +131,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	created := now.Format("2006-01-02T15:04:05.000Z07:00")
 	var ids, chIDs, orgIDs []uuid.UUID
 	var types, keys []string
-	var payloads []string
+	var payloads [][]byte
 	var objChannels []uuid.UUID
 	var objIDs []string
 	for _, it := range items {
@@ -117,29 +140,26 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			res.Unknown++
 			continue
 		}
-		ev := Event{ID: newID(), Type: it.Type, CreatedAt: created, ChannelID: c.id, PhoneNumberID: it.PhoneNumberID, Data: it.Data}
-		b, err := json.Marshal(ev)
-		if err != nil {
-			return res, fmt.Errorf("store events: encode: %w", err)
-		}
-		ids, chIDs, orgIDs = append(ids, ev.ID), append(chIDs, c.id), append(orgIDs, c.org)
-		types, keys, payloads = append(types, it.Type), append(keys, it.DedupeKey), append(payloads, string(b))
-		for _, o := range it.ObjectIDs {
+		id := newID()
+		ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
+		types, keys = append(types, it.Type), append(keys, textKey(it.DedupeKey))
+		payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, it.PhoneNumberID, it.Data))
+		for _, o := range textOnly(it.ObjectIDs) {
 			objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
 		}
 	}
 	if len(ids) == 0 {
 		return res, nil
 	}
-	payloadOf := make(map[uuid.UUID]string, len(ids))
+	payloadOf := make(map[uuid.UUID][]byte, len(ids))
 	for i, id := range ids {
 		payloadOf[id] = payloads[i]
 	}
 	err = s.inTx(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `
 			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload::json, $7::timestamptz
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::text[]) AS u(id, org, ch, typ, key, payload)
+			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[]) AS u(id, org, ch, typ, key, payload)
 			ON CONFLICT (channel_id, dedupe_key) DO NOTHING
 			RETURNING id, type`, ids, orgIDs, chIDs, types, keys, payloads, now)
 		if err != nil {
@@ -209,7 +229,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			res.Deliveries++
 			switch {
 			case claimed:
-				d.Payload = []byte(payloadOf[d.EventID])
+				d.Payload = payloadOf[d.EventID]
 				res.Claimed = append(res.Claimed, d)
 			case active:
 				res.Queued++
@@ -233,6 +253,9 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 // DeactivateByWaba marks every channel of a business account inactive because the account was
 // removed or banned upstream. It returns how many channels changed.
 func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error) {
+	if !IsText(wabaID) {
+		return 0, nil // no channel's account
+	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
 		WHERE waba_id = $1 AND status <> 'inactive'`, wabaID)

@@ -169,7 +169,7 @@ func (s *Store) MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) erro
 // to a channel through the relay and returns those admitted: every id except the phone number
 // and business account ids of other channels. Rows of a deleted channel are not written.
 func (s *Store) AdmitChannelObjects(ctx context.Context, id uuid.UUID, kind string, objectIDs []string) ([]string, error) {
-	if len(objectIDs) == 0 {
+	if objectIDs = textOnly(objectIDs); len(objectIDs) == 0 {
 		return nil, nil
 	}
 	rows, err := s.pool.Query(ctx, `
@@ -277,6 +277,9 @@ func (s *Store) ReopenLink(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, 
 // upstream's account_update PHONE_NUMBER_REMOVED names the number, not its id). It reports
 // whether a channel was changed.
 func (s *Store) DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error) {
+	if !IsText(wabaID) || !IsText(phoneNumber) {
+		return false, nil // no channel's account or number
+	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
 		WHERE waba_id = $1 AND status <> 'inactive' AND regexp_replace($2, '[^0-9]', '', 'g') <> ''

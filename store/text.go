@@ -1,0 +1,36 @@
+package store
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"unicode/utf8"
+)
+
+// IsText reports whether s can be stored in a Postgres text column: valid UTF-8 without NUL
+// characters. Caller and upstream content that is not text never reaches a text parameter.
+func IsText(s string) bool {
+	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
+}
+
+// textKey returns k when it is text, else a stable text stand-in for it ("h:" + hex SHA-256 of
+// its bytes), so that keys built from upstream ids holding NUL characters or invalid UTF-8 are
+// stored, and recognised again when re-sent, like any other.
+func textKey(k string) string {
+	if IsText(k) {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "h:" + hex.EncodeToString(sum[:])
+}
+
+// textOnly returns the elements of ids that are text.
+func textOnly(ids []string) []string {
+	out := ids[:0:0]
+	for _, id := range ids {
+		if IsText(id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
