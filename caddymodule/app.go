@@ -274,6 +274,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	a.store = store.New(a.pool, a.box)
 	a.cache = relay.NewCache(a.store, relay.DefaultTTL)
+	a.cache.SetLogger(a.logger)
 	a.authGuard = newAuthGuard()
 	a.idem, a.idemKey = acquireIdempotency(a.redis, a.redisKey, a.logger)
 	a.metrics = registerMetrics(ctx.GetMetricsRegistry())

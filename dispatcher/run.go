@@ -12,8 +12,9 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/internal/pglisten"
 )
 
 // job is one claimed delivery.
@@ -523,48 +524,11 @@ func (d *Dispatcher) record(ctx context.Context, b *pgx.Batch, done *completions
 // listen wakes the loop on every notification, reconnecting with backoff. After every
 // (re)connect it wakes the loop once, for notifications that may have been missed.
 func (d *Dispatcher) listen(ctx context.Context, dsn string) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := d.listenOnce(ctx, dsn, func() { backoff = 100 * time.Millisecond })
-		if ctx.Err() != nil {
-			return
-		}
-		d.log.Warn("listen connection lost", zap.String("channel", NotifyChannel), zap.Error(err), zap.Duration("retry_in", backoff))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 10*time.Second)
-	}
-}
-
-func (d *Dispatcher) listenOnce(ctx context.Context, dsn string, connected func()) error {
-	// Parsed as a pool DSN so that pool_* parameters are accepted (and left out).
-	pcfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	conn, err := pgx.ConnectConfig(cctx, pcfg.ConnConfig)
-	cancel()
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{NotifyChannel}.Sanitize()); err != nil {
-		return err
-	}
-	connected()
-	signal(d.wake)
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		signal(d.wake)
-	}
+	(&pglisten.Listener{
+		DSN:       dsn,
+		Channels:  []string{NotifyChannel},
+		OnConnect: func() { signal(d.wake) },
+		OnNotify:  func(string, string) { signal(d.wake) },
+		Logger:    d.log,
+	}).Run(ctx)
 }

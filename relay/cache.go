@@ -9,14 +9,16 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 	"golang.org/x/sync/singleflight"
 
+	"github.com/wabarelay/wabarelay/internal/pglisten"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -28,92 +30,144 @@ const NotifyChannel = "wabarelay_channels"
 
 // Cache defaults.
 const (
-	DefaultTTL         = 30 * time.Second
-	negativeTTL        = 5 * time.Second
+	DefaultTTL = 30 * time.Second
+	// negativeTTL is how long a token known to be nobody's is answered from memory.
+	negativeTTL = 5 * time.Second
+	// maxNegativeEntries bounds the tokens known to be nobody's (two generations of half).
 	maxNegativeEntries = 100_000
+	// fetchTimeout bounds every load of a channel from Postgres, whoever waits for it.
+	fetchTimeout = 5 * time.Second
 )
 
+// ChannelStore is what the cache reads and writes ([store.Store]).
+type ChannelStore interface {
+	RelayChannelByToken(ctx context.Context, token string) (store.RelayChannel, error)
+	MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) error
+}
+
 type entry struct {
-	ch      *store.RelayChannel // nil: no channel has this token
-	fetched time.Time
+	ch         *store.RelayChannel
+	fetched    time.Time
+	refreshing atomic.Bool // a background refresh is under way
 }
 
 // Cache resolves channel tokens without a Postgres query per request. Entries live TTL at most
 // (a backstop); every change to a channel is announced by a Postgres trigger and, while Listen
-// runs, drops the channel's entry on every instance at once.
+// runs, drops the channel's entry on every instance at once. Tokens that are nobody's are
+// remembered for a few seconds in a bounded table: when it is full the oldest half is dropped,
+// so the newest garbage is still answered from memory.
 type Cache struct {
-	store *store.Store
-	ttl   time.Duration
-	now   func() time.Time
+	store        ChannelStore
+	ttl          time.Duration
+	now          func() time.Time
+	fetchTimeout time.Duration
+	maxNegatives int
+	logger       *zap.Logger
 
-	mu        sync.RWMutex
-	byHash    map[[32]byte]*entry
-	byID      map[uuid.UUID][32]byte
-	negatives int
-	epoch     uint64 // bumped by every invalidation, so a fetch that raced one is not cached
-	sf        singleflight.Group
+	mu     sync.RWMutex
+	byHash map[[32]byte]*entry
+	byID   map[uuid.UUID][32]byte
+	// neg and negOld are the two generations of tokens known to be nobody's, by hash, with
+	// the time they were looked up.
+	neg, negOld map[[32]byte]time.Time
+	epoch       uint64 // bumped by every invalidation, so a fetch that raced one is not cached
+	sf          singleflight.Group
 }
 
 // NewCache returns a cache over s whose entries live at most ttl (DefaultTTL if ttl <= 0).
-func NewCache(s *store.Store, ttl time.Duration) *Cache {
+func NewCache(s ChannelStore, ttl time.Duration) *Cache {
 	if ttl <= 0 {
 		ttl = DefaultTTL
 	}
-	return &Cache{store: s, ttl: ttl, now: time.Now, byHash: map[[32]byte]*entry{}, byID: map[uuid.UUID][32]byte{}}
+	return &Cache{store: s, ttl: ttl, now: time.Now, fetchTimeout: fetchTimeout, maxNegatives: maxNegativeEntries,
+		logger: zap.NewNop(), byHash: map[[32]byte]*entry{}, byID: map[uuid.UUID][32]byte{},
+		neg: map[[32]byte]time.Time{}, negOld: map[[32]byte]time.Time{}}
 }
 
-// Lookup returns the channel of token, or ErrUnknownToken.
+// SetLogger sets where background failures (refreshes) are logged.
+func (c *Cache) SetLogger(l *zap.Logger) { c.logger = l }
+
+// Lookup returns the channel of token, or ErrUnknownToken. It waits for Postgres at most
+// until ctx ends.
 func (c *Cache) Lookup(ctx context.Context, token string) (*store.RelayChannel, error) {
 	h := sha256.Sum256([]byte(token))
+	now := c.now()
 	c.mu.RLock()
 	e := c.byHash[h]
+	t, negative := c.neg[h]
+	if !negative {
+		t, negative = c.negOld[h]
+	}
 	c.mu.RUnlock()
+	if e == nil && negative && now.Sub(t) < negativeTTL {
+		return nil, ErrUnknownToken
+	}
 	if e != nil {
-		age := c.now().Sub(e.fetched)
+		age := now.Sub(e.fetched)
 		switch {
-		case e.ch == nil && age < negativeTTL, e.ch != nil && age < c.ttl:
-			return e.result()
-		case e.ch != nil && age < 2*c.ttl:
-			// Stale but within the grace period: serve it and refresh in the background, so no
-			// request waits on Postgres for the TTL backstop (changes arrive by notification).
-			go c.fetch(context.WithoutCancel(ctx), token, h)
-			return e.result()
+		case age < c.ttl:
+			return e.ch, nil
+		case age < 2*c.ttl:
+			// Stale but within the grace period: serve it and refresh it in the background,
+			// once, so no request waits on Postgres for the TTL backstop (changes arrive by
+			// notification).
+			if e.refreshing.CompareAndSwap(false, true) {
+				c.sf.DoChan(string(h[:]), func() (any, error) { return c.load(token, h) })
+			}
+			return e.ch, nil
 		}
 	}
 	return c.fetch(ctx, token, h)
 }
 
-func (e *entry) result() (*store.RelayChannel, error) {
-	if e.ch == nil {
+// fetch loads the token's channel (one load per token at a time, shared by every waiter) and
+// waits for it until ctx ends.
+func (c *Cache) fetch(ctx context.Context, token string, h [32]byte) (*store.RelayChannel, error) {
+	res := c.sf.DoChan(string(h[:]), func() (any, error) { return c.load(token, h) })
+	select {
+	case r := <-res:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		if ch := r.Val.(*store.RelayChannel); ch != nil {
+			return ch, nil
+		}
 		return nil, ErrUnknownToken
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	return e.ch, nil
 }
 
-// fetch loads the token's channel from Postgres (one query per token at a time) and caches it.
-func (c *Cache) fetch(ctx context.Context, token string, h [32]byte) (*store.RelayChannel, error) {
-	v, err, _ := c.sf.Do(string(h[:]), func() (any, error) {
+// load reads the token's channel from Postgres under its own deadline (no single waiter's
+// context: the result serves them all) and caches the answer.
+func (c *Cache) load(token string, h [32]byte) (v any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.logger.Error("relay: loading a channel panicked", zap.Any("panic", p))
+			v, err = nil, fmt.Errorf("relay: loading a channel panicked: %v", p)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), c.fetchTimeout)
+	defer cancel()
+	c.mu.RLock()
+	epoch := c.epoch
+	c.mu.RUnlock()
+	ch, err := c.store.RelayChannelByToken(ctx, token)
+	if err != nil && !errors.Is(err, store.ErrChannelNotFound) {
 		c.mu.RLock()
-		epoch := c.epoch
+		if e := c.byHash[h]; e != nil {
+			e.refreshing.Store(false) // let a later request try again
+		}
 		c.mu.RUnlock()
-		ch, err := c.store.RelayChannelByToken(ctx, token)
-		if err != nil && !errors.Is(err, store.ErrChannelNotFound) {
-			return nil, err
-		}
-		var cp *store.RelayChannel
-		if err == nil {
-			cp = &ch
-		}
-		c.put(h, cp, epoch)
-		return cp, nil
-	})
-	if err != nil {
+		c.logger.Warn("relay: loading a channel failed", zap.Error(err))
 		return nil, err
 	}
-	if ch := v.(*store.RelayChannel); ch != nil {
-		return ch, nil
+	var cp *store.RelayChannel
+	if err == nil {
+		cp = &ch
 	}
-	return nil, ErrUnknownToken
+	c.put(h, cp, epoch)
+	return cp, nil
 }
 
 func (c *Cache) put(h [32]byte, ch *store.RelayChannel, epoch uint64) {
@@ -122,18 +176,22 @@ func (c *Cache) put(h [32]byte, ch *store.RelayChannel, epoch uint64) {
 	if c.epoch != epoch {
 		return // invalidated while fetching: the result may be stale
 	}
-	if old := c.byHash[h]; old != nil && old.ch == nil {
-		c.negatives--
-	}
+	now := c.now()
 	if ch == nil {
-		if c.negatives >= maxNegativeEntries {
-			return
+		if old := c.byHash[h]; old != nil {
+			delete(c.byID, old.ch.ID)
+			delete(c.byHash, h)
 		}
-		c.negatives++
-	} else {
-		c.byID[ch.ID] = h
+		if len(c.neg) >= c.maxNegatives/2 {
+			c.negOld, c.neg = c.neg, make(map[[32]byte]time.Time, len(c.neg))
+		}
+		c.neg[h] = now
+		return
 	}
-	c.byHash[h] = &entry{ch: ch, fetched: c.now()}
+	delete(c.neg, h)
+	delete(c.negOld, h)
+	c.byID[ch.ID] = h
+	c.byHash[h] = &entry{ch: ch, fetched: now}
 }
 
 // Invalidate drops the channel's entry.
@@ -154,7 +212,7 @@ func (c *Cache) Flush() {
 	c.epoch++
 	c.byHash = map[[32]byte]*entry{}
 	c.byID = map[uuid.UUID][32]byte{}
-	c.negatives = 0
+	c.neg, c.negOld = map[[32]byte]time.Time{}, map[[32]byte]time.Time{}
 }
 
 // MarkDisconnected records a dead upstream token for the channel and drops its entry.
@@ -169,42 +227,20 @@ func (c *Cache) MarkDisconnected(ctx context.Context, id uuid.UUID) error {
 // cache, since notifications may have been missed while disconnected. ready, if not nil, is
 // called after each successful LISTEN.
 func (c *Cache) Listen(ctx context.Context, dsn string, logger *zap.Logger, ready func()) {
-	backoff := 100 * time.Millisecond
-	for ctx.Err() == nil {
-		err := c.listenOnce(ctx, dsn, ready)
-		if ctx.Err() != nil {
-			return
-		}
-		logger.Warn("channel change listener disconnected; retrying", zap.Error(err), zap.Duration("backoff", backoff))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(backoff*2, 5*time.Second)
-	}
-}
-
-func (c *Cache) listenOnce(ctx context.Context, dsn string, ready func()) error {
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		return err
-	}
-	defer conn.Close(context.Background())
-	if _, err := conn.Exec(ctx, "LISTEN "+NotifyChannel); err != nil {
-		return err
-	}
-	c.Flush()
-	if ready != nil {
-		ready()
-	}
-	for {
-		n, err := conn.WaitForNotification(ctx)
-		if err != nil {
-			return err
-		}
-		if id, err := uuid.Parse(n.Payload); err == nil {
-			c.Invalidate(id)
-		}
-	}
+	(&pglisten.Listener{
+		DSN:      dsn,
+		Channels: []string{NotifyChannel},
+		OnConnect: func() {
+			c.Flush()
+			if ready != nil {
+				ready()
+			}
+		},
+		OnNotify: func(_, payload string) {
+			if id, err := uuid.Parse(payload); err == nil {
+				c.Invalidate(id)
+			}
+		},
+		Logger: logger,
+	}).Run(ctx)
 }
