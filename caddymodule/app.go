@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -430,7 +431,14 @@ func (a *App) startDispatcher(ctx context.Context) error {
 			}
 		}
 	}
-	disp, err := dispatcher.New(a.pool, a.store.WebhookSecret, cfg, a.logger.Named("dispatcher"))
+	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
+		s, err := a.store.WebhookSecret(ctx, id)
+		if errors.Is(err, secretbox.ErrOpen) {
+			err = fmt.Errorf("%w: %w", dispatcher.ErrSecretUnusable, err)
+		}
+		return s, err
+	}
+	disp, err := dispatcher.New(a.pool, secrets, cfg, a.logger.Named("dispatcher"))
 	if err != nil {
 		return err
 	}

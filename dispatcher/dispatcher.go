@@ -83,6 +83,9 @@ type Config struct {
 	UserAgent string
 	// Observer, if set, is told about every attempt.
 	Observer Observer
+
+	// secretRetry is how long a delivery whose secret could not be read waits (tests).
+	secretRetry time.Duration
 }
 
 // Secrets returns the signing secret ("whsec_…") of a webhook.
@@ -108,6 +111,9 @@ type Dispatcher struct {
 	perHook    map[uuid.UUID]int
 	secretTTL  time.Duration
 	cache      map[uuid.UUID]cachedSecret
+	// secretFails counts, per delivery, the attempts that found the webhook's secret unusable
+	// (see maxSecretFailures).
+	secretFails map[uuid.UUID]int
 
 	attempts sync.WaitGroup
 }
@@ -151,6 +157,9 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
+	if cfg.secretRetry <= 0 {
+		cfg.secretRetry = 5 * time.Second
+	}
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 100
 	}
@@ -173,6 +182,8 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		perHook:   map[uuid.UUID]int{},
 		secretTTL: time.Minute,
 		cache:     map[uuid.UUID]cachedSecret{},
+
+		secretFails: map[uuid.UUID]int{},
 	}
 	return d, nil
 }
@@ -248,12 +259,7 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 		d.results <- result{job: j, release: true}
 	}
 	for _, j := range run {
-		go func() {
-			defer d.attempts.Done()
-			r := d.attempt(ctx, j)
-			d.done(j.webhookID)
-			d.results <- r
-		}()
+		d.launch(ctx, j)
 	}
 	for range unused {
 		d.attempts.Done()

@@ -37,7 +37,17 @@ type result struct {
 	statusCode int // 0: no response
 	errMsg     string
 	body       string
+	final      bool // no retry, whatever the attempt number
 }
+
+// maxSecretFailures is how many times a delivery is handed back because its webhook's secret
+// cannot be decrypted (a wrong or rotated encryption key) before it fails for good, with that
+// reason in the delivery log, instead of being handed back every few seconds forever.
+const maxSecretFailures = 3
+
+// ErrSecretUnusable may be wrapped by a Secrets error that no retry can cure (the secret
+// cannot be decrypted).
+var ErrSecretUnusable = errors.New("webhook secret cannot be decrypted")
 
 // Run claims and delivers until ctx ends, then waits (at most Timeout+1s) for the attempts in
 // flight and records their outcomes. dsn is used for a dedicated LISTEN connection (not from
@@ -229,13 +239,28 @@ func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 			continue
 		}
 		d.attempts.Add(1)
-		go func() {
-			defer d.attempts.Done()
-			r := d.attempt(ctx, j)
-			d.done(j.webhookID)
-			d.results <- r
-		}()
+		d.launch(ctx, j)
 	}
+}
+
+// launch makes the attempt of j in its own goroutine (counted in d.attempts by the caller) and
+// hands its result to the writer. A panic in the attempt is logged and the delivery handed back
+// for later, instead of taking the process down.
+func (d *Dispatcher) launch(ctx context.Context, j job) {
+	go func() {
+		defer d.attempts.Done()
+		r := result{job: j, release: true, releaseIn: d.cfg.secretRetry}
+		func() {
+			defer func() {
+				if v := recover(); v != nil {
+					d.log.Error("delivery attempt panicked; delivery handed back", zap.Stringer("delivery_id", j.id), zap.Any("panic", v))
+				}
+			}()
+			r = d.attempt(ctx, j)
+		}()
+		d.done(j.webhookID)
+		d.results <- r
+	}()
 }
 
 // done frees the slots of a finished attempt.
@@ -260,6 +285,10 @@ func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
 	if ok && now.Before(c.expires) {
 		return c.secret, nil
 	}
+	// Well inside the lease: a lookup that stalls past it would let another instance claim and
+	// send the same delivery.
+	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, d.cfg.Lease/4))
+	defer cancel()
 	s, err := d.secrets(ctx, id)
 	if err != nil {
 		return "", err
@@ -273,13 +302,39 @@ func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
 	return s, nil
 }
 
+// secretUnusable hands a delivery whose webhook secret cannot be decrypted back a few times (a
+// key being rotated may come right), then fails it for good with the reason in the delivery
+// log. It is logged once per delivery, when it fails.
+func (d *Dispatcher) secretUnusable(j job, err error) result {
+	d.mu.Lock()
+	if len(d.secretFails) > 10000 {
+		clear(d.secretFails)
+	}
+	d.secretFails[j.id]++
+	n := d.secretFails[j.id]
+	if n >= maxSecretFailures {
+		delete(d.secretFails, j.id)
+	}
+	d.mu.Unlock()
+	if n < maxSecretFailures {
+		return result{job: j, release: true, releaseIn: d.cfg.secretRetry}
+	}
+	d.log.Error("webhook secret cannot be decrypted; delivery failed", zap.Stringer("webhook_id", j.webhookID),
+		zap.Stringer("delivery_id", j.id), zap.Error(err))
+	return result{job: j, started: time.Now(), final: true,
+		errMsg: "webhook signing secret cannot be decrypted (was the encryption key changed?)"}
+}
+
 // attempt makes one HTTP attempt.
 func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	secret, err := d.secret(ctx, j.webhookID)
 	if err != nil {
+		if errors.Is(err, ErrSecretUnusable) {
+			return d.secretUnusable(j, err)
+		}
 		// Not the receiver's fault: hand the delivery back without using up an attempt.
-		d.log.Error("webhook secret unavailable", zap.Stringer("webhook_id", j.webhookID), zap.Error(err))
-		return result{job: j, release: true, releaseIn: 5 * time.Second}
+		d.log.Warn("webhook secret unavailable", zap.Stringer("webhook_id", j.webhookID), zap.Error(err))
+		return result{job: j, release: true, releaseIn: d.cfg.secretRetry}
 	}
 	r := result{job: j, started: time.Now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.url, bytes.NewReader(j.payload))
@@ -424,8 +479,19 @@ func (d *Dispatcher) writeResults() {
 				break fill
 			}
 		}
-		d.flush(batch)
+		d.flushSafely(batch)
 	}
+}
+
+// flushSafely is flush that survives a panic (logged; the batch's leases expire and its
+// deliveries are attempted again), so the writer keeps draining results.
+func (d *Dispatcher) flushSafely(batch []result) {
+	defer func() {
+		if v := recover(); v != nil {
+			d.log.Error("recording delivery results panicked; their leases will expire", zap.Int("count", len(batch)), zap.Any("panic", v))
+		}
+	}()
+	d.flush(batch)
 }
 
 // flush writes a batch, retrying for up to a lease (after which the rows are reclaimed anyway).
@@ -443,7 +509,7 @@ func (d *Dispatcher) flush(batch []result) {
 			continue
 		}
 		retryIn := int64(-1)
-		if !r.ok && j.attempt <= len(d.cfg.RetryDelays) {
+		if !r.ok && !r.final && j.attempt <= len(d.cfg.RetryDelays) {
 			delay := d.cfg.RetryDelays[j.attempt-1]
 			retryIn = delay.Milliseconds()
 			if soonest < 0 || delay < soonest {

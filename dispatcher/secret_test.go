@@ -1,0 +1,100 @@
+package dispatcher
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/wabarelay/wabarelay/secretbox"
+)
+
+// TestUndecryptableSecretFails: a delivery whose webhook secret cannot be decrypted (the
+// stored secret was sealed with another key) is handed back a few times, then fails for good
+// with the reason in the delivery log — logged once, not every few seconds forever — and the
+// receiver is never called.
+func TestUndecryptableSecretFails(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	wid, _ := e.webhook(rc.srv.URL + "/h")
+	if _, err := e.pool.Exec(context.Background(),
+		`UPDATE webhooks SET secret_enc = decode('00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff', 'hex') WHERE id = $1`, wid); err != nil {
+		t.Fatal(err)
+	}
+	ids := e.events(1)
+	core, logs := observer.New(zap.InfoLevel)
+	secrets := func(ctx context.Context, id uuid.UUID) (string, error) { // as the app wires the store
+		s, err := e.st.WebhookSecret(ctx, id)
+		if errors.Is(err, secretbox.ErrOpen) {
+			err = fmt.Errorf("%w: %w", ErrSecretUnusable, err)
+		}
+		return s, err
+	}
+	cfg := e.config(rc)
+	cfg.secretRetry = 20 * time.Millisecond
+	d, err := New(e.pool, secrets, cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx, e.dsn) }()
+	defer func() { cancel(); <-done }()
+
+	var status, lastErr string
+	waitFor(t, "the delivery to fail", 20*time.Second, func() bool {
+		e.pool.QueryRow(context.Background(), `SELECT status, coalesce(last_error, '') FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status, &lastErr)
+		return status == "failed"
+	})
+	if !strings.Contains(lastErr, "cannot be decrypted") {
+		t.Fatalf("last_error = %q", lastErr)
+	}
+	if n := logs.FilterMessageSnippet("cannot be decrypted").Len(); n != 1 {
+		t.Fatalf("logged %d times, want once", n)
+	}
+	if len(rc.snapshot()) != 0 {
+		t.Fatal("the receiver was called without a signature")
+	}
+}
+
+// TestAttemptPanicSurvived: a panic inside an attempt (here: in the secret lookup) is logged,
+// the delivery is handed back, and the dispatcher goes on delivering.
+func TestAttemptPanicSurvived(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL + "/h")
+	ids := e.events(1)
+	core, logs := observer.New(zap.InfoLevel)
+	var calls atomic.Int64
+	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
+		if calls.Add(1) == 1 {
+			panic("secret store exploded")
+		}
+		return e.st.WebhookSecret(ctx, id)
+	}
+	cfg := e.config(rc)
+	cfg.secretRetry = 20 * time.Millisecond
+	d, err := New(e.pool, secrets, cfg, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx, e.dsn) }()
+	defer func() { cancel(); <-done }()
+	var status string
+	waitFor(t, "delivery after a panic", 20*time.Second, func() bool {
+		e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status)
+		return status == "delivered"
+	})
+	if logs.FilterMessageSnippet("panicked").Len() != 1 {
+		t.Fatalf("panic not logged once: %v", logs.All())
+	}
+}
