@@ -53,14 +53,14 @@ func (h *ConnectHandler) Provision(ctx caddy.Context) error {
 		Store: app.store, Graph: graph.New(app.Upstream, nil),
 		AppID: meta.AppID, AppSecret: meta.AppSecret, ConfigID: meta.ConfigID, SDKURL: meta.SDKURL,
 		GraphVersion: version, RegisterPIN: app.registerPIN, ConnectBase: app.ConnectBase,
-		OriginSuffix: h.OriginSuffix, Logger: ctx.Logger(),
+		OriginSuffix: h.OriginSuffix, Logger: ctx.Logger(), AuthGuard: app.authGuard,
 	})
 	return err
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
 func (h *ConnectHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ caddyhttp.Handler) error {
-	h.handler.ServeHTTP(w, r)
+	h.handler.ServeHTTP(w, withClient(r))
 	return nil
 }
 

@@ -22,12 +22,15 @@ import (
 	"math/big"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/graph"
+	"github.com/wabarelay/wabarelay/internal/authguard"
+	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -45,6 +48,8 @@ const (
 	MsgAlreadyOther    = "Channel is already connected to another number"
 	MsgNumberInUse     = "This phone number is already connected to another channel"
 	MsgUpstreamDown    = "Upstream unavailable; please try again"
+	MsgNotInAccount    = "This phone number does not belong to that business account"
+	MsgDeactivated     = "This channel was deactivated by the operator"
 	completionDeadline = 25 * time.Second // the upstream's code lives 30 s
 )
 
@@ -72,6 +77,10 @@ type Options struct {
 	OriginSuffix string
 	// Logger receives failures (never tokens, codes or PINs).
 	Logger *zap.Logger
+	// AuthGuard, if set, counts unknown and expired links per client address
+	// (httpx.ClientAddr) and refuses an address that presented too many with 429 before any
+	// lookup, so a flood of guessed links costs no queries.
+	AuthGuard *authguard.Guard
 }
 
 // Handler serves /connect/... . It must be mounted at /connect (paths are not stripped).
@@ -167,19 +176,43 @@ func (h *Handler) methodNotAllowed(w http.ResponseWriter, allow string) {
 	managementapi.WriteError(w, http.StatusMethodNotAllowed, managementapi.MsgMethod)
 }
 
-// openChannel returns the channel whose connect link token is open.
-func (h *Handler) openChannel(ctx context.Context, token string) (store.Channel, bool, error) {
-	if token == "" || len(token) > 128 {
+// errThrottled is returned by openChannel for a client address refused by the AuthGuard.
+type errThrottled struct{ retry time.Duration }
+
+func (e errThrottled) Error() string { return "too many bad connect links from this address" }
+
+// openChannel returns the channel whose connect link token is open. A token that cannot be a
+// channel token is refused without a lookup; unknown and expired ones count against the client
+// address (see Options.AuthGuard).
+func (h *Handler) openChannel(r *http.Request, token string) (store.Channel, bool, error) {
+	addr := httpx.ClientAddr(r)
+	if g := h.opt.AuthGuard; g != nil {
+		if retry, ok := g.Check(addr); !ok {
+			return store.Channel{}, false, errThrottled{retry}
+		}
+	}
+	if !store.ValidChannelToken(token) {
+		h.linkFailed(addr)
 		return store.Channel{}, false, nil
 	}
-	c, err := h.opt.Store.ChannelByToken(ctx, token)
+	c, err := h.opt.Store.ChannelByToken(r.Context(), token)
 	if errors.Is(err, store.ErrChannelNotFound) {
+		h.linkFailed(addr)
 		return store.Channel{}, false, nil
 	}
 	if err != nil {
 		return store.Channel{}, false, err
 	}
+	if !linkOpen(c) && c.Status != store.ChannelActive {
+		h.linkFailed(addr)
+	}
 	return c, linkOpen(c), nil
+}
+
+func (h *Handler) linkFailed(addr string) {
+	if h.opt.AuthGuard != nil {
+		h.opt.AuthGuard.Fail(addr)
+	}
 }
 
 func linkOpen(c store.Channel) bool {
@@ -188,7 +221,7 @@ func linkOpen(c store.Channel) bool {
 
 // openLink moves a valid token into the cookie and redirects to the token-free page.
 func (h *Handler) openLink(w http.ResponseWriter, r *http.Request, token string) {
-	_, open, err := h.openChannel(r.Context(), token)
+	_, open, err := h.openChannel(r, token)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -197,8 +230,9 @@ func (h *Handler) openLink(w http.ResponseWriter, r *http.Request, token string)
 		h.renderExpired(w)
 		return
 	}
+	// Secure whenever the client came over HTTPS, also through a trusted TLS-terminating proxy.
 	http.SetCookie(w, &http.Cookie{Name: CookieName, Value: token, Path: "/connect", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 3600})
+		Secure: httpx.IsHTTPS(r), SameSite: http.SameSiteStrictMode, MaxAge: 3600})
 	w.Header().Set("Cache-Control", "no-store")
 	http.Redirect(w, r, "/connect/", http.StatusSeeOther)
 }
@@ -213,7 +247,7 @@ func (h *Handler) servePage(w http.ResponseWriter, r *http.Request) {
 	open := false
 	if ck, err := r.Cookie(CookieName); err == nil {
 		var err error
-		if c, open, err = h.openChannel(r.Context(), ck.Value); err != nil {
+		if c, open, err = h.openChannel(r, ck.Value); err != nil {
 			h.fail(w, r, err)
 			return
 		}
@@ -245,6 +279,15 @@ func (h *Handler) renderExpired(w http.ResponseWriter) {
 }
 
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var th errThrottled
+	if errors.As(err, &th) {
+		w.Header().Set("Retry-After", strconv.Itoa(int((th.retry+time.Second-1)/time.Second)))
+		managementapi.WriteError(w, http.StatusTooManyRequests, managementapi.MsgRateLimited)
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the client went away
+	}
 	h.opt.Logger.Error("connect request failed", zap.String("method", r.Method), zap.Error(err))
 	w.Header().Set("Retry-After", "5")
 	managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
@@ -297,7 +340,7 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 		managementapi.WriteError(w, status, msg)
 		return
 	}
-	c, open, err := h.openChannel(r.Context(), token)
+	c, open, err := h.openChannel(r, token)
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -333,6 +376,15 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 	g := h.opt.Graph
 	upstreamToken, err := g.ExchangeCode(ctx, h.opt.AppID, h.opt.AppSecret, in.Code)
 	if err == nil {
+		// The signup session reports both ids: the number must be one of the account's, or a
+		// caller could tie the channel to a number of another account the token reaches.
+		var belongs bool
+		if belongs, err = g.PhoneNumberBelongsToWABA(ctx, upstreamToken, in.WabaID, in.PhoneNumberID); err == nil && !belongs {
+			managementapi.WriteError(w, http.StatusConflict, MsgNotInAccount)
+			return
+		}
+	}
+	if err == nil {
 		err = g.SubscribeApp(ctx, upstreamToken, in.WabaID)
 	}
 	if err == nil {
@@ -346,10 +398,20 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 		h.upstreamFailure(w, err)
 		return
 	}
-	err = h.opt.Store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: in.PhoneNumberID, WabaID: in.WabaID,
+	err = h.opt.Store.CompleteConnection(ctx, c.ID, store.Connection{PhoneNumberID: in.PhoneNumberID, WabaID: in.WabaID,
 		DisplayPhoneNumber: number.DisplayPhoneNumber, VerifiedName: number.VerifiedName, UpstreamToken: upstreamToken})
-	if errors.Is(err, store.ErrNumberInUse) {
+	switch {
+	case errors.Is(err, store.ErrNumberInUse):
 		managementapi.WriteError(w, http.StatusConflict, MsgNumberInUse)
+		return
+	case errors.Is(err, store.ErrLinkClosed):
+		managementapi.WriteError(w, http.StatusGone, MsgLinkInvalid)
+		return
+	case errors.Is(err, store.ErrOperatorDeactivated):
+		managementapi.WriteError(w, http.StatusConflict, MsgDeactivated)
+		return
+	case errors.Is(err, store.ErrOtherNumber):
+		managementapi.WriteError(w, http.StatusConflict, MsgOtherNumber)
 		return
 	}
 	if err != nil {

@@ -127,9 +127,10 @@ type Connection struct {
 	UpstreamToken      string
 }
 
-// ConnectChannel stores a completed connection: the channel becomes active with its number,
-// business account and encrypted upstream token; its connect link closes and any upstream
-// disconnection is cleared. The channel token is kept.
+// ConnectChannel stores a connection unconditionally (operator tools and tests): the channel
+// becomes active with its number, business account and encrypted upstream token; its connect
+// link closes and any upstream disconnection is cleared. The channel token is kept. The connect
+// flow uses CompleteConnection.
 func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) error {
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
@@ -148,6 +149,58 @@ func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) 
 		return ErrChannelNotFound
 	}
 	return nil
+}
+
+// ErrLinkClosed is returned by CompleteConnection when the channel's connect link is no
+// longer open (expired, used by a concurrent completion, or the channel is gone).
+var ErrLinkClosed = errors.New("connect link is closed")
+
+// ErrOtherNumber is returned by CompleteConnection when the channel is already tied to another
+// number or business account (a reconnect must use the same ones).
+var ErrOtherNumber = errors.New("channel is tied to another number")
+
+// CompleteConnection stores a completed Embedded Signup like ConnectChannel, but only if, at the
+// moment of writing, the channel's link is still open, an operator has not deactivated it, and
+// it is not tied to another number or business account: the upstream calls that precede it
+// take seconds, and a concurrent completion or an operator's deactivation landing meanwhile
+// must win. It returns ErrLinkClosed, ErrOperatorDeactivated, ErrOtherNumber or ErrNumberInUse
+// when the write does not happen.
+func (s *Store) CompleteConnection(ctx context.Context, id uuid.UUID, c Connection) error {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
+			display_phone_number = NULLIF($4, ''), verified_name = NULLIF($5, ''), upstream_token_enc = $6,
+			connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()
+		WHERE id = $1 AND token_expires_at > now() AND inactive_reason IS DISTINCT FROM 'operator'
+		  AND (phone_number_id IS NULL OR phone_number_id = $2) AND (waba_id IS NULL OR waba_id = $3)`,
+		id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
+		return ErrNumberInUse
+	}
+	if err != nil {
+		return fmt.Errorf("complete connection: %w", err)
+	}
+	if tag.RowsAffected() == 1 {
+		return nil
+	}
+	// Why not: read the channel as it is now.
+	var open, operator, other bool
+	err = s.pool.QueryRow(ctx, `
+		SELECT coalesce(token_expires_at > now(), false), inactive_reason IS NOT DISTINCT FROM 'operator',
+			(phone_number_id IS NOT NULL AND phone_number_id <> $2) OR (waba_id IS NOT NULL AND waba_id <> $3)
+		FROM channels WHERE id = $1`, id, c.PhoneNumberID, c.WabaID).Scan(&open, &operator, &other)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return ErrLinkClosed
+	case err != nil:
+		return fmt.Errorf("complete connection: %w", err)
+	case operator:
+		return ErrOperatorDeactivated
+	case other:
+		return ErrOtherNumber
+	default:
+		return ErrLinkClosed
+	}
 }
 
 // ErrNumberInUse is returned by ConnectChannel when another channel has the phone number.
@@ -243,7 +296,9 @@ var ErrOperatorDeactivated = errors.New("channel was deactivated by the operator
 // deactivated (and any other). The channel token is kept.
 func (s *Store) ReopenLink(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, ttl time.Duration, operator bool) (Channel, error) {
 	c, err := s.scanChannel(s.pool.QueryRow(ctx, `
-		UPDATE channels SET token_expires_at = now() + $3::interval, updated_at = now()
+		UPDATE channels SET token_expires_at = now() + $3::interval, updated_at = now(),
+			-- the operator reopening a channel it deactivated lets its owner complete the link
+			inactive_reason = CASE WHEN $4 AND inactive_reason = 'operator' THEN NULL ELSE inactive_reason END
 		WHERE id = $1 AND ($2::uuid IS NULL OR org_id = $2) AND (
 			$4 OR (inactive_reason IS DISTINCT FROM 'operator' AND (
 				(status = 'pending' AND (token_expires_at IS NULL OR token_expires_at <= now()))
