@@ -291,11 +291,20 @@ func TestServeAndReload(t *testing.T) {
 			}
 		}()
 	}
+	// each reload (and the end) comes after more answers under the config before it
+	served := func() {
+		t.Helper()
+		for since, deadline := ok.Load(), time.Now().Add(20*time.Second); ok.Load() < since+5; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("no answers for 20 s (%d failed)", failures.Load())
+			}
+		}
+	}
 	for i := 0; i < 5; i++ {
-		time.Sleep(50 * time.Millisecond)
+		served()
 		in.load(caddyfileFor(in.port, fmt.Sprintf("management_rate_limit %d 1m", 100000+i)))
 	}
-	time.Sleep(50 * time.Millisecond)
+	served()
 	stop.Store(true)
 	wg.Wait()
 	t.Logf("during 5 reloads: %d ok, %d failed answers, %d connection errors", ok.Load(), failures.Load(), connErrs.Load())
@@ -335,7 +344,9 @@ func TestStartFailsWithoutDatabase(t *testing.T) {
 	if !strings.Contains(err.Error(), "postgres") {
 		t.Fatalf("error does not say what failed: %v", err)
 	}
-	time.Sleep(10 * time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); poolRefs(t, dsn) != 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond) // polling: Cleanup releases the pool
+	}
 	if n := poolRefs(t, dsn); n != 0 {
 		t.Fatalf("pool still referenced after failed start: %d", n)
 	}

@@ -128,7 +128,8 @@ func TestEventsEndToEnd(t *testing.T) {
 	for i := 0; i < batches; i++ {
 		post(origin, []string{fmt.Sprint("c", i)}, nil)
 	}
-	time.Sleep(150 * time.Millisecond)
+	// kill once attempts of the new batches are in flight (the receiver holds each 300 ms)
+	waitFor(t, 10*time.Second, func() bool { d, _, _ := rc.ledger(); return d > 5 })
 	if err := e.procs[origin].Process.Kill(); err != nil {
 		t.Fatal(err)
 	}

@@ -382,8 +382,9 @@ func TestRetriesThenSucceeds(t *testing.T) {
 	ids := e.events(1)
 	cfg := e.config(rc)
 	e.run(cfg)
+	// delivered is final and written after the receiver answered: every hit is in by now, and
+	// no further claim can pick the delivery up
 	waitFor(t, "delivered", 5*time.Second, e.statusIs(ids[0], "delivered"))
-	time.Sleep(300 * time.Millisecond) // nothing more may arrive
 	hits := rc.snapshot()
 	if len(hits) != 3 {
 		t.Fatalf("%d hits, want 3", len(hits))
@@ -418,8 +419,7 @@ func TestAlwaysFailingEndsFailed(t *testing.T) {
 	e.webhook(rc.srv.URL)
 	ids := e.events(1)
 	e.run(e.config(rc))
-	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
-	time.Sleep(300 * time.Millisecond)
+	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed")) // final: every hit is in
 	if n := len(rc.snapshot()); n != 4 {
 		t.Fatalf("%d hits, want 4", n)
 	}
@@ -466,8 +466,8 @@ func TestRedirectIsFailure(t *testing.T) {
 	cfg := e.config(rc)
 	cfg.RetryDelays = []time.Duration{}
 	e.run(cfg)
+	// a followed redirect would have hit the receiver before the attempt ended
 	waitFor(t, "failed", 5*time.Second, e.statusIs(ids[0], "failed"))
-	time.Sleep(100 * time.Millisecond)
 	if hits := rc.snapshot(); len(hits) != 1 {
 		t.Fatalf("%d hits: the redirect was followed", len(hits))
 	}
@@ -491,8 +491,26 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	}
 	cfg := e.config(rc)
 	cfg.PerWebhook = 1 // one at a time, to observe the order
+	// a marker: another org's active webhook gets a delivery stored after the held ones; once
+	// it is delivered, the dispatcher has claimed past the held deliveries and left them alone
+	marker := newReceiver(t, nil)
+	org2, err := e.st.CreateOrg(ctx, "marker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch2, _ := e.st.CreateChannel(ctx, org2.ID, "m", time.Hour)
+	if err := e.st.ConnectChannel(ctx, ch2.ID, store.Connection{PhoneNumberID: e.phone + "9", WabaID: "wm" + e.phone, UpstreamToken: "t"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.st.CreateWebhook(ctx, org2.ID, store.NewWebhook{Name: "m", URL: marker.srv.URL, Events: []string{"messages"}}); err != nil {
+		t.Fatal(err)
+	}
 	e.run(cfg)
-	time.Sleep(400 * time.Millisecond)
+	if _, err := e.st.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: e.phone + "9", DedupeKey: "marker",
+		Data: json.RawMessage(`{"message":{"id":"marker"}}`)}}, store.Claim{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the marker delivered", 5*time.Second, func() bool { return len(marker.snapshot()) == 1 })
 	if n := len(rc.snapshot()); n != 0 {
 		t.Fatalf("paused webhook got %d hits", n)
 	}
@@ -549,6 +567,11 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	ids := e.events(n)
 	cfgA, cfgB := e.config(rc), e.config(rc)
 	cfgA.BatchSize, cfgB.BatchSize = 10, 10 // many claims, so that the two instances interleave
+	// Exactly once holds while no attempt times out: give attempts a timeout (and the claims a
+	// lease) that a loaded 2-core machine cannot run into; at-least-once retries after a
+	// timeout are tested elsewhere.
+	cfgA.Timeout, cfgB.Timeout = 20*time.Second, 20*time.Second
+	cfgA.Lease, cfgB.Lease = time.Minute, time.Minute
 	cfgA.InstanceID, cfgB.InstanceID = "A", "B"
 	obsA, obsB := &countingObserver{n: map[string]int{}}, &countingObserver{n: map[string]int{}}
 	cfgA.Observer, cfgB.Observer = obsA, obsB
@@ -597,7 +620,8 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	}
 	e.run(e.config(rc))
 	waitFor(t, "reclaimed and delivered", 5*time.Second, e.statusIs(ids[0], "delivered"))
-	time.Sleep(200 * time.Millisecond)
+	// ids[1] is older than nothing and due like ids[0]: the claim that took ids[0] saw it and
+	// left it, its lease being live
 	if row := e.delivery(ids[0]); row.attempts != 2 {
 		t.Fatalf("reclaimed delivery %+v, want attempts 2", row)
 	}
@@ -747,7 +771,12 @@ func TestWakesOnNotify(t *testing.T) {
 	cfg := e.config(rc)
 	cfg.PollInterval = time.Hour // only a notification can wake the dispatcher
 	e.run(cfg)
-	time.Sleep(300 * time.Millisecond) // LISTEN is established and the startup claim is done
+	waitFor(t, "LISTEN established", 10*time.Second, func() bool {
+		var n int
+		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN `+"\"wabarelay_deliveries\""+`'`).Scan(&n)
+		return n == 1
+	})
 	t0 := time.Now()
 	ids := e.events(1)
 	waitFor(t, "delivered after NOTIFY", 3*time.Second, e.statusIs(ids[0], "delivered"))

@@ -269,8 +269,9 @@ func TestRedisKillRestart(t *testing.T) {
 	if werr != nil || res.Outcome != Replay {
 		t.Fatalf("waiter after restart: %v %v", res.Outcome, werr)
 	}
-	if d := time.Since(t0); d > time.Second {
-		t.Fatalf("waiter after restart woken %v after Complete; pub/sub did not recover", d)
+	// Woken by pub/sub or, failing it, by the 250 ms poll; the margin is for a loaded machine.
+	if d := time.Since(t0); d > 5*time.Second {
+		t.Fatalf("waiter after restart woken %v after Complete", d)
 	}
 	sameResponse(t, res.Response, sampleResponse("after"))
 }
