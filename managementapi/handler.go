@@ -411,7 +411,14 @@ func (h *Handler) deleteChannel(q *request) {
 		return
 	}
 	if h.opt.AfterChannelDeleted != nil && deleted.WabaID != "" {
-		go h.opt.AfterChannelDeleted(deleted)
+		go func() {
+			defer func() {
+				if v := recover(); v != nil {
+					h.logger.Error("after-delete hook panicked", zap.Any("panic", v))
+				}
+			}()
+			h.opt.AfterChannelDeleted(deleted)
+		}()
 	}
 	q.w.WriteHeader(http.StatusNoContent)
 }
