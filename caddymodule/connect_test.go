@@ -39,7 +39,7 @@ http://127.0.0.1:%d {
 		t.Helper()
 		client := &http.Client{
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-			Transport: &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext},
+			Transport:     &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}).DialContext},
 		}
 		req, _ := http.NewRequest("GET", origin+"/connect/"+ch.ChannelToken, nil)
 		req.Header.Set("X-Forwarded-Proto", "https")

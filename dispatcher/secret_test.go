@@ -37,16 +37,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 		}
 		return s, err
 	}
-	cfg := e.config(rc)
-	cfg.secretRetry = 20 * time.Millisecond
-	d, err := New(e.pool, secrets, cfg, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx, e.dsn) }()
-	defer func() { cancel(); <-done }()
+	runWithSecrets(t, e, rc, secrets, zap.New(core))
 
 	var status, lastErr string
 	waitFor(t, "the delivery to fail", 20*time.Second, func() bool {
@@ -79,16 +70,7 @@ func TestAttemptPanicSurvived(t *testing.T) {
 		}
 		return e.st.WebhookSecret(ctx, id)
 	}
-	cfg := e.config(rc)
-	cfg.secretRetry = 20 * time.Millisecond
-	d, err := New(e.pool, secrets, cfg, zap.New(core))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx, e.dsn) }()
-	defer func() { cancel(); <-done }()
+	runWithSecrets(t, e, rc, secrets, zap.New(core))
 	var status string
 	waitFor(t, "delivery after a panic", 20*time.Second, func() bool {
 		e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status)
@@ -97,4 +79,20 @@ func TestAttemptPanicSurvived(t *testing.T) {
 	if logs.FilterMessageSnippet("panicked").Len() != 1 {
 		t.Fatalf("panic not logged once: %v", logs.All())
 	}
+}
+
+// runWithSecrets runs a dispatcher reading secrets with secrets and logging to logger, with
+// quick secret retries, until the test ends.
+func runWithSecrets(t *testing.T, e *env, rc *receiver, secrets Secrets, logger *zap.Logger) {
+	t.Helper()
+	cfg := e.config(rc)
+	cfg.secretRetry = 20 * time.Millisecond
+	d, err := New(e.pool, secrets, cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); d.Run(ctx, e.dsn) }()
+	t.Cleanup(func() { cancel(); <-done })
 }

@@ -132,11 +132,7 @@ type Connection struct {
 // link closes and any upstream disconnection is cleared. The channel token is kept. The connect
 // flow uses CompleteConnection.
 func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) error {
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
-			display_phone_number = NULLIF($4, ''), verified_name = NULLIF($5, ''), upstream_token_enc = $6,
-			connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()
-		WHERE id = $1`,
+	tag, err := s.pool.Exec(ctx, connectUpdate,
 		id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
@@ -150,6 +146,14 @@ func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) 
 	}
 	return nil
 }
+
+// connectUpdate activates channel $1 with number $2, account $3, display number $4, verified
+// name $5 and sealed upstream token $6, closing its link (ConnectChannel, CompleteConnection).
+const connectUpdate = `
+	UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
+		display_phone_number = NULLIF($4, ''), verified_name = NULLIF($5, ''), upstream_token_enc = $6,
+		connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()
+	WHERE id = $1`
 
 // ErrLinkClosed is returned by CompleteConnection when the channel's connect link is no
 // longer open (expired, used by a concurrent completion, or the channel is gone).
@@ -166,11 +170,7 @@ var ErrOtherNumber = errors.New("channel is tied to another number")
 // must win. It returns ErrLinkClosed, ErrOperatorDeactivated, ErrOtherNumber or ErrNumberInUse
 // when the write does not happen.
 func (s *Store) CompleteConnection(ctx context.Context, id uuid.UUID, c Connection) error {
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
-			display_phone_number = NULLIF($4, ''), verified_name = NULLIF($5, ''), upstream_token_enc = $6,
-			connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()
-		WHERE id = $1 AND token_expires_at > now() AND inactive_reason IS DISTINCT FROM 'operator'
+	tag, err := s.pool.Exec(ctx, connectUpdate+` AND token_expires_at > now() AND inactive_reason IS DISTINCT FROM 'operator'
 		  AND (phone_number_id IS NULL OR phone_number_id = $2) AND (waba_id IS NULL OR waba_id = $3)`,
 		id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
 	var pgErr *pgconn.PgError
