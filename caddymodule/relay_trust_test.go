@@ -212,6 +212,13 @@ func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 	e := newRelayEnv(t, "")
 	base := e.caddy("")
 	ch := e.channel(true)
+	// the channel listener flushes the cache when it connects: warm the cache after that
+	waitFor(t, 20*time.Second, func() bool {
+		var n int
+		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query = 'LISTEN "wabarelay_channels"'`).Scan(&n)
+		return n == 1
+	})
 	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, textBody); r.status != 200 {
 		t.Fatalf("warm-up: %d %s", r.status, r.body)
 	}
