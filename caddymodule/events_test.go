@@ -45,7 +45,7 @@ func newReceiver(t *testing.T) *receiver {
 			rc.bad++
 		}
 		rc.mu.Unlock()
-		time.Sleep(delay)
+		time.Sleep(delay) // the receiver's work (keeps attempts in flight), not synchronisation
 		if !ok {
 			w.WriteHeader(401)
 			return
@@ -118,7 +118,7 @@ func TestEventsEndToEnd(t *testing.T) {
 		}
 	}
 	post(origin, []string{"a1", "a2", "a3"}, []string{"a1", "a2"})
-	waitFor(t, 10*time.Second, func() bool { d, _, _ := rc.ledger(); return d == 5 })
+	waitFor(t, 30*time.Second, func() bool { d, _, _ := rc.ledger(); return d == 5 })
 
 	// crash mid-load: a slow receiver keeps attempts in flight, then SIGKILL
 	rc.mu.Lock()
@@ -129,7 +129,7 @@ func TestEventsEndToEnd(t *testing.T) {
 		post(origin, []string{fmt.Sprint("c", i)}, nil)
 	}
 	// kill once attempts of the new batches are in flight (the receiver holds each 300 ms)
-	waitFor(t, 10*time.Second, func() bool { d, _, _ := rc.ledger(); return d > 5 })
+	waitFor(t, 30*time.Second, func() bool { d, _, _ := rc.ledger(); return d > 5 })
 	if err := e.procs[origin].Process.Kill(); err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestEventsEndToEnd(t *testing.T) {
 	rc.delay = 0
 	rc.mu.Unlock()
 	origin2 := e.caddyWith("", appExtra, site)
-	took := waitFor(t, 30*time.Second, func() bool { d, _, _ := rc.ledger(); return d == 5+batches })
+	took := waitFor(t, time.Minute, func() bool { d, _, _ := rc.ledger(); return d == 5+batches })
 	distinct, total, bad := rc.ledger()
 	t.Logf("after restart: %d distinct events delivered (%d deliveries, %d duplicates) in %v; lost 0", distinct, total, total-distinct, took)
 	if bad != 0 {
@@ -147,7 +147,7 @@ func TestEventsEndToEnd(t *testing.T) {
 	}
 	var pending int
 	e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&pending)
-	waitFor(t, 10*time.Second, func() bool {
+	waitFor(t, 30*time.Second, func() bool {
 		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&pending)
 		return pending == 0
 	})

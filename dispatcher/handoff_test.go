@@ -15,7 +15,7 @@ import (
 func reserve(t *testing.T, d *Dispatcher, n int) int {
 	t.Helper()
 	var got int
-	waitFor(t, "slots to reserve", 5*time.Second, func() bool { got = d.Reserve(n); return got > 0 })
+	waitFor(t, "slots to reserve", patience, func() bool { got = d.Reserve(n); return got > 0 })
 	return got
 }
 
@@ -74,7 +74,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	d.Deliver(n, jobsOf(res), res.Queued > 0)
 
 	// The queued one is announced (NOTIFY) and claimed; the two handed off need nothing more.
-	waitFor(t, "three receipts", 5*time.Second, func() bool { return len(rc.snapshot()) == 3 })
+	waitFor(t, "three receipts", patience, func() bool { return len(rc.snapshot()) == 3 })
 	for _, h := range rc.snapshot() {
 		var stored string
 		if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`,
@@ -88,7 +88,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 		verifyStandard(t, secret, h.header, h.body)
 	}
 	for _, c := range res.Claimed {
-		waitFor(t, "delivered", 5*time.Second, e.statusIs(c.EventID, "delivered"))
+		waitFor(t, "delivered", patience, e.statusIs(c.EventID, "delivered"))
 		if row := e.delivery(c.EventID); row.attempts != 1 {
 			t.Fatalf("handed-off delivery %+v", row)
 		}
@@ -120,7 +120,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 	}
 	d.Deliver(n, jobsOf(res), false)
 	for _, c := range res.Claimed {
-		waitFor(t, "delivered", 5*time.Second, e.statusIs(c.EventID, "delivered"))
+		waitFor(t, "delivered", patience, e.statusIs(c.EventID, "delivered"))
 		// The two over the cap were handed back without using up an attempt.
 		if row := e.delivery(c.EventID); row.attempts != 1 || len(e.attemptRows(c.EventID)) != 1 {
 			t.Fatalf("delivery %+v, attempts %+v", row, e.attemptRows(c.EventID))
@@ -140,18 +140,24 @@ func TestShutdownWaitsForReservations(t *testing.T) {
 
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
+	// Shutdown has begun once the loop has ended and no more slots are handed out.
+	waitFor(t, "the claim loop to end", patience, func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return !d.running
+	})
+	if got := d.Reserve(1); got != 0 {
+		t.Fatalf("reserved %d slots while stopping", got)
+	}
 	select {
 	case <-stopped:
 		t.Fatal("Run returned with slots still reserved")
-	case <-time.After(200 * time.Millisecond):
-	}
-	if got := d.Reserve(1); got != 0 {
-		t.Fatalf("reserved %d slots while stopping", got)
+	default:
 	}
 	d.Deliver(n, nil, false)
 	select {
 	case <-stopped:
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("Run did not return after the reservation was given back")
 	}
 }

@@ -5,12 +5,17 @@ import (
 	"crypto/rand"
 	"encoding/json"
 	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
@@ -43,6 +48,23 @@ func newRedisPair(t *testing.T, url string, opt Options) (*Redis, *Redis) {
 	return a, b
 }
 
+// dialFailures is a go-redis hook that counts a client's failed dials.
+type dialFailures struct{ n *atomic.Int64 }
+
+func (h dialFailures) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := next(ctx, network, addr)
+		if err != nil {
+			h.n.Add(1)
+		}
+		return c, err
+	}
+}
+func (h dialFailures) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h dialFailures) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
 // waitSubscribed waits until s's pub/sub listener is subscribed.
 func waitSubscribed(t *testing.T, s *Redis, within time.Duration) {
 	t.Helper()
@@ -63,14 +85,15 @@ func TestRedis(t *testing.T) {
 }
 
 // TestRedisWakeByPubSub: with the safety poll out of the way, a waiter on one instance is woken
-// by the other instance's Complete through pub/sub, within milliseconds.
+// by the other instance's Complete through pub/sub (in milliseconds; the test allows patience,
+// a fraction of the Wait that would otherwise end the waiting).
 func TestRedisWakeByPubSub(t *testing.T) {
-	a, b := newRedisPair(t, testenv.Redis(t), Options{Wait: 10 * time.Second})
+	a, b := newRedisPair(t, testenv.Redis(t), Options{Wait: 4 * patience})
 	a.poll, b.poll = time.Hour, time.Hour
 	const key, fp = "chan-1:k-pubsub", "fp"
 	r := mustBegin(t, a, key, fp, Acquired)
 	mustBegin(t, b, "chan-1:k-warm", fp, Acquired) // the listener starts with the first Begin
-	waitSubscribed(t, b, 5*time.Second)
+	waitSubscribed(t, b, patience)
 
 	done := make(chan Result, 1)
 	go func() {
@@ -80,7 +103,7 @@ func TestRedisWakeByPubSub(t *testing.T) {
 		}
 		done <- res
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitWaiting(t, 1)
 	t0 := time.Now()
 	if err := a.Complete(context.Background(), key, r.Token, sampleResponse("ps")); err != nil {
 		t.Fatal(err)
@@ -91,8 +114,8 @@ func TestRedisWakeByPubSub(t *testing.T) {
 			t.Fatalf("waiter got %v, want Replay", res.Outcome)
 		}
 		t.Logf("waiter woken %v after Complete", time.Since(t0))
-	case <-time.After(2 * time.Second):
-		t.Fatal("waiter not woken by pub/sub within 2s")
+	case <-time.After(patience):
+		t.Fatalf("waiter not woken by pub/sub within %v", patience)
 	}
 }
 
@@ -174,15 +197,26 @@ func TestRedisRecord(t *testing.T) {
 // listener has recovered.
 func TestRedisKillRestart(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	a, b := newRedisPair(t, srv.URL(), Options{Wait: 10 * time.Second, Lease: time.Minute})
+	// Two instances whose clients count their failed dials. Wait is far beyond every "promptly"
+	// below, so that failing promptly and waiting it out cannot be confused.
+	opt := Options{Wait: 4 * patience, Lease: 10 * patience, Prefix: testPrefix()}
+	var failed [2]atomic.Int64
+	var stores [2]*Redis
+	for i, name := range []string{"a", "b"} {
+		c := newTestClient(t, srv.URL())
+		c.AddHook(dialFailures{&failed[i]})
+		stores[i] = NewRedis(c, opt, zaptest.NewLogger(t).Named(name))
+	}
+	a, b := stores[0], stores[1]
+	t.Cleanup(func() { a.Close(); b.Close() })
 	ctx := context.Background()
 	const fp = "fp"
 
 	// Both listeners up before the outage.
 	mustBegin(t, a, "k-warm-a", fp, Acquired)
 	owned := mustBegin(t, b, "k-warm-b", fp, Acquired)
-	waitSubscribed(t, a, 5*time.Second)
-	waitSubscribed(t, b, 5*time.Second)
+	waitSubscribed(t, a, patience)
+	waitSubscribed(t, b, patience)
 
 	// A duplicate waiting when Redis dies.
 	waitErr := make(chan error, 1)
@@ -190,11 +224,11 @@ func TestRedisKillRestart(t *testing.T) {
 		_, err := a.Begin(ctx, "k-warm-b", fp)
 		waitErr <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	waitWaiting(t, 1)
 
 	srv.Kill(t)
 	killedAt := time.Now()
-	const prompt = 3 * time.Second
+	const prompt = patience
 	select {
 	case err := <-waitErr:
 		if !errors.Is(err, ErrUnavailable) {
@@ -221,15 +255,19 @@ func TestRedisKillRestart(t *testing.T) {
 	check("Begin", func() error { _, err := a.Begin(ctx, "k-down", fp); return err })
 	check("Complete", func() error { return b.Complete(ctx, "k-warm-b", owned.Token, sampleResponse("x")) })
 	check("Release", func() error { return b.Release(ctx, "k-warm-b", owned.Token) })
-	if a.subscribed.Load() || b.subscribed.Load() {
-		// The listener may take a moment to notice; give it one.
-		time.Sleep(500 * time.Millisecond)
-		if a.subscribed.Load() || b.subscribed.Load() {
+	for deadline := time.Now().Add(patience); a.subscribed.Load() || b.subscribed.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
 			t.Fatal("listener still reports subscribed with Redis down")
 		}
 	}
 
-	time.Sleep(300 * time.Millisecond) // let the listeners fail a reconnect or two
+	// Each listener fails to reconnect twice (nothing else dials now) before Redis is back.
+	base := [2]int64{failed[0].Load(), failed[1].Load()}
+	for deadline := time.Now().Add(patience); failed[0].Load() < base[0]+2 || failed[1].Load() < base[1]+2; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("listeners did not try to reconnect: %d and %d failed dials", failed[0].Load()-base[0], failed[1].Load()-base[1])
+		}
+	}
 	srv.Restart(t)
 	restartedAt := time.Now()
 
@@ -241,10 +279,10 @@ func TestRedisKillRestart(t *testing.T) {
 		if err == nil {
 			break
 		}
-		if time.Since(restartedAt) > 5*time.Second {
-			t.Fatalf("Begin still failing 5s after restart: %v", err)
+		if time.Since(restartedAt) > patience {
+			t.Fatalf("Begin still failing %v after restart: %v", patience, err)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // polling
 	}
 	if r.Outcome != Acquired {
 		t.Fatalf("Begin after restart = %v", r.Outcome)
@@ -252,15 +290,15 @@ func TestRedisKillRestart(t *testing.T) {
 	t.Logf("Begin works %v after restart", time.Since(restartedAt))
 
 	// The pub/sub listeners are back: a waiter on b (no safety poll) is woken by a's Complete.
-	waitSubscribed(t, b, 10*time.Second)
-	waitSubscribed(t, a, 10*time.Second)
+	waitSubscribed(t, b, patience)
+	waitSubscribed(t, a, patience)
 	t.Logf("listeners re-subscribed %v after restart", time.Since(restartedAt))
 	b.poll = time.Hour // only pub/sub can wake it now; no Begin of b is running
 	var wg sync.WaitGroup
 	var res Result
 	var werr error
 	wg.Go(func() { res, werr = b.Begin(ctx, "k-after", fp) })
-	time.Sleep(100 * time.Millisecond)
+	waitWaiting(t, 1)
 	t0 := time.Now()
 	if err := a.Complete(ctx, "k-after", r.Token, sampleResponse("after")); err != nil {
 		t.Fatal(err)
@@ -269,9 +307,9 @@ func TestRedisKillRestart(t *testing.T) {
 	if werr != nil || res.Outcome != Replay {
 		t.Fatalf("waiter after restart: %v %v", res.Outcome, werr)
 	}
-	// Woken by pub/sub or, failing it, by the 250 ms poll; the margin is for a loaded machine.
-	if d := time.Since(t0); d > 5*time.Second {
-		t.Fatalf("waiter after restart woken %v after Complete", d)
+	// Without pub/sub, the waiter would have waited out its Wait (4 × patience).
+	if d := time.Since(t0); d > patience {
+		t.Fatalf("waiter after restart woken %v after Complete: pub/sub did not recover", d)
 	}
 	sameResponse(t, res.Response, sampleResponse("after"))
 }
@@ -291,26 +329,31 @@ func TestRedisClose(t *testing.T) {
 
 	s = NewRedis(newTestClient(t, url), Options{Prefix: testPrefix()}, nil)
 	mustBegin(t, s, "k", "fp", Acquired)
-	waitSubscribed(t, s, 5*time.Second)
+	waitSubscribed(t, s, patience)
 	done := make(chan struct{})
 	go func() { s.Close(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(3 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("Close did not return")
 	}
 
 	// Redis unreachable: the listener is retrying; Close still returns.
-	s = NewRedis(newTestClient(t, "redis://127.0.0.1:1/0"), Options{}, nil)
+	core, logs := observer.New(zapcore.WarnLevel)
+	s = NewRedis(newTestClient(t, "redis://127.0.0.1:1/0"), Options{}, zap.New(core))
 	if _, err := s.Begin(context.Background(), "k", "fp"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Begin on unreachable Redis = %v", err)
 	}
-	time.Sleep(100 * time.Millisecond)
+	for deadline := time.Now().Add(patience); logs.FilterMessageSnippet("pub/sub connection to Redis lost").Len() == 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not report its failed connection")
+		}
+	}
 	done = make(chan struct{})
 	go func() { s.Close(); close(done) }()
 	select {
 	case <-done:
-	case <-time.After(3 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("Close did not return")
 	}
 }

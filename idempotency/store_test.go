@@ -6,10 +6,69 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 )
+
+// patience is how long a test waits for something that takes milliseconds on an idle machine:
+// a deadline for a failing test. Where a test tells "woken" from "waited out", the Wait it
+// would otherwise wait out is a multiple of it.
+const patience = 30 * time.Second
+
+// waiting reports whether n Begin calls (of any store of this package) are parked, waiting for
+// their key, within the time given: read from the goroutines' stacks, where a parked Begin is
+// the top frame of a goroutine blocked in select. It is how a test knows that its duplicates
+// wait before it completes, releases or cancels, instead of sleeping "long enough".
+func waiting(n int, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	buf := make([]byte, 1<<20)
+	for {
+		for {
+			m := runtime.Stack(buf, true)
+			if m < len(buf) {
+				buf = buf[:m]
+				break
+			}
+			buf = make([]byte, 2*len(buf))
+		}
+		parked := 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			lines := strings.Split(g, "\n")
+			if len(lines) < 2 || !strings.Contains(lines[0], "[select") {
+				continue
+			}
+			top := ""
+			for i := 1; i < len(lines); i += 2 { // function line, then its file line
+				if !strings.HasPrefix(lines[i], "runtime.") {
+					top = lines[i]
+					break
+				}
+			}
+			if strings.HasPrefix(top, "github.com/wabarelay/wabarelay/idempotency.(*") && strings.Contains(top, ").Begin(") {
+				parked++
+			}
+		}
+		if parked >= n {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+		buf = buf[:cap(buf)]
+		time.Sleep(5 * time.Millisecond) // polling
+	}
+}
+
+// waitWaiting fails the test unless n Begin calls are parked within patience.
+func waitWaiting(t *testing.T, n int) {
+	t.Helper()
+	if !waiting(n, patience) {
+		t.Fatalf("%d Begin calls not waiting within %v", n, patience)
+	}
+}
 
 // newStores returns two Stores that share state: for Redis, two stores on two separate clients
 // (two "instances"); for Memory, the same store twice.
@@ -70,9 +129,11 @@ func mustBegin(t *testing.T, s Store, key, fp string, want Outcome) Result {
 }
 
 // testConcurrentBegin: 50 concurrent Begins on one key over two stores; exactly one is Acquired,
-// its owner completes after 200 ms, and all 49 others replay the identical response.
+// its owner completes once the 49 others wait, and they all replay the identical response, woken
+// by the completion (long before their Wait would end).
 func testConcurrentBegin(t *testing.T, newStores newStores) {
-	a, b := newStores(t, Options{Wait: 10 * time.Second})
+	const wait = 4 * patience
+	a, b := newStores(t, Options{Wait: wait})
 	const n = 50
 	const key, fp = "chan-1:order-42", "fp-1"
 	want := sampleResponse("concurrent")
@@ -95,7 +156,9 @@ func testConcurrentBegin(t *testing.T, newStores newStores) {
 			r, err := s.Begin(context.Background(), key, fp)
 			results[i], errs[i] = r, err
 			if err == nil && r.Outcome == Acquired {
-				time.Sleep(200 * time.Millisecond) // the upstream send
+				if !waiting(n-1, patience) { // the upstream send, while the duplicates wait
+					t.Errorf("the %d duplicates are not all waiting", n-1)
+				}
 				errs[i] = s.Complete(context.Background(), key, r.Token, want)
 			}
 			elapsed[i] = time.Since(t0)
@@ -120,8 +183,8 @@ func testConcurrentBegin(t *testing.T, newStores newStores) {
 		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
 	}
 	t.Logf("%d callers over two stores: 1 send, %d replays, all done in %v (slowest %v)", n, n-1, total, maxDuration(elapsed))
-	if total > 2*time.Second {
-		t.Errorf("took %v; waiters should be woken soon after the 200 ms send", total)
+	if total > wait/2 {
+		t.Errorf("took %v; waiters must be woken by the completion, not wait out their %v", total, wait)
 	}
 	// Later repeats replay too, from either store.
 	sameResponse(t, mustBegin(t, a, key, fp, Replay).Response, want)
@@ -139,15 +202,15 @@ func maxDuration(d []time.Duration) time.Duration {
 // testMismatch: the same key with another fingerprint is Mismatch at once, in flight and after
 // completion.
 func testMismatch(t *testing.T, newStores newStores) {
-	a, b := newStores(t, Options{Wait: 5 * time.Second})
+	a, b := newStores(t, Options{Wait: 4 * patience})
 	const key = "chan-1:k-mismatch"
 	r := mustBegin(t, a, key, "fp-A", Acquired)
 
 	t0 := time.Now()
 	mustBegin(t, b, key, "fp-B", Mismatch)
 	mustBegin(t, a, key, "fp-B", Mismatch)
-	if d := time.Since(t0); d > time.Second {
-		t.Errorf("Mismatch while in flight took %v; it must not wait", d)
+	if d := time.Since(t0); d > patience {
+		t.Errorf("Mismatch while in flight took %v; it must not wait (Wait %v)", d, 4*patience)
 	}
 
 	want := sampleResponse("m")
@@ -163,7 +226,7 @@ func testMismatch(t *testing.T, newStores newStores) {
 // testReleaseHandsOver: after Release, exactly one waiter becomes the owner and the others replay
 // its response once it completes.
 func testReleaseHandsOver(t *testing.T, newStores newStores) {
-	a, b := newStores(t, Options{Wait: 10 * time.Second})
+	a, b := newStores(t, Options{Wait: 4 * patience})
 	const key, fp = "chan-1:k-release", "fp"
 	first := mustBegin(t, a, key, fp, Acquired)
 	want := sampleResponse("second")
@@ -183,12 +246,14 @@ func testReleaseHandsOver(t *testing.T, newStores newStores) {
 			r, err := s.Begin(context.Background(), key, fp)
 			results[i], errs[i] = r, err
 			if err == nil && r.Outcome == Acquired {
-				time.Sleep(100 * time.Millisecond)
+				if !waiting(n-1, patience) { // the others wait again, now for the new owner
+					t.Errorf("the other %d are not waiting for the new owner", n-1)
+				}
 				errs[i] = s.Complete(context.Background(), key, r.Token, want)
 			}
 		})
 	}
-	time.Sleep(150 * time.Millisecond) // let them all wait
+	waitWaiting(t, n) // all of them wait for the first owner
 	if err := a.Release(context.Background(), key, first.Token); err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +291,9 @@ func testReleaseHandsOver(t *testing.T, newStores newStores) {
 // testWaitLimitAndLease: an owner that never completes makes duplicates answer InProgress after
 // Options.Wait; once its lease ends, a new Begin acquires.
 func testWaitLimitAndLease(t *testing.T, newStores newStores) {
-	const wait, lease = 300 * time.Millisecond, 1500 * time.Millisecond
+	// the lease is far beyond the wait: a duplicate slowed down by a loaded machine still
+	// answers within the lease
+	const wait, lease = 500 * time.Millisecond, 4 * time.Second
 	a, b := newStores(t, Options{Wait: wait, Lease: lease})
 	const key, fp = "chan-1:k-wait", "fp"
 	acquiredAt := time.Now()
@@ -245,15 +312,16 @@ func testWaitLimitAndLease(t *testing.T, newStores newStores) {
 			if err != nil || r.Outcome != InProgress {
 				t.Errorf("duplicate %d: %v %v, want InProgress", i, r.Outcome, err)
 			}
-			if d < wait || d > wait+700*time.Millisecond {
-				t.Errorf("duplicate %d answered InProgress after %v, want about %v", i, d, wait)
+			if d < wait || d > wait+2*time.Second {
+				t.Errorf("duplicate %d answered InProgress after %v, want after its Wait %v (lease %v)", i, d, wait, lease)
 			}
 		})
 	}
 	wg.Wait()
 
-	time.Sleep(time.Until(acquiredAt.Add(lease + 100*time.Millisecond)))
-	r := mustBegin(t, b, key, fp, Acquired)
+	// The lease ends (by the clock); then a Begin acquires.
+	time.Sleep(time.Until(acquiredAt.Add(lease)))
+	r := acquireEventually(t, b, key, fp)
 	mustBegin(t, a, key, "other-fp", Mismatch) // the new claim carries its fingerprint
 	if err := b.Complete(context.Background(), key, r.Token, sampleResponse("after-lease")); err != nil {
 		t.Fatal(err)
@@ -261,10 +329,31 @@ func testWaitLimitAndLease(t *testing.T, newStores newStores) {
 	sameResponse(t, mustBegin(t, a, key, fp, Replay).Response, sampleResponse("after-lease"))
 }
 
+// acquireEventually calls Begin on key until it acquires (the key's lease or TTL is ending):
+// until then the answer must be InProgress or Mismatch.
+func acquireEventually(t *testing.T, s Store, key, fp string) Result {
+	t.Helper()
+	deadline := time.Now().Add(patience)
+	for {
+		r, err := s.Begin(context.Background(), key, fp)
+		switch {
+		case err != nil:
+			t.Fatalf("Begin(%q): %v", key, err)
+		case r.Outcome == Acquired:
+			return r
+		case r.Outcome != InProgress && r.Outcome != Mismatch:
+			t.Fatalf("Begin(%q) = %v while its lease or TTL ends", key, r.Outcome)
+		case time.Now().After(deadline):
+			t.Fatalf("Begin(%q) still %v %v after the lease or TTL ended", key, r.Outcome, patience)
+		}
+		time.Sleep(10 * time.Millisecond) // polling
+	}
+}
+
 // testLeaseExpiryWhileWaiting: duplicates waiting for a crashed owner take over when its lease
 // ends (exactly one of them), within their wait.
 func testLeaseExpiryWhileWaiting(t *testing.T, newStores newStores) {
-	a, b := newStores(t, Options{Wait: 5 * time.Second, Lease: 500 * time.Millisecond})
+	a, b := newStores(t, Options{Wait: patience, Lease: 500 * time.Millisecond})
 	const key, fp = "chan-1:k-crash", "fp"
 	mustBegin(t, a, key, fp, Acquired) // this owner "crashes"
 	want := sampleResponse("takeover")
@@ -313,8 +402,8 @@ func testFencing(t *testing.T, newStores newStores) {
 	ctx := context.Background()
 	const key, fp = "chan-1:k-fence", "fp"
 	old := mustBegin(t, a, key, fp, Acquired)
-	time.Sleep(lease + 100*time.Millisecond)
-	cur := mustBegin(t, b, key, fp, Acquired)
+	time.Sleep(lease) // the lease, set before Begin returned, ends
+	cur := acquireEventually(t, b, key, fp)
 
 	if err := a.Complete(ctx, key, old.Token, sampleResponse("old")); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("stale Complete = %v, want ErrNotOwner", err)
@@ -343,7 +432,9 @@ func testFencing(t *testing.T, newStores newStores) {
 	// A lease that ended with nobody taking over: Complete is refused too (the key is free).
 	k2 := "chan-1:k-fence-2"
 	r := mustBegin(t, a, k2, fp, Acquired)
-	time.Sleep(lease + 100*time.Millisecond)
+	// The lease was set before Begin returned: once this much time has passed, it has ended
+	// whatever the load (only the check below can tell; nobody takes the key over meanwhile).
+	time.Sleep(lease + 10*time.Millisecond)
 	if err := a.Complete(ctx, k2, r.Token, sampleResponse("late")); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("Complete after lease = %v, want ErrNotOwner", err)
 	}
@@ -355,23 +446,23 @@ func testFencing(t *testing.T, newStores newStores) {
 
 // testTTLExpiry: a stored response is forgotten after Options.TTL; the key is then new.
 func testTTLExpiry(t *testing.T, newStores newStores) {
-	const ttl = 400 * time.Millisecond
+	const ttl = 2 * time.Second // the replays below come well within it, even on a loaded machine
 	a, b := newStores(t, Options{TTL: ttl})
 	const key, fp = "chan-1:k-ttl", "fp"
 	r := mustBegin(t, a, key, fp, Acquired)
 	if err := a.Complete(context.Background(), key, r.Token, sampleResponse("ttl")); err != nil {
 		t.Fatal(err)
 	}
-	completedAt := time.Now()
+	completedAt := time.Now() // the TTL was set before Complete returned
 	mustBegin(t, b, key, "other", Mismatch)
 	sameResponse(t, mustBegin(t, b, key, fp, Replay).Response, sampleResponse("ttl"))
-	time.Sleep(time.Until(completedAt.Add(ttl + 100*time.Millisecond)))
-	mustBegin(t, b, key, "other", Acquired)
+	time.Sleep(time.Until(completedAt.Add(ttl)))
+	acquireEventually(t, b, key, "other")
 }
 
 // testContextCancel: a waiting Begin returns ctx's error promptly when ctx ends.
 func testContextCancel(t *testing.T, newStores newStores) {
-	a, b := newStores(t, Options{Wait: 10 * time.Second})
+	a, b := newStores(t, Options{Wait: 4 * patience})
 	const key, fp = "chan-1:k-ctx", "fp"
 	mustBegin(t, a, key, fp, Acquired)
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -381,8 +472,8 @@ func testContextCancel(t *testing.T, newStores newStores) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Begin with ending ctx = %v, want DeadlineExceeded", err)
 	}
-	if d := time.Since(t0); d > time.Second {
-		t.Fatalf("Begin returned %v after ctx ended at 200ms", d)
+	if d := time.Since(t0); d > patience {
+		t.Fatalf("Begin returned %v after ctx ended at 200ms (Wait %v)", d, 4*patience)
 	}
 }
 
@@ -393,8 +484,8 @@ func testNoWait(t *testing.T, newStores newStores) {
 	mustBegin(t, a, key, fp, Acquired)
 	t0 := time.Now()
 	mustBegin(t, b, key, fp, InProgress)
-	if d := time.Since(t0); d > 200*time.Millisecond {
-		t.Fatalf("InProgress took %v with Wait < 0", d)
+	if d := time.Since(t0); d > DefaultWait/2 {
+		t.Fatalf("InProgress took %v with Wait < 0: it waited", d)
 	}
 }
 

@@ -723,7 +723,7 @@ func TestPostgresDown(t *testing.T) {
 	expectError(t, e.do("GET", "/channels", apiKey, ""), 503, "Service unavailable")
 	expectError(t, e.do("GET", "/health", "", ""), 503, "Postgres unavailable")
 	srv.Start(t)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for {
 		r := e.do("GET", "/channels", apiKey, "")
 		if r.status == 200 {
@@ -732,7 +732,7 @@ func TestPostgresDown(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("no recovery: %d %s", r.status, r.body)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond) // polling
 	}
 }
 

@@ -61,7 +61,26 @@ func TestFallbackRedisOutage(t *testing.T) {
 			t.Fatalf("during outage, call %d: %+v", i, d)
 		}
 	}
-	time.Sleep(100 * time.Millisecond) // let several probes fail
+	// Several probes fail: each call made once the clock has passed the next probe time tries
+	// Redis, and its failure moves the probe time on.
+	f := l.(*fallbackLimiter)
+	for probes, deadline := 0, time.Now().Add(30*time.Second); probes < 3; {
+		f.mu.Lock()
+		next := f.nextProbe
+		f.mu.Unlock()
+		time.Sleep(time.Until(next) + time.Millisecond)
+		if d := mustAllow(t, l, "b"); d.Allowed {
+			t.Fatalf("during outage: allowed beyond the memory limit")
+		}
+		f.mu.Lock()
+		if f.nextProbe.After(next) {
+			probes++
+		}
+		f.mu.Unlock()
+		if time.Now().After(deadline) {
+			t.Fatalf("%d probes in 30 s", probes)
+		}
+	}
 	for range 10 {
 		if d := mustAllow(t, l, "b"); d.Allowed {
 			t.Fatalf("during outage: allowed beyond the memory limit")
@@ -72,7 +91,7 @@ func TestFallbackRedisOutage(t *testing.T) {
 	}
 
 	srv.Restart(t)
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for i := 0; ; i++ {
 		mustAllow(t, l, "c")
 		if zcard("c") > 0 {

@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -129,78 +130,108 @@ func TestRedisExactAcrossInstances(t *testing.T) {
 // TestRedisRollingWindow checks, in real time against a real Redis, that a
 // slot frees exactly when the oldest accepted request leaves the window and
 // that rejected requests do not count.
+//
+// Redis decides by its own clock (TIME), read at some moment during each call.
+// The test brackets every call with the local clock and checks each answer
+// against those brackets: no assertion depends on how long a call or a sleep
+// takes, and no offset between the two clocks is assumed (only differences of
+// Redis times are compared with differences of local times). The window and
+// the gap are long enough for a loaded machine to do a few calls within them.
 func TestRedisRollingWindow(t *testing.T) {
 	if testing.Short() {
 		t.Skip("real-time test")
 	}
 	ctx := context.Background()
 	c := newClient(t, testRedisURL(t))
-	l := NewRedis(c, 5, time.Second, uniquePrefix(t, c))
+	const window, gap = 2 * time.Second, time.Second
+	l := NewRedis(c, 5, window, uniquePrefix(t, c))
 	const key = "k"
-	allow := func() Decision {
+	// call is one decision and the local times around it.
+	type call struct {
+		Decision
+		from, to time.Time
+	}
+	allow := func() call {
 		t.Helper()
+		from := time.Now()
 		d, err := l.Allow(ctx, key)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return d
+		return call{d, from, time.Now()}
 	}
-
-	if d := allow(); !d.Allowed || d.Remaining != 4 { // A at t0
-		t.Fatalf("A: %+v", d)
-	}
-	time.Sleep(300 * time.Millisecond)
-	for i := range 4 { // B..E at t0+300ms
-		if d := allow(); !d.Allowed || d.Remaining != 3-i {
-			t.Fatalf("B..E #%d: %+v", i, d)
+	// leaves is when the request accepted in e leaves the window: between
+	// e.from+window and e.to+window.
+	type span struct{ earliest, latest time.Time }
+	leaves := func(e call) span { return span{e.from.Add(window), e.to.Add(window)} }
+	// pointsAt checks that the rejected answer r points at a moment in s: the
+	// moment is r's Redis time plus RetryAfter, so between r.from+RetryAfter
+	// and r.to+RetryAfter (a millisecond more for rounding).
+	pointsAt := func(what string, r call, s span) {
+		t.Helper()
+		if r.Allowed {
+			t.Fatalf("%s: allowed (%+v), want rejected", what, r.Decision)
+		}
+		lo, hi := r.from.Add(r.RetryAfter-time.Millisecond), r.to.Add(r.RetryAfter+time.Millisecond)
+		if hi.Before(s.earliest) || lo.After(s.latest) {
+			t.Fatalf("%s: RetryAfter %v points at %v..%v, want within %v..%v", what, r.RetryAfter,
+				lo.Format(time.StampMicro), hi.Format(time.StampMicro), s.earliest.Format(time.StampMicro), s.latest.Format(time.StampMicro))
 		}
 	}
-	d := allow()
-	if d.Allowed || d.RetryAfter <= 500*time.Millisecond || d.RetryAfter > 700*time.Millisecond {
-		t.Fatalf("6th: %+v, want rejected with RetryAfter ~700ms", d)
-	}
-	deadline := time.Now().Add(d.RetryAfter) // when A leaves the window
 
-	// Hammer rejected calls until shortly before A leaves; every answer must
-	// point at the same moment.
-	hammered := 0
-	for time.Until(deadline) > 150*time.Millisecond {
-		d := allow()
-		if d.Allowed {
-			t.Fatalf("allowed %v before the oldest entry left the window", time.Until(deadline))
-		}
-		if drift := time.Now().Add(d.RetryAfter).Sub(deadline).Abs(); drift > 100*time.Millisecond {
-			t.Fatalf("RetryAfter %v points %v away from the first answer", d.RetryAfter, drift)
-		}
-		hammered++
+	a := allow() // A
+	if !a.Allowed || a.Remaining != 4 {
+		t.Fatalf("A: %+v", a.Decision)
 	}
-	if hammered < 10 {
-		t.Fatalf("only %d rejected calls", hammered)
+	time.Sleep(time.Until(a.to.Add(gap)))
+	var be []call
+	for i := range 4 { // B..E, a gap after A
+		c := allow()
+		if !c.Allowed || c.Remaining != 3-i {
+			t.Fatalf("B..E #%d: %+v", i, c.Decision)
+		}
+		be = append(be, c)
 	}
+	pointsAt("6th", allow(), leaves(a))
 
-	time.Sleep(time.Until(deadline) + 50*time.Millisecond)
+	// Call until allowed: every rejected answer points at the moment A leaves,
+	// and the first one allowed (F) comes when A has left.
+	aLeaves := leaves(a)
+	rejected := 1
+	var f call
+	for {
+		c := allow()
+		if c.Allowed {
+			f = c
+			break
+		}
+		pointsAt(fmt.Sprintf("rejected call %d", rejected), c, aLeaves)
+		if !c.from.Before(aLeaves.latest) {
+			t.Fatalf("rejected after A left the window: %+v", c.Decision)
+		}
+		rejected++
+		time.Sleep(10 * time.Millisecond) // polling
+	}
+	if f.to.Before(aLeaves.earliest) {
+		t.Fatalf("allowed before A left the window")
+	}
 	// Exactly one slot freed (A's), despite all the rejected calls.
-	if d := allow(); !d.Allowed || d.Remaining != 0 { // F
-		t.Fatalf("after A left: %+v, want allowed with 0 remaining", d)
+	if f.Remaining != 0 {
+		t.Fatalf("after A left: %+v, want allowed with 0 remaining", f.Decision)
 	}
-	d = allow()
-	if d.Allowed {
-		t.Fatalf("second call after A left was allowed: only one slot may free")
-	}
-	// The next slot frees when B..E leave, about 300ms after A.
-	deadline2 := time.Now().Add(d.RetryAfter)
-	if gap := deadline2.Sub(deadline); gap < 200*time.Millisecond || gap > 400*time.Millisecond {
-		t.Fatalf("next slot frees %v after the first, want ~300ms (RetryAfter %v)", gap, d.RetryAfter)
-	}
-	time.Sleep(time.Until(deadline2) + 50*time.Millisecond)
+	t.Logf("%d rejected calls before A left", rejected)
+	// The next slot frees when B leaves.
+	pointsAt("second call after A left", allow(), leaves(be[0]))
+
+	// Once E has left (by the clock), only F is in the window: 4 more are
+	// allowed, then the next waits for F.
+	time.Sleep(time.Until(leaves(be[3]).latest))
 	for i := range 4 {
-		if d := allow(); !d.Allowed || d.Remaining != 3-i {
-			t.Fatalf("after B..E left, call %d: %+v", i, d)
+		if c := allow(); !c.Allowed || c.Remaining != 3-i {
+			t.Fatalf("after B..E left, call %d: %+v", i, c.Decision)
 		}
 	}
-	if d := allow(); d.Allowed || d.RetryAfter <= 500*time.Millisecond || d.RetryAfter > time.Second {
-		t.Fatalf("after refilling: %+v, want rejected until F leaves (~900ms)", d)
-	}
+	pointsAt("after refilling", allow(), leaves(f))
 }
 
 func TestRedisSetLimit(t *testing.T) {

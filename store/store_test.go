@@ -17,6 +17,12 @@ import (
 )
 
 func newStore(t *testing.T) *store.Store {
+	s, _ := newStoreAndPool(t)
+	return s
+}
+
+// newStoreAndPool is newStore that also returns the pool, for tests that set up rows directly.
+func newStoreAndPool(t *testing.T) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
 	if err != nil {
@@ -26,11 +32,11 @@ func newStore(t *testing.T) *store.Store {
 	key := make([]byte, secretbox.KeySize)
 	rand.Read(key)
 	box, _ := secretbox.New(key)
-	return store.New(pool, box)
+	return store.New(pool, box), pool
 }
 
 func TestAPIKeys(t *testing.T) {
-	s := newStore(t)
+	s, pool := newStoreAndPool(t)
 	ctx := context.Background()
 	org, err := s.CreateOrg(ctx, "o")
 	if err != nil {
@@ -61,14 +67,25 @@ func TestAPIKeys(t *testing.T) {
 	if _, err := s.AuthenticateAPIKey(ctx, key); !errors.Is(err, store.ErrInvalidAPIKey) {
 		t.Fatalf("revoked: %v", err)
 	}
-	soon := time.Now().Add(300 * time.Millisecond)
-	_, key2, _ := s.CreateAPIKey(ctx, org.ID, "", &soon)
+	// a key with an expiry works until then, and not after (its expiry moved into the past
+	// rather than waited for)
+	later := time.Now().Add(time.Hour)
+	k2, key2, _ := s.CreateAPIKey(ctx, org.ID, "", &later)
 	if _, err := s.AuthenticateAPIKey(ctx, key2); err != nil {
 		t.Fatalf("before expiry: %v", err)
 	}
-	time.Sleep(400 * time.Millisecond)
+	if _, err := pool.Exec(ctx, `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, k2.ID); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := s.AuthenticateAPIKey(ctx, key2); !errors.Is(err, store.ErrAPIKeyExpired) {
 		t.Fatalf("after expiry: %v", err)
+	}
+	// created already expired
+	past := time.Now().Add(-time.Second)
+	if _, key3, err := s.CreateAPIKey(ctx, org.ID, "", &past); err != nil {
+		t.Fatal(err)
+	} else if _, err := s.AuthenticateAPIKey(ctx, key3); !errors.Is(err, store.ErrAPIKeyExpired) {
+		t.Fatalf("created expired: %v", err)
 	}
 	if _, _, err := s.CreateAPIKey(ctx, uuid.New(), "", nil); !errors.Is(err, store.ErrOrgNotFound) {
 		t.Fatalf("unknown org: %v", err)

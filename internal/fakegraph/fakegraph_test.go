@@ -629,7 +629,7 @@ func TestOAuthAccessToken(t *testing.T) {
 		t.Errorf("WWW-Authenticate = %q", got)
 	}
 	f.g.AddCode("code2", "EAAx", time.Millisecond)
-	time.Sleep(5 * time.Millisecond)
+	time.Sleep(2 * time.Millisecond) // past the code's expiry (set before): any delay only adds to it
 	expectError(t, ex("client_id="+appID+"&client_secret="+appSK+"&code=code2"), 400, 100, 36007, "This authorization code has expired.")
 	expectError(t, ex("client_id="+appID+"&client_secret="+appSK+"&code=nope"), 400, 100, 36007, "Invalid verification code format.")
 	expectError(t, ex("client_id="+appID+"&client_secret=wrong&code=code1"), 400, 1, 0, "Error validating client secret.")
@@ -970,7 +970,10 @@ func TestGzip(t *testing.T) {
 
 func TestLatency(t *testing.T) {
 	f := setup(t)
-	f.g.SetLatency(60 * time.Millisecond)
+	// 10 requests of 1 s each: at least 1 s, and far below the 10 s they would take one after
+	// another (a margin a loaded machine cannot use up)
+	const latency = time.Second
+	f.g.SetLatency(latency)
 	start := time.Now()
 	var wg sync.WaitGroup
 	for range 10 {
@@ -982,8 +985,8 @@ func TestLatency(t *testing.T) {
 	}
 	wg.Wait()
 	el := time.Since(start)
-	if el < 60*time.Millisecond || el > 550*time.Millisecond {
-		t.Errorf("10 parallel requests with 60ms latency took %v (must not serialize)", el)
+	if el < latency || el > 5*latency {
+		t.Errorf("10 parallel requests with %v latency took %v (must not serialize)", latency, el)
 	}
 	f.g.SetLatency(0)
 }

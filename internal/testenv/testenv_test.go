@@ -143,14 +143,28 @@ func TestTemplateConcurrentBuild(t *testing.T) {
 		}
 	})
 	var migrations atomic.Int32
+	const sessions = 6
 	migrate := func(ctx context.Context, conn *pgx.Conn) error {
 		migrations.Add(1)
-		time.Sleep(200 * time.Millisecond) // widen the race window
+		// The race is on once the other sessions wait for the template lock: build only then.
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+			var waiting int
+			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&waiting); err != nil {
+				return err
+			}
+			if waiting >= sessions-1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("only %d sessions wait for the template lock", waiting)
+			}
+		}
 		_, err := conn.Exec(ctx, "CREATE TABLE marker (x int)")
 		return err
 	}
 	var wg sync.WaitGroup
-	errs := make([]error, 6)
+	errs := make([]error, sessions)
 	for i := range errs {
 		wg.Go(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
