@@ -111,6 +111,12 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 		claim = store.Claim{Instance: disp.InstanceID(), Lease: disp.Lease(), Max: disp.Reserve(maxHandOff * len(items))}
 	}
 	res, err := h.app.store.StoreEvents(r.Context(), items, claim)
+	// This instance's relay learns of media ids handed to a channel before any of these events
+	// is delivered: its copy of the channel's scope is reloaded on next use. Other instances
+	// reload on the change's notification.
+	for _, id := range res.ObjectChannels {
+		h.app.cache.Invalidate(id)
+	}
 	if disp != nil {
 		jobs := make([]dispatcher.Job, len(res.Claimed))
 		for i, c := range res.Claimed {

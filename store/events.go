@@ -1,9 +1,11 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -40,6 +42,9 @@ type IntakeResult struct {
 	Claimed []ClaimedDelivery
 	// ByType counts new events per type.
 	ByType map[string]int
+	// ObjectChannels are the channels handed new objects (media ids) by the batch: a caller
+	// holding their relay scope in memory reloads them.
+	ObjectChannels []uuid.UUID
 }
 
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
@@ -192,6 +197,9 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 				SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING`, objChannels, objIDs); err != nil {
 				return err
 			}
+			res.ObjectChannels = slices.Compact(slices.SortedFunc(slices.Values(objChannels), func(a, b uuid.UUID) int {
+				return bytes.Compare(a[:], b[:])
+			}))
 		}
 		rows, err = tx.Query(ctx, `
 			WITH m AS (
