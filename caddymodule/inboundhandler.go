@@ -14,7 +14,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/inbound"
-	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -55,7 +55,7 @@ func (h *InboundHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cad
 		q := r.URL.Query()
 		challenge, ok := inbound.Verify(q.Get("hub.mode"), q.Get("hub.verify_token"), q.Get("hub.challenge"), h.app.meta.VerifyToken)
 		if !ok {
-			managementapi.WriteError(w, http.StatusForbidden, "Verification failed")
+			httpx.WriteError(w, http.StatusForbidden, "Verification failed")
 			return nil
 		}
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -64,7 +64,7 @@ func (h *InboundHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ cad
 		h.receive(w, r)
 	default:
 		w.Header().Set("Allow", "GET, POST")
-		managementapi.WriteError(w, http.StatusMethodNotAllowed, managementapi.MsgMethod)
+		httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 	}
 	return nil
 }
@@ -81,13 +81,13 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
-			managementapi.WriteError(w, http.StatusRequestEntityTooLarge, "Request body too large")
+			httpx.WriteError(w, http.StatusRequestEntityTooLarge, "Request body too large")
 		}
 		return
 	}
 	if !inbound.VerifySignature(h.app.meta.AppSecret, body, r.Header.Get(inbound.SignatureHeader)) {
 		h.app.metrics.inboundRejected.Inc()
-		managementapi.WriteError(w, http.StatusUnauthorized, "Invalid signature")
+		httpx.WriteError(w, http.StatusUnauthorized, "Invalid signature")
 		return
 	}
 	batch, err := inbound.Parse(body)
@@ -96,7 +96,7 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 		// refusal would only make the upstream retry it for days.
 		h.app.metrics.inboundMalformed.Inc()
 		h.app.logger.Warn("inbound: signed post is not a WhatsApp payload; answered 200 and dropped", zap.Int("bytes", len(body)))
-		managementapi.WriteJSON(w, http.StatusOK, map[string]int{"events": 0, "duplicates": 0})
+		httpx.WriteJSON(w, http.StatusOK, map[string]int{"events": 0, "duplicates": 0})
 		return
 	}
 	items := make([]store.IncomingItem, len(batch.Items))
@@ -127,7 +127,7 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		h.app.logger.Warn("inbound: storing events failed; the upstream will retry", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 		return
 	}
 	for typ, n := range res.ByType {
@@ -141,10 +141,10 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	if err := h.accountChanges(r.Context(), batch.Accounts); err != nil {
 		h.app.logger.Warn("inbound: account change not applied; the upstream will retry", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 		return
 	}
-	managementapi.WriteJSON(w, http.StatusOK, map[string]int{"events": res.Events, "duplicates": res.Duplicates})
+	httpx.WriteJSON(w, http.StatusOK, map[string]int{"events": res.Events, "duplicates": res.Duplicates})
 }
 
 // accountChanges applies the account-level changes that matter for channel state: a business

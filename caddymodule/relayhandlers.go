@@ -20,7 +20,6 @@ import (
 
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/httpx"
-	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -48,7 +47,7 @@ const (
 	maxIdempotencyKeyLen = 255
 )
 
-var writeError = managementapi.WriteError
+var writeError = httpx.WriteError
 
 func relayState(w http.ResponseWriter, r *http.Request) (*relay.State, bool) {
 	st := relay.StateFrom(r.Context())
@@ -95,7 +94,7 @@ func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 	if retry, ok := h.app.authGuard.Check(addr); !ok {
 		h.app.metrics.relayRequests.WithLabelValues("auth_throttled").Inc()
 		writeRetryAfter(w, retry)
-		writeError(w, http.StatusTooManyRequests, managementapi.MsgRateLimited)
+		writeError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return nil
 	}
 	scheme, token, _ := strings.Cut(authz, " ")
@@ -120,7 +119,7 @@ func (h *ChannelAuth) ServeHTTP(w http.ResponseWriter, r *http.Request, next cad
 		h.app.logger.Warn("relay: channel lookup failed", zap.Error(err))
 		h.app.metrics.relayRequests.WithLabelValues("unavailable").Inc()
 		w.Header().Set("Retry-After", "5")
-		writeError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+		writeError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 		return nil
 	case ch.Status != "active":
 		h.app.metrics.relayRequests.WithLabelValues("inactive").Inc()
@@ -202,7 +201,7 @@ func (h *RelayRateLimit) ServeHTTP(w http.ResponseWriter, r *http.Request, next 
 	if !d.Allowed {
 		h.app.metrics.relayRequests.WithLabelValues("rate_limited").Inc()
 		h.app.metrics.rateLimited.Inc()
-		writeError(w, http.StatusTooManyRequests, managementapi.MsgRateLimited)
+		writeError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return nil
 	}
 	return next.ServeHTTP(w, r)

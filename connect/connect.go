@@ -128,7 +128,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	rest, ok := strings.CutPrefix(r.URL.Path, "/connect")
 	if !ok || (rest != "" && rest[0] != '/') {
-		managementapi.WriteError(w, http.StatusNotFound, managementapi.MsgNotFound)
+		httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
 		return
 	}
 	rest = strings.TrimPrefix(rest, "/")
@@ -153,7 +153,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		c, err := r.Cookie(CookieName)
 		if err != nil {
-			managementapi.WriteError(w, http.StatusGone, MsgLinkInvalid)
+			httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
 			return
 		}
 		h.complete(w, r, c.Value)
@@ -167,13 +167,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.methodNotAllowed(w, "GET, HEAD, POST")
 		}
 	default:
-		managementapi.WriteError(w, http.StatusNotFound, managementapi.MsgNotFound)
+		httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
 	}
 }
 
 func (h *Handler) methodNotAllowed(w http.ResponseWriter, allow string) {
 	w.Header().Set("Allow", allow)
-	managementapi.WriteError(w, http.StatusMethodNotAllowed, managementapi.MsgMethod)
+	httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 }
 
 // errThrottled is returned by openChannel for a client address refused by the AuthGuard.
@@ -282,7 +282,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var th errThrottled
 	if errors.As(err, &th) {
 		w.Header().Set("Retry-After", strconv.Itoa(int((th.retry+time.Second-1)/time.Second)))
-		managementapi.WriteError(w, http.StatusTooManyRequests, managementapi.MsgRateLimited)
+		httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return
 	}
 	if r.Context().Err() != nil {
@@ -290,7 +290,7 @@ func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	h.opt.Logger.Error("connect request failed", zap.String("method", r.Method), zap.Error(err))
 	w.Header().Set("Retry-After", "5")
-	managementapi.WriteError(w, http.StatusServiceUnavailable, managementapi.MsgUnavailable)
+	httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 }
 
 // completion is the body posted by the page (or a server).
@@ -337,7 +337,7 @@ func readCompletion(w http.ResponseWriter, r *http.Request) (completion, int, st
 func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string) {
 	in, status, msg := readCompletion(w, r)
 	if status != 0 {
-		managementapi.WriteError(w, status, msg)
+		httpx.WriteError(w, status, msg)
 		return
 	}
 	c, open, err := h.openChannel(r, token)
@@ -348,21 +348,21 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 	sameNumber := c.PhoneNumberID != nil && *c.PhoneNumberID == in.PhoneNumberID && c.WabaID != nil && *c.WabaID == in.WabaID
 	switch {
 	case c.ID.String() == "00000000-0000-0000-0000-000000000000":
-		managementapi.WriteError(w, http.StatusGone, MsgLinkInvalid)
+		httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
 		return
 	case c.Status == store.ChannelActive && c.UpstreamDisconnectedAt == nil && !open:
 		// already connected: a repeated post is answered with the channel
 		if !sameNumber {
-			managementapi.WriteError(w, http.StatusConflict, MsgAlreadyOther)
+			httpx.WriteError(w, http.StatusConflict, MsgAlreadyOther)
 			return
 		}
-		managementapi.WriteJSON(w, http.StatusOK, managementapi.NewChannel(c, h.connectBase(r)))
+		httpx.WriteJSON(w, http.StatusOK, managementapi.NewChannel(c, h.connectBase(r)))
 		return
 	case !open:
-		managementapi.WriteError(w, http.StatusGone, MsgLinkInvalid)
+		httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
 		return
 	case c.PhoneNumberID != nil && !sameNumber:
-		managementapi.WriteError(w, http.StatusConflict, MsgOtherNumber)
+		httpx.WriteError(w, http.StatusConflict, MsgOtherNumber)
 		return
 	}
 
@@ -380,7 +380,7 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 		// caller could tie the channel to a number of another account the token reaches.
 		var belongs bool
 		if belongs, err = g.PhoneNumberBelongsToWABA(ctx, upstreamToken, in.WabaID, in.PhoneNumberID); err == nil && !belongs {
-			managementapi.WriteError(w, http.StatusConflict, MsgNotInAccount)
+			httpx.WriteError(w, http.StatusConflict, MsgNotInAccount)
 			return
 		}
 	}
@@ -402,16 +402,16 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 		DisplayPhoneNumber: number.DisplayPhoneNumber, VerifiedName: number.VerifiedName, UpstreamToken: upstreamToken})
 	switch {
 	case errors.Is(err, store.ErrNumberInUse):
-		managementapi.WriteError(w, http.StatusConflict, MsgNumberInUse)
+		httpx.WriteError(w, http.StatusConflict, MsgNumberInUse)
 		return
 	case errors.Is(err, store.ErrLinkClosed):
-		managementapi.WriteError(w, http.StatusGone, MsgLinkInvalid)
+		httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
 		return
 	case errors.Is(err, store.ErrOperatorDeactivated):
-		managementapi.WriteError(w, http.StatusConflict, MsgDeactivated)
+		httpx.WriteError(w, http.StatusConflict, MsgDeactivated)
 		return
 	case errors.Is(err, store.ErrOtherNumber):
-		managementapi.WriteError(w, http.StatusConflict, MsgOtherNumber)
+		httpx.WriteError(w, http.StatusConflict, MsgOtherNumber)
 		return
 	}
 	if err != nil {
@@ -424,7 +424,7 @@ func (h *Handler) complete(w http.ResponseWriter, r *http.Request, token string)
 		return
 	}
 	h.opt.Logger.Info("channel connected", zap.String("channel_id", c.ID.String()), zap.String("phone_number_id", in.PhoneNumberID))
-	managementapi.WriteJSON(w, http.StatusOK, managementapi.NewChannel(c, h.connectBase(r)))
+	httpx.WriteJSON(w, http.StatusOK, managementapi.NewChannel(c, h.connectBase(r)))
 }
 
 func (h *Handler) upstreamFailure(w http.ResponseWriter, err error) {
@@ -436,11 +436,11 @@ func (h *Handler) upstreamFailure(w http.ResponseWriter, err error) {
 		}
 		h.opt.Logger.Warn("connect: upstream refused", zap.Int("status", ge.Status), zap.Int("code", ge.Code),
 			zap.Int("subcode", ge.Subcode), zap.String("fbtrace_id", ge.FBTraceID))
-		managementapi.WriteError(w, http.StatusBadGateway, "Upstream refused the connection: "+msg)
+		httpx.WriteError(w, http.StatusBadGateway, "Upstream refused the connection: "+msg)
 		return
 	}
 	h.opt.Logger.Warn("connect: upstream unreachable", zap.Error(err))
-	managementapi.WriteError(w, http.StatusBadGateway, MsgUpstreamDown)
+	httpx.WriteError(w, http.StatusBadGateway, MsgUpstreamDown)
 }
 
 // pinFor returns the PIN to register the channel's number with: the configured one, else the
@@ -465,5 +465,5 @@ func (h *Handler) connectBase(r *http.Request) string {
 	if h.opt.ConnectBase != "" {
 		return h.opt.ConnectBase
 	}
-	return managementapi.RequestOrigin(r)
+	return httpx.Origin(r)
 }

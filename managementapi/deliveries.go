@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -99,7 +100,7 @@ func (h *Handler) listDeliveries(q *request) {
 		}
 		q.w.Header().Set("Link", `<?`+next.Encode()+`>; rel="next"`)
 	}
-	WriteJSON(q.w, http.StatusOK, out)
+	httpx.WriteJSON(q.w, http.StatusOK, out)
 }
 
 // retryDelivery re-queues a failed delivery with a fresh schedule.
@@ -116,7 +117,7 @@ func (h *Handler) retryDelivery(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusAccepted, map[string]string{"id": did.String(), "status": "pending"})
+	httpx.WriteJSON(q.w, http.StatusAccepted, map[string]string{"id": did.String(), "status": "pending"})
 }
 
 // recoverDeliveries re-queues every failed delivery since a time.
@@ -149,5 +150,5 @@ func (h *Handler) recoverDeliveries(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusAccepted, map[string]int{"requeued": n})
+	httpx.WriteJSON(q.w, http.StatusAccepted, map[string]int{"requeued": n})
 }

@@ -28,14 +28,9 @@ const (
 	MsgKeyRequired     = "x-api-key header required"
 	MsgKeyInvalid      = "Invalid or revoked API key"
 	MsgKeyExpired      = "API key expired"
-	MsgRateLimited     = "Rate limit exceeded"
 	MsgChannelNotFound = "Channel not found"
 	MsgWebhookNotFound = "Webhook not found"
 	MsgChannelActive   = "Channel is active. Use ?force=true to delete it."
-	MsgNotFound        = "Not found"
-	MsgMethod          = "Method not allowed"
-	MsgInternal        = "Internal server error"
-	MsgUnavailable     = "Service unavailable"
 
 	MsgDeliveryNotFound    = "Delivery not found"
 	MsgDeliveryNotFailed   = "Only failed deliveries can be retried"
@@ -210,41 +205,41 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				allowed = append(allowed, m)
 			}
 			w.Header().Set("Allow", strings.Join(allowed, ", "))
-			WriteError(w, http.StatusMethodNotAllowed, MsgMethod)
+			httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 			return
 		}
 		fn(h, &request{w: w, r: r, orgID: key.OrgID, params: params})
 		return
 	}
-	WriteError(w, http.StatusNotFound, MsgNotFound)
+	httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
 }
 
 func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		w.Header().Set("Allow", "GET, HEAD")
-		WriteError(w, http.StatusMethodNotAllowed, MsgMethod)
+		httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
 	if err := h.opt.Health(ctx); err != nil {
-		WriteError(w, http.StatusServiceUnavailable, err.Error())
+		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
-	WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.APIKey, bool) {
 	raw := strings.TrimSpace(r.Header.Get("X-Api-Key"))
 	if raw == "" {
-		WriteError(w, http.StatusUnauthorized, MsgKeyRequired)
+		httpx.WriteError(w, http.StatusUnauthorized, MsgKeyRequired)
 		return store.APIKey{}, false
 	}
 	addr := httpx.ClientAddr(r)
 	if g := h.opt.AuthGuard; g != nil {
 		if retry, ok := g.Check(addr); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-			WriteError(w, http.StatusTooManyRequests, MsgRateLimited)
+			httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 			return store.APIKey{}, false
 		}
 	}
@@ -252,11 +247,11 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 	switch {
 	case errors.Is(err, store.ErrInvalidAPIKey):
 		h.authFailed(addr)
-		WriteError(w, http.StatusUnauthorized, MsgKeyInvalid)
+		httpx.WriteError(w, http.StatusUnauthorized, MsgKeyInvalid)
 		return key, false
 	case errors.Is(err, store.ErrAPIKeyExpired):
 		h.authFailed(addr)
-		WriteError(w, http.StatusUnauthorized, MsgKeyExpired)
+		httpx.WriteError(w, http.StatusUnauthorized, MsgKeyExpired)
 		return key, false
 	case err != nil:
 		h.serverError(w, r, err)
@@ -287,7 +282,7 @@ func (h *Handler) allow(w http.ResponseWriter, r *http.Request, key store.APIKey
 	}
 	d.SetHeaders(w.Header())
 	if !d.Allowed {
-		WriteError(w, http.StatusTooManyRequests, MsgRateLimited)
+		httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return false
 	}
 	return true
@@ -302,11 +297,11 @@ func (h *Handler) serverError(w http.ResponseWriter, r *http.Request, err error)
 	if unavailable(err) {
 		h.logger.Warn("database unavailable", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		WriteError(w, http.StatusServiceUnavailable, MsgUnavailable)
+		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 		return
 	}
 	h.logger.Error("management request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
-	WriteError(w, http.StatusInternalServerError, MsgInternal)
+	httpx.WriteError(w, http.StatusInternalServerError, httpx.MsgInternal)
 }
 
 // unavailable reports errors that mean Postgres could not be reached or is shutting down, as
@@ -327,15 +322,11 @@ func (h *Handler) connectBase(r *http.Request) string {
 	if h.opt.ConnectBase != "" {
 		return h.opt.ConnectBase
 	}
-	return RequestOrigin(r)
+	return httpx.Origin(r)
 }
 
-// RequestOrigin returns the scheme and host the client addressed, e.g.
-// "https://relay.example.com" (through trusted proxies: see httpx.Origin).
-func RequestOrigin(r *http.Request) string { return httpx.Origin(r) }
-
 // clientError writes an apiError.
-func clientError(w http.ResponseWriter, e *apiError) { WriteError(w, e.status, e.msg) }
+func clientError(w http.ResponseWriter, e *apiError) { httpx.WriteError(w, e.status, e.msg) }
 
 func (h *Handler) listChannels(q *request) {
 	cs, err := h.opt.Store.ListChannels(q.r.Context(), q.orgID)
@@ -348,7 +339,7 @@ func (h *Handler) listChannels(q *request) {
 	for i, c := range cs {
 		out[i] = NewChannel(c, base)
 	}
-	WriteJSON(q.w, http.StatusOK, out)
+	httpx.WriteJSON(q.w, http.StatusOK, out)
 }
 
 func (h *Handler) createChannel(q *request) {
@@ -367,14 +358,14 @@ func (h *Handler) createChannel(q *request) {
 		h.serverError(q.w, q.r, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusCreated, NewChannel(c, h.connectBase(q.r)))
+	httpx.WriteJSON(q.w, http.StatusCreated, NewChannel(c, h.connectBase(q.r)))
 }
 
 // channelID parses params[i] as a channel id; a malformed id is an unknown channel.
 func (q *request) id(i int, notFound string) (uuid.UUID, bool) {
 	id, ok := parseID(q.params[i])
 	if !ok {
-		WriteError(q.w, http.StatusNotFound, notFound)
+		httpx.WriteError(q.w, http.StatusNotFound, notFound)
 	}
 	return id, ok
 }
@@ -389,7 +380,7 @@ func (h *Handler) getChannel(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
+	httpx.WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
 }
 
 func (h *Handler) deleteChannel(q *request) {
@@ -434,13 +425,13 @@ func (h *Handler) reconnectChannel(q *request) {
 	c, err := h.opt.Store.ReopenLink(q.r.Context(), &orgID, id, h.opt.ConnectLinkTTL, false)
 	switch {
 	case errors.Is(err, store.ErrOperatorDeactivated):
-		WriteError(q.w, http.StatusConflict, MsgOperatorDeactivated)
+		httpx.WriteError(q.w, http.StatusConflict, MsgOperatorDeactivated)
 	case errors.Is(err, store.ErrNotReconnectable):
-		WriteError(q.w, http.StatusConflict, MsgNotReconnectable)
+		httpx.WriteError(q.w, http.StatusConflict, MsgNotReconnectable)
 	case err != nil:
 		h.storeError(q, err)
 	default:
-		WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
+		httpx.WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
 	}
 }
 
@@ -454,7 +445,7 @@ func (h *Handler) listWebhooks(q *request) {
 	for i, wh := range ws {
 		out[i] = NewWebhook(wh)
 	}
-	WriteJSON(q.w, http.StatusOK, out)
+	httpx.WriteJSON(q.w, http.StatusOK, out)
 }
 
 func (h *Handler) createWebhook(q *request) {
@@ -475,7 +466,7 @@ func (h *Handler) createWebhook(q *request) {
 	}
 	out := NewWebhook(wh)
 	out.HMACSecret = secret
-	WriteJSON(q.w, http.StatusCreated, out)
+	httpx.WriteJSON(q.w, http.StatusCreated, out)
 }
 
 func (h *Handler) getWebhook(q *request) {
@@ -488,7 +479,7 @@ func (h *Handler) getWebhook(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
+	httpx.WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
 }
 
 func (h *Handler) patchWebhook(q *request) {
@@ -511,7 +502,7 @@ func (h *Handler) patchWebhook(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
+	httpx.WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
 }
 
 func (h *Handler) deleteWebhook(q *request) {
@@ -545,7 +536,7 @@ func (h *Handler) assignChannel(q *request) {
 		h.storeError(q, err)
 		return
 	}
-	WriteJSON(q.w, http.StatusOK, Assignment{WebhookConfigID: wid, ChannelID: cid})
+	httpx.WriteJSON(q.w, http.StatusOK, Assignment{WebhookConfigID: wid, ChannelID: cid})
 }
 
 func (h *Handler) unassignChannel(q *request) {
@@ -564,15 +555,15 @@ func (h *Handler) unassignChannel(q *request) {
 func (h *Handler) storeError(q *request, err error) {
 	switch {
 	case errors.Is(err, store.ErrChannelNotFound):
-		WriteError(q.w, http.StatusNotFound, MsgChannelNotFound)
+		httpx.WriteError(q.w, http.StatusNotFound, MsgChannelNotFound)
 	case errors.Is(err, store.ErrWebhookNotFound):
-		WriteError(q.w, http.StatusNotFound, MsgWebhookNotFound)
+		httpx.WriteError(q.w, http.StatusNotFound, MsgWebhookNotFound)
 	case errors.Is(err, store.ErrChannelActive):
-		WriteError(q.w, http.StatusConflict, MsgChannelActive)
+		httpx.WriteError(q.w, http.StatusConflict, MsgChannelActive)
 	case errors.Is(err, store.ErrDeliveryNotFound):
-		WriteError(q.w, http.StatusNotFound, MsgDeliveryNotFound)
+		httpx.WriteError(q.w, http.StatusNotFound, MsgDeliveryNotFound)
 	case errors.Is(err, store.ErrDeliveryNotFailed):
-		WriteError(q.w, http.StatusConflict, MsgDeliveryNotFailed)
+		httpx.WriteError(q.w, http.StatusConflict, MsgDeliveryNotFailed)
 	case errors.Is(err, store.ErrChannelsNotInOrg):
 		clientError(q.w, errChannelsOrg)
 	default:

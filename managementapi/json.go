@@ -1,8 +1,6 @@
 package managementapi
 
 import (
-	"encoding/json"
-	"net/http"
 	"strings"
 	"time"
 
@@ -109,28 +107,4 @@ func NewWebhook(w store.Webhook) Webhook {
 type Assignment struct {
 	WebhookConfigID uuid.UUID `json:"webhook_config_id"`
 	ChannelID       uuid.UUID `json:"channel_id"`
-}
-
-// Error is the body of every error response.
-type Error struct {
-	Error string `json:"error"`
-}
-
-// WriteJSON writes v as JSON with status.
-func WriteJSON(w http.ResponseWriter, status int, v any) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		status, b = http.StatusInternalServerError, []byte(`{"error":"Internal server error"}`)
-	}
-	h := w.Header()
-	h.Set("Content-Type", "application/json")
-	h.Set("Cache-Control", "no-store")
-	h.Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-}
-
-// WriteError writes {"error": msg} with status.
-func WriteError(w http.ResponseWriter, status int, msg string) {
-	WriteJSON(w, status, Error{Error: msg})
 }

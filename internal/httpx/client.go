@@ -1,6 +1,7 @@
 // Package httpx holds the small HTTP helpers shared by wabarelay's handlers that do not depend on
-// Caddy: what is known of the client behind a request (its address and whether it reached us
-// over HTTPS, as the host server saw it through trusted proxies).
+// Caddy: the documented JSON answers ({"error": ...} and the shared messages), and what is known
+// of the client behind a request (its address and whether it reached us over HTTPS, as the host
+// server saw it through trusted proxies).
 package httpx
 
 import (
