@@ -36,9 +36,10 @@ type graphError struct {
 }
 
 // TokenDead reports an upstream answer that says the access token is no longer valid: error
-// code 190 with status 400 or 401.
+// code 190 with status 400 or 401. Answers that cannot be one (another status, or no "190" in
+// the bytes) are told apart without decoding any JSON.
 func TokenDead(status int, body []byte) bool {
-	if status != 400 && status != 401 {
+	if status != 400 && status != 401 || !bytes.Contains(body, []byte("190")) {
 		return false
 	}
 	var e graphError
@@ -47,37 +48,88 @@ func TokenDead(status int, body []byte) bool {
 
 // RewriteLinks rewrites a JSON response for the caller: paging.next and paging.previous links
 // point at proxyBase instead of the upstream, without any access_token; and, as a last guard,
-// any occurrence of secret (the upstream token) is removed. It returns body unchanged when there
-// is nothing to rewrite.
+// any occurrence of secret (the upstream token) is removed. The links are replaced in place:
+// every other byte of the upstream's answer is kept (member order, spacing, escapes). It
+// returns body itself when there is nothing to rewrite.
 func RewriteLinks(body []byte, proxyBase, secret string) []byte {
-	if bytes.Contains(body, []byte(`"paging"`)) {
-		var top map[string]json.RawMessage
-		if json.Unmarshal(body, &top) == nil && top["paging"] != nil {
-			var paging map[string]json.RawMessage
-			if json.Unmarshal(top["paging"], &paging) == nil {
-				changed := false
-				for _, k := range []string{"next", "previous"} {
-					var link string
-					if json.Unmarshal(paging[k], &link) != nil || link == "" {
-						continue
-					}
-					if b, err := json.Marshal(ProxyLink(link, proxyBase)); err == nil {
-						paging[k], changed = b, true
-					}
-				}
-				if changed {
-					top["paging"], _ = json.Marshal(paging)
-					if b, err := json.Marshal(top); err == nil {
-						body = b
-					}
-				}
-			}
-		}
+	if bytes.Contains(body, []byte(`"paging"`)) && json.Valid(body) {
+		body = rewritePaging(body, proxyBase)
 	}
 	if secret != "" && bytes.Contains(body, []byte(secret)) {
 		body = bytes.ReplaceAll(body, []byte(secret), []byte("REDACTED"))
 	}
 	return body
+}
+
+// rewritePaging replaces the string values of the top-level paging object's next and previous
+// members of the valid JSON body with their [ProxyLink]s.
+func rewritePaging(body []byte, proxyBase string) []byte {
+	type span struct {
+		start, end int
+		repl       []byte
+	}
+	var spans []span
+	eachMember(body, skipWS(body, 0), func(key string, vs, ve int) bool {
+		if key != "paging" {
+			return true
+		}
+		eachMember(body, vs, func(key string, vs, ve int) bool {
+			if (key == "next" || key == "previous") && body[vs] == '"' {
+				var link string
+				if json.Unmarshal(body[vs:ve], &link) == nil && link != "" {
+					spans = append(spans, span{vs, ve, jsonString(ProxyLink(link, proxyBase))})
+				}
+			}
+			return true
+		})
+		return false
+	})
+	if len(spans) == 0 {
+		return body
+	}
+	out := make([]byte, 0, len(body)+64)
+	pos := 0
+	for _, sp := range spans {
+		out = append(append(out, body[pos:sp.start]...), sp.repl...)
+		pos = sp.end
+	}
+	return append(out, body[pos:]...)
+}
+
+// eachMember calls fn with the key and the value's [start, end) of every member of the JSON
+// object starting at b[i] (b is valid JSON), until fn returns false. It does nothing when b[i]
+// is not '{'.
+func eachMember(b []byte, i int, fn func(key string, valStart, valEnd int) bool) {
+	if i >= len(b) || b[i] != '{' {
+		return
+	}
+	for i++; ; i++ { // i at '{' or ','
+		i = skipWS(b, i)
+		if b[i] == '}' {
+			return
+		}
+		keyEnd := skipString(b, i)
+		var key string
+		json.Unmarshal(b[i:keyEnd], &key) // valid JSON: cannot fail
+		vs := skipWS(b, skipWS(b, keyEnd)+1)
+		ve := skipValue(b, vs)
+		if !fn(key, vs, ve) {
+			return
+		}
+		if i = skipWS(b, ve); b[i] == '}' {
+			return
+		}
+	}
+}
+
+// jsonString encodes s as a JSON string without escaping HTML characters (links keep their
+// '&').
+func jsonString(s string) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.Encode(s) // a string always encodes
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 
 // ProxyLink maps an upstream URL to the relay: {proxyBase}/<path without version>?<query

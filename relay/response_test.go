@@ -50,6 +50,14 @@ func TestRewriteLinks(t *testing.T) {
 		v.Paging.Cursors["after"] != "A" || v.Data[0]["name"] != "hello" {
 		t.Fatalf("rewritten: %+v", v)
 	}
+	// In place: member order, spacing and the upstream's escapes are kept; only the links change.
+	kept := `{"paging": {"next":"https:\/\/graph.facebook.com\/v26.0\/9\/message_templates?access_token=EAAGsecret&after=A"},` +
+		` "data":[{"name":"a<b>\/c \u00e9","id":"1"}]}`
+	want := `{"paging": {"next":"https://relay.example.com/upstream-proxy/9/message_templates?after=A"},` +
+		` "data":[{"name":"a<b>\/c \u00e9","id":"1"}]}`
+	if got := string(RewriteLinks([]byte(kept), "https://relay.example.com/upstream-proxy", "EAAGsecret")); got != want {
+		t.Fatalf("rewritten in place:\n got %s\nwant %s", got, want)
+	}
 	plain := `{"messages":[{"id":"wamid.x"}]}`
 	if got := string(RewriteLinks([]byte(plain), "https://r", "tok")); got != plain {
 		t.Fatalf("changed a body without links: %s", got)
