@@ -25,13 +25,13 @@ func init() {
 const upstreamTimeout = 30 * time.Second
 
 // upstreamVar is the request variable holding the upstream's dial address, set by
-// wabarelay_upstream_auth from the app's resolved `upstream` option.
+// wabarelay_relay from the app's resolved `upstream` option.
 const upstreamVar = "wabarelay_upstream"
 
 // parseProxyDirective expands `wabarelay_proxy`, like php_fastcgi, into a subroute:
 //
-//	wabarelay_channel_auth → wabarelay_rate_limit → wabarelay_idempotency →
-//	wabarelay_upstream_auth → reverse_proxy (to the app's `upstream`)
+//	wabarelay_relay (auth, scope, rate limit, idempotency, token swap) → reverse_proxy (to the
+//	app's `upstream`)
 //
 // Syntax:
 //
@@ -48,7 +48,7 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	if err != nil {
 		return nil, err
 	}
-	rl := new(RelayRateLimit)
+	rl := new(RelayHandler)
 	dispenser := h.NewFromNextSegment()
 	for dispenser.Next() {
 		if dispenser.NextArg() {
@@ -120,10 +120,7 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	rp.Headers.Request.Set.Set("Host", "{http.reverse_proxy.upstream.hostport}")
 
 	route := caddyhttp.Route{HandlersRaw: []json.RawMessage{
-		caddyconfig.JSONModuleObject(new(ChannelAuth), "handler", "wabarelay_channel_auth", nil),
-		caddyconfig.JSONModuleObject(rl, "handler", "wabarelay_rate_limit", nil),
-		caddyconfig.JSONModuleObject(new(Idempotency), "handler", "wabarelay_idempotency", nil),
-		caddyconfig.JSONModuleObject(new(UpstreamAuth), "handler", "wabarelay_upstream_auth", nil),
+		caddyconfig.JSONModuleObject(rl, "handler", "wabarelay_relay", nil),
 		caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil),
 	}}
 	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{route}}

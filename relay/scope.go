@@ -70,15 +70,10 @@ func Handed(ch *store.RelayChannel, method, upstreamPath string, status int, bod
 	if status/100 != 2 {
 		return "", nil
 	}
-	segs := segments(upstreamPath)
-	if len(segs) != 2 {
-		return "", nil
-	}
-	switch {
-	case segs[1] == "message_templates" && segs[0] == ch.WabaID && ch.WabaID != "" &&
-		(method == http.MethodGet || method == http.MethodPost):
+	switch handsObjects(ch, method, upstreamPath) {
+	case store.ObjectTemplate:
 		return store.ObjectTemplate, ObjectIDs(body)
-	case segs[1] == "media" && segs[0] == ch.PhoneNumberID && ch.PhoneNumberID != "" && method == http.MethodPost:
+	case store.ObjectMedia:
 		var v struct {
 			ID json.RawMessage `json:"id"`
 		}
@@ -90,6 +85,21 @@ func Handed(ch *store.RelayChannel, method, upstreamPath string, status int, bod
 		}
 	}
 	return "", nil
+}
+
+// handsObjects returns the kind of objects a successful answer to this call hands to the
+// channel, or "" for calls whose answers hand it nothing.
+func handsObjects(ch *store.RelayChannel, method, upstreamPath string) string {
+	first, rest, ok := strings.Cut(strings.TrimPrefix(upstreamPath, "/"), "/")
+	switch {
+	case !ok || strings.Contains(rest, "/"):
+	case rest == "message_templates" && first == ch.WabaID && ch.WabaID != "" &&
+		(method == http.MethodGet || method == http.MethodPost):
+		return store.ObjectTemplate
+	case rest == "media" && first == ch.PhoneNumberID && ch.PhoneNumberID != "" && method == http.MethodPost:
+		return store.ObjectMedia
+	}
+	return ""
 }
 
 // stringID returns raw as a string if it is a non-empty JSON string, else "".

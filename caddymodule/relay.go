@@ -1,0 +1,191 @@
+package caddymodule
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/httpx"
+	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/relay"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func init() {
+	caddy.RegisterModule(new(RelayHandler))
+}
+
+// Relay rate-limit defaults: per channel, in any rolling window.
+const (
+	defaultRelayRequests = 100
+	defaultRelayWindow   = time.Minute
+)
+
+// RelayHandler is the relay (package relay) as a Caddy HTTP handler: it authenticates channel
+// tokens and checks the relay scope, applies the per-channel rate limit and idempotency keys,
+// swaps the channel token for the channel's upstream access token and hands the call to the
+// next handler — the reverse_proxy that `wabarelay_proxy` puts after it — whose answer it
+// inspects only where it must. It sets `{http.auth.user.id}` to the channel id.
+type RelayHandler struct {
+	// Requests is the most calls accepted per channel in any rolling Window, shared by every
+	// instance when the app has Redis. Default: 100.
+	Requests int `json:"requests,omitempty"`
+	// Window is the rolling window of the rate limit. Default: 1m.
+	Window caddy.Duration `json:"window,omitempty"`
+
+	app     *App
+	relay   *relay.Relay
+	limiter limiterHandle
+}
+
+// CaddyModule returns the Caddy module information.
+func (*RelayHandler) CaddyModule() caddy.ModuleInfo {
+	return caddy.ModuleInfo{ID: "http.handlers.wabarelay_relay", New: func() caddy.Module { return new(RelayHandler) }}
+}
+
+// Provision sets up the handler on the app's channel cache, stores and clients.
+func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
+	if h.app, err = appFrom(ctx); err != nil {
+		return err
+	}
+	if h.Requests <= 0 {
+		h.Requests = defaultRelayRequests
+	}
+	if h.Window <= 0 {
+		h.Window = caddy.Duration(defaultRelayWindow)
+	}
+	a := h.app
+	var admission relay.Admission
+	admission, h.limiter = a.newRelayAdmission(h.Requests, time.Duration(h.Window))
+	h.relay = &relay.Relay{
+		Channels:      a.cache,
+		Objects:       a.store,
+		Admission:     admission,
+		Guard:         a.authGuard,
+		UpstreamBase:  strings.TrimRight(a.upstream.Path, "/"),
+		ProxyBase:     a.proxyBase,
+		Authenticated: setAuthUser,
+		Background:    a.background,
+		Metrics:       newRelayMetrics(a.metrics),
+		Logger:        a.logger,
+	}
+	return nil
+}
+
+// Cleanup releases the rate limiter.
+func (h *RelayHandler) Cleanup() error {
+	h.limiter.release()
+	return nil
+}
+
+// ServeHTTP implements caddyhttp.MiddlewareHandler.
+func (h *RelayHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next caddyhttp.Handler) error {
+	r = withClient(r)
+	caddyhttp.SetVar(r.Context(), upstreamVar, h.app.upstreamDial)
+	h.relay.Serve(w, r, func(w http.ResponseWriter, r *http.Request) error {
+		err := next.ServeHTTP(w, r)
+		var he caddyhttp.HandlerError
+		if errors.As(err, &he) && he.StatusCode == http.StatusGatewayTimeout {
+			return fmt.Errorf("%w: %w", relay.ErrUpstreamTimeout, err)
+		}
+		return err
+	})
+	return nil
+}
+
+// newRelayAdmission returns the relay's admission for a limit of limit calls per window: on
+// Redis (limit log and idempotency claim in one script; the limit falls back to memory while
+// Redis is down) when the app has Redis, else in memory.
+func (a *App) newRelayAdmission(limit int, window time.Duration) (relay.Admission, limiterHandle) {
+	const prefix = "wabarelay:relay:"
+	mem, key := acquireMemoryLimiter(prefix, limit, window)
+	ri, ok := a.idem.(*idempotency.Redis)
+	if a.redis == nil || !ok {
+		return relay.NewAdmission(mem, a.idem), limiterHandle{mem, key}
+	}
+	rl := ratelimit.NewRedis(a.redis, limit, window, prefix)
+	limiter := ratelimit.NewFallback(rl, mem, a.logger)
+	return relay.NewRedisAdmission(limiter, rl, ri), limiterHandle{limiter, key}
+}
+
+// proxyBase is {proxy_url}: configured, or the scheme, host and path prefix of the original
+// request that `handle_path` stripped before relayPath.
+func (a *App) proxyBase(r *http.Request, relayPath string) string {
+	if a.ProxyURL != "" {
+		return a.ProxyURL
+	}
+	prefix := ""
+	if orig, ok := r.Context().Value(caddyhttp.OriginalRequestCtxKey).(http.Request); ok {
+		prefix = strings.TrimSuffix(orig.URL.Path, relayPath)
+	}
+	return httpx.Origin(r) + prefix
+}
+
+// background runs f after a caller got its answer; App.Stop waits for it (up to a bound).
+func (a *App) background(f func()) {
+	a.pendingStores.Add(1)
+	go func() {
+		defer a.pendingStores.Add(-1)
+		defer func() {
+			if v := recover(); v != nil {
+				a.logger.Error("relay: background work panicked", zap.Any("panic", v))
+			}
+		}()
+		f()
+	}()
+}
+
+// setAuthUser sets {http.auth.user.id} to the channel id, for Caddy's access logs.
+func setAuthUser(r *http.Request, ch *store.RelayChannel) {
+	if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
+		repl.Set("http.auth.user.id", ch.ID.String())
+	}
+}
+
+// relayMetrics records the relay's outcomes in the app's collectors.
+type relayMetrics struct {
+	m        *metrics
+	outcomes map[string]prometheus.Counter // the relay_requests_total child of each known outcome
+}
+
+func newRelayMetrics(m *metrics) relayMetrics {
+	rm := relayMetrics{m: m, outcomes: map[string]prometheus.Counter{}}
+	for _, o := range []string{"ok", "upstream_4xx", "upstream_5xx", "upstream_error", "unauthorized",
+		"auth_throttled", "inactive", "forbidden", "disconnected", "rate_limited", "replayed",
+		"idempotency_unavailable", "unavailable"} {
+		rm.outcomes[o] = m.relayRequests.WithLabelValues(o)
+	}
+	return rm
+}
+
+func (rm relayMetrics) Answered(outcome string) {
+	c, ok := rm.outcomes[outcome]
+	if !ok {
+		c = rm.m.relayRequests.WithLabelValues(outcome)
+	}
+	c.Inc()
+	switch outcome {
+	case "rate_limited":
+		rm.m.rateLimited.Inc()
+	case "replayed":
+		rm.m.replays.Inc()
+	}
+}
+
+func (rm relayMetrics) UpstreamLatency(d time.Duration) { rm.m.upstreamLatency.Observe(d.Seconds()) }
+
+// Interface guards.
+var (
+	_ caddyhttp.MiddlewareHandler = (*RelayHandler)(nil)
+	_ caddy.Provisioner           = (*RelayHandler)(nil)
+	_ caddy.CleanerUpper          = (*RelayHandler)(nil)
+	_ relay.Metrics               = relayMetrics{}
+)

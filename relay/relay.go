@@ -1,0 +1,579 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/httpx"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// Relay error messages (the interface document's wording).
+const (
+	MsgAuthRequired    = "Authorization header required"
+	MsgInvalidToken    = "Invalid channel token"
+	MsgNotActive       = "Channel is not active"
+	MsgDisconnected    = "CHANNEL_DISCONNECTED"
+	MsgPathNotAllowed  = "Path not allowed for this channel"
+	MsgIdemUnavailable = "Idempotency store unavailable"
+	MsgIdemInProgress  = "Request with this idempotency_key is in progress"
+	MsgIdemMismatch    = "idempotency_key was already used with a different request"
+	MsgIdemKeyLength   = `"idempotency_key" must be 1 to 255 characters`
+	MsgBodyTooLarge    = "Request body too large"
+	MsgBodyUnreadable  = "Request body could not be read"
+	MsgUpstreamDown    = "Upstream unavailable"
+	MsgUpstreamTimeout = "Upstream timeout"
+)
+
+// Limits.
+const (
+	// MaxSendBody caps the body of a send (`POST …/messages`), which the relay reads whole to
+	// take its idempotency key out. Other bodies (media uploads) stream through unread.
+	MaxSendBody = 4 << 20
+	// maxKeyLen is the longest idempotency key.
+	maxKeyLen = 255
+	// maxInspectBody caps the answers buffered for inspection; larger ones stream through
+	// uninspected.
+	maxInspectBody = 8 << 20
+	// maxStoredBody caps the answer of a send kept for replays (a send's answer is a few
+	// hundred bytes; a larger one is replaced by the relay's 502 for replays).
+	maxStoredBody = 1 << 20
+	// storeTimeout bounds each call to a store made after the caller's answer is decided.
+	storeTimeout = 5 * time.Second
+)
+
+// Upstream sends a prepared request to the upstream and writes the upstream's answer to w:
+// Caddy's reverse_proxy in production ([Relay.Serve]'s caller adapts it), any handler in tests.
+// An error means no (complete) answer was written. An error wrapping [ErrUpstreamTimeout] or
+// [context.DeadlineExceeded] is answered 504, others 502; a failure to dial means nothing was
+// sent. Writing to w may panic with [http.ErrAbortHandler] (reverse_proxy aborting a stream).
+type Upstream func(w http.ResponseWriter, r *http.Request) error
+
+// ErrUpstreamTimeout is wrapped by an Upstream's error when the upstream did not answer in time.
+var ErrUpstreamTimeout = errors.New("relay: upstream timeout")
+
+// Channels resolves channel tokens ([Cache]).
+type Channels interface {
+	Lookup(ctx context.Context, token string) (*store.RelayChannel, error)
+	MarkDisconnected(ctx context.Context, id uuid.UUID) error
+}
+
+// AuthGuard refuses client addresses that presented too many bad credentials
+// (internal/authguard).
+type AuthGuard interface {
+	Check(addr string) (retryAfter time.Duration, ok bool)
+	Fail(addr string)
+}
+
+// Metrics records what the relay did. Outcomes: ok, upstream_4xx, upstream_5xx,
+// upstream_error, unauthorized, auth_throttled, inactive, forbidden, disconnected,
+// rate_limited, replayed, idempotency_unavailable, unavailable.
+type Metrics interface {
+	// Answered counts one relay call by outcome.
+	Answered(outcome string)
+	// UpstreamLatency records the time from forwarding a call to the upstream's answer.
+	UpstreamLatency(d time.Duration)
+}
+
+// Relay serves calls made with channel tokens (DESIGN §5): it authenticates the token, checks
+// the path against the channel's scope, admits the call (rate limit, idempotency claim),
+// swaps the token for the channel's upstream access token, sends the call upstream and looks
+// at the answer only where it must (a dead token, objects handed to the channel, paging
+// links). It is plain net/http code; the Caddy module is a thin adapter around it.
+type Relay struct {
+	// Channels resolves tokens. Required.
+	Channels Channels
+	// Objects records object ids handed to channels. Required.
+	Objects ObjectAdmitter
+	// Admission is the rate limit and idempotency claim. Required.
+	Admission Admission
+	// Guard refuses addresses flooding bad tokens. Optional.
+	Guard AuthGuard
+	// UpstreamBase is the upstream's base path (its version segment, e.g. "/v26.0"), put in
+	// front of every forwarded path.
+	UpstreamBase string
+	// ProxyBase returns {proxy_url} for a request whose path relative to {proxy_url} is
+	// relayPath: where rewritten paging links point. Default: the request's origin.
+	ProxyBase func(r *http.Request, relayPath string) string
+	// Authenticated, if set, is called with each authenticated request and its channel.
+	Authenticated func(r *http.Request, ch *store.RelayChannel)
+	// Background runs the work left after a caller got its answer (storing a send's answer for
+	// replays). Default: a new goroutine.
+	Background func(f func())
+	// Metrics records outcomes. Optional.
+	Metrics Metrics
+	// Logger gets the relay's warnings. No token and no upstream URL is ever logged. Optional.
+	Logger *zap.Logger
+}
+
+// Serve answers one relay call, sending it upstream through up when it passes every check.
+func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
+	ch := rl.authenticate(w, r)
+	if ch == nil {
+		return
+	}
+	if rl.Authenticated != nil {
+		rl.Authenticated(r, ch)
+	}
+	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/messages") {
+		rl.send(w, r, ch, up)
+		return
+	}
+	if !rl.allow(w, r, ch) {
+		return
+	}
+	if o := rl.forward(w, r, ch, up, false); o.aborted {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// authenticate resolves the caller's channel and checks its status and the path's scope, all
+// from memory in the common case. It answers the caller itself and returns nil when the call
+// goes no further.
+func (rl *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.RelayChannel {
+	authz := r.Header.Get("Authorization")
+	if authz == "" {
+		rl.refuse(w, "unauthorized", http.StatusUnauthorized, MsgAuthRequired)
+		return nil
+	}
+	// An address that presented too many bad tokens is refused before any lookup.
+	addr := httpx.ClientAddr(r)
+	if rl.Guard != nil {
+		if retry, ok := rl.Guard.Check(addr); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
+			rl.refuse(w, "auth_throttled", http.StatusTooManyRequests, httpx.MsgRateLimited)
+			return nil
+		}
+	}
+	scheme, token, _ := strings.Cut(authz, " ")
+	token = strings.TrimSpace(token)
+	var ch *store.RelayChannel
+	err := ErrUnknownToken
+	if strings.EqualFold(scheme, "Bearer") && store.ValidChannelToken(token) {
+		ch, err = rl.Channels.Lookup(r.Context(), token)
+	}
+	switch {
+	case errors.Is(err, ErrUnknownToken):
+		if rl.Guard != nil {
+			rl.Guard.Fail(addr)
+		}
+		rl.refuse(w, "unauthorized", http.StatusUnauthorized, MsgInvalidToken)
+		return nil
+	case err != nil:
+		if r.Context().Err() != nil {
+			return nil // the caller went away
+		}
+		rl.logger().Warn("relay: channel lookup failed", zap.Error(err))
+		w.Header().Set("Retry-After", "5")
+		rl.refuse(w, "unavailable", http.StatusServiceUnavailable, httpx.MsgUnavailable)
+		return nil
+	case ch.Status != "active":
+		rl.refuse(w, "inactive", http.StatusForbidden, MsgNotActive)
+		return nil
+	case ch.Disconnected:
+		rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
+		return nil
+	}
+	// The path's shape, then the channel's own ids and objects.
+	if CheckPath(r.URL.Path, r.URL.RawPath) != nil || !InScope(ch, UpstreamPath(r.URL.Path)) {
+		rl.refuse(w, "forbidden", http.StatusForbidden, MsgPathNotAllowed)
+		return nil
+	}
+	return ch
+}
+
+// allow counts a call without an idempotency key against the channel's limit, answering 429
+// when it is over.
+func (rl *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) bool {
+	d, err := rl.Admission.Allow(r.Context(), ch.ID)
+	if err != nil {
+		rl.logger().Warn("relay: rate limiter failed; call allowed", zap.Error(err))
+		return true
+	}
+	d.SetHeaders(w.Header())
+	if !d.Allowed {
+		rl.refuse(w, "rate_limited", http.StatusTooManyRequests, httpx.MsgRateLimited)
+		return false
+	}
+	return true
+}
+
+// send relays a `POST …/messages`: its body's idempotency_key is taken out and, when present,
+// at most one upstream send happens per (channel, key); repeats replay the stored answer. Once
+// a send has started it runs to its end even if the caller hangs up, so that its real answer
+// is stored and replayed to the caller's retry.
+func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSendBody))
+	if err != nil {
+		// Nothing was sent: the body is too large, or the caller went away before it arrived.
+		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+			httpx.WriteError(w, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
+		} else {
+			httpx.WriteError(w, http.StatusBadRequest, MsgBodyUnreadable)
+		}
+		return
+	}
+	stripped, key, found, err := RemoveKey(body, IdempotencyKeyField)
+	if err != nil {
+		httpx.WriteError(w, http.StatusUnprocessableEntity, err.Error())
+		return
+	}
+	if found && (key == "" || len(key) > maxKeyLen) {
+		httpx.WriteError(w, http.StatusUnprocessableEntity, MsgIdemKeyLength)
+		return
+	}
+	setBody(r, stripped)
+	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), SendDeadline)
+	defer cancel()
+	if !found {
+		if rl.allow(w, r, ch) {
+			if o := rl.forward(w, r.WithContext(sendCtx), ch, up, false); o.aborted {
+				panic(http.ErrAbortHandler)
+			}
+		}
+		return
+	}
+
+	fp := idempotency.Fingerprint(r.Method, UpstreamPath(r.URL.Path), stripped)
+	d, res, err := rl.Admission.Claim(r.Context(), ch.ID, key, fp)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return // the caller went away
+		}
+		rl.logger().Warn("relay: idempotency store unavailable; send with a key refused", zap.Error(err))
+		w.Header().Set("Retry-After", "5")
+		rl.refuse(w, "idempotency_unavailable", http.StatusServiceUnavailable, MsgIdemUnavailable)
+		return
+	}
+	d.SetHeaders(w.Header())
+	if !d.Allowed {
+		rl.refuse(w, "rate_limited", http.StatusTooManyRequests, httpx.MsgRateLimited)
+		return
+	}
+	switch res.Outcome {
+	case idempotency.Replay:
+		resp := *res.Response
+		if !ValidStatus(resp.Status) {
+			resp = relayAnswer(http.StatusBadGateway, MsgUpstreamDown) // a record from before this check
+		}
+		w.Header().Set("Idempotent-Replayed", "true")
+		writeStored(w, resp)
+		rl.count("replayed")
+		return
+	case idempotency.InProgress:
+		w.Header().Set("Retry-After", "1")
+		httpx.WriteError(w, http.StatusConflict, MsgIdemInProgress)
+		return
+	case idempotency.Mismatch:
+		httpx.WriteError(w, http.StatusUnprocessableEntity, MsgIdemMismatch)
+		return
+	}
+
+	o := rl.forward(w, r.WithContext(sendCtx), ch, up, true)
+	if ReleaseKey(o.status, o.answered, o.notSent) {
+		// Synchronously, so that the caller's retry finds the key free.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		if err := rl.Admission.Release(ctx, ch.ID, key, res.Token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
+			rl.logger().Warn("relay: releasing an idempotency key failed", zap.Error(err))
+		}
+		cancel()
+	} else {
+		// The answer is the caller's already; storing it for replays is off the critical path.
+		// Duplicates arriving meanwhile wait on the claim and are woken when it is stored.
+		resp := o.stored
+		rl.background(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+			defer cancel()
+			if err := rl.Admission.Complete(ctx, ch.ID, key, res.Token, resp); err != nil {
+				rl.logger().Warn("relay: storing a send's answer failed", zap.Error(err))
+			}
+		})
+	}
+	if o.aborted {
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// outcome is what came of forwarding one call.
+type outcome struct {
+	// status is the status of the answer (the upstream's or the relay's; 0 if none).
+	status int
+	// answered: the answer is the upstream's own (passed on or rewritten).
+	answered bool
+	// notSent: the upstream provably did not act on the call (never reached, or it refused
+	// the access token).
+	notSent bool
+	// aborted: the answer was cut off while streaming (the caller must see it broken).
+	aborted bool
+	// stored is the answer to store for replays (forward with capture only).
+	stored idempotency.Response
+}
+
+// forward sends the call upstream with the channel's access token and passes the answer on,
+// inspecting it only where needed. With capture, the answer is also kept for replays.
+func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool) outcome {
+	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
+	r.Header.Set("Authorization", "Bearer "+ch.UpstreamToken)
+	r.Header.Del("X-Api-Key")
+	r.Header.Del("Cookie")
+	if r.Method == http.MethodGet {
+		// Reads can be large (template lists): the transport negotiates compression with the
+		// upstream and decodes it itself.
+		r.Header.Del("Accept-Encoding")
+	} else {
+		// Writes answer a few hundred bytes of JSON: compressing them costs both ends more than
+		// it saves.
+		r.Header.Set("Accept-Encoding", "identity")
+	}
+	r.URL.RawQuery = withoutAccessToken(r.URL.RawQuery)
+	r.URL.Path = rl.UpstreamBase + upath
+	r.URL.RawPath = ""
+
+	a := &answer{w: w, hdr: make(http.Header, 8), limit: maxInspectBody, capture: capture, copyLimit: maxStoredBody,
+		inspect: inspector(r.Method, upath, ch)}
+	start := time.Now()
+	err, aborted := call(up, a, r)
+	if rl.Metrics != nil {
+		rl.Metrics.UpstreamLatency(time.Since(start))
+	}
+	var o outcome
+	switch {
+	case aborted || err != nil && a.written():
+		// The answer was cut short after it began: whether the upstream acted is unknown.
+		o = outcome{status: a.status, aborted: aborted}
+		if capture {
+			o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
+		}
+		rl.count("upstream_error")
+	case err != nil:
+		o = rl.upstreamFailed(w, r, err, capture)
+	case a.state == inspecting:
+		o = rl.inspected(w, r, ch, relayPath, upath, a, capture)
+	case a.state == undecided:
+		// The upstream wrote nothing at all: no answer to pass on or to trust.
+		o = outcome{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamDown)}
+		rl.logger().Warn("relay: the upstream call ended without an answer")
+		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamDown)
+	default: // passed through
+		o = outcome{status: a.status, answered: true}
+		if capture {
+			if a.copyFailed {
+				o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
+			} else {
+				o.stored = idempotency.Response{Status: a.status, Header: replayHeaders(a.hdr), Body: bytes.Clone(a.copy.Bytes())}
+			}
+		}
+		rl.count(outcomeOf(a.status))
+	}
+	return o
+}
+
+// call runs up, turning reverse_proxy's abort of a stream into a flag.
+func call(up Upstream, w http.ResponseWriter, r *http.Request) (err error, aborted bool) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v != http.ErrAbortHandler {
+				panic(v)
+			}
+			aborted = true
+		}
+	}()
+	return up(w, r), false
+}
+
+// upstreamFailed answers a call whose upstream request failed before any answer: 504 for a
+// timeout, else 502. A failure to connect means nothing was sent.
+func (rl *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, capture bool) outcome {
+	o := outcome{status: http.StatusBadGateway}
+	var opErr *net.OpError
+	if errors.As(err, &opErr) && opErr.Op == "dial" {
+		o.notSent = true
+	}
+	msg := MsgUpstreamDown
+	if errors.Is(err, ErrUpstreamTimeout) || errors.Is(err, context.DeadlineExceeded) {
+		o.status, msg = http.StatusGatewayTimeout, MsgUpstreamTimeout
+	}
+	if capture {
+		o.stored = relayAnswer(o.status, msg)
+	} else if r.Context().Err() != nil {
+		return o // the caller went away
+	}
+	rl.logger().Warn("relay: upstream request failed", zap.Int("status", o.status), zap.Error(err))
+	rl.refuse(w, "upstream_error", o.status, msg)
+	return o
+}
+
+// inspected finishes an answer that was buffered: a dead access token becomes 503
+// CHANNEL_DISCONNECTED (the channel is marked), objects it hands to the channel are recorded,
+// paging links are rewritten, and the result goes to the caller.
+func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool) outcome {
+	body, status := a.buf.Bytes(), a.status
+	if TokenDead(status, body) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		err := rl.Channels.MarkDisconnected(ctx, ch.ID)
+		cancel()
+		if err != nil {
+			rl.logger().Error("relay: recording a dead upstream token failed", zap.Error(err))
+		}
+		rl.logger().Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
+			zap.String("channel_id", ch.ID.String()))
+		rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
+		return outcome{status: http.StatusServiceUnavailable, notSent: true}
+	}
+	if kind, ids := Handed(ch, r.Method, upath, status, body); len(ids) > 0 {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+		err := Admit(ctx, rl.Objects, ch, kind, ids)
+		cancel()
+		if err != nil {
+			rl.logger().Warn("relay: recording object ids failed", zap.Error(err))
+		}
+	}
+	hdr := a.hdr
+	if out := RewriteLinks(body, rl.proxyBase(r, relayPath), ch.UpstreamToken); len(out) != len(body) || !bytes.Equal(out, body) {
+		// A rewritten body is the relay's answer: the upstream's validators and authentication
+		// challenge no longer describe it.
+		body = out
+		hdr.Del("Etag")
+		hdr.Del("Www-Authenticate")
+	}
+	hdr.Set("Content-Length", strconv.Itoa(len(body)))
+	hdr.Del("Content-Encoding")
+	a.passHeader()
+	w.WriteHeader(status)
+	w.Write(body)
+	rl.count(outcomeOf(status))
+	o := outcome{status: status, answered: true}
+	if capture {
+		o.stored = idempotency.Response{Status: status, Header: replayHeaders(hdr), Body: bytes.Clone(body)}
+	}
+	return o
+}
+
+// inspector says which answers the relay must see before the caller does: JSON errors (a dead
+// token, code 190; and the last guard against the upstream token appearing in an answer), and
+// JSON successes of reads (paging links) and of calls that hand objects to the channel. Every
+// other answer — a successful send above all — streams straight through.
+func inspector(method, upath string, ch *store.RelayChannel) func(int, http.Header) bool {
+	return func(status int, hdr http.Header) bool {
+		switch {
+		case status >= 400:
+		case status >= 200 && status < 300 && (method == http.MethodGet || handsObjects(ch, method, upath) != ""):
+		default:
+			return false
+		}
+		return isJSON(hdr.Get("Content-Type"))
+	}
+}
+
+// isJSON reports a JSON media type (application/json, */*+json) or the text/javascript the
+// upstream has used for JSON.
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/javascript"
+}
+
+// refuse writes the relay's own error answer and counts it.
+func (rl *Relay) refuse(w http.ResponseWriter, outcome string, status int, msg string) {
+	httpx.WriteError(w, status, msg)
+	rl.count(outcome)
+}
+
+func (rl *Relay) count(outcome string) {
+	if rl.Metrics != nil {
+		rl.Metrics.Answered(outcome)
+	}
+}
+
+func (rl *Relay) logger() *zap.Logger {
+	if rl.Logger == nil {
+		return zap.NewNop()
+	}
+	return rl.Logger
+}
+
+func (rl *Relay) background(f func()) {
+	if rl.Background != nil {
+		rl.Background(f)
+		return
+	}
+	go f()
+}
+
+func (rl *Relay) proxyBase(r *http.Request, relayPath string) string {
+	if rl.ProxyBase != nil {
+		return rl.ProxyBase(r, relayPath)
+	}
+	return httpx.Origin(r)
+}
+
+func outcomeOf(status int) string {
+	switch {
+	case status < 400:
+		return "ok"
+	case status < 500:
+		return "upstream_4xx"
+	default:
+		return "upstream_5xx"
+	}
+}
+
+// relayAnswer is the relay's own error answer, as written by httpx.WriteError and stored for
+// replays.
+func relayAnswer(status int, msg string) idempotency.Response {
+	return idempotency.Response{Status: status, Header: http.Header{"Content-Type": {"application/json"}},
+		Body: []byte(`{"error":` + strconv.Quote(msg) + "}\n")}
+}
+
+// writeStored writes a stored answer. Its own headers are only those worth replaying.
+func writeStored(w http.ResponseWriter, resp idempotency.Response) {
+	h := w.Header()
+	for name, vals := range resp.Header {
+		h[name] = vals
+	}
+	h.Set("Content-Length", strconv.Itoa(len(resp.Body)))
+	w.WriteHeader(resp.Status)
+	w.Write(resp.Body)
+}
+
+// replayHeaders picks the answer's headers worth replaying.
+func replayHeaders(h http.Header) http.Header {
+	out := make(http.Header, 4)
+	for _, name := range []string{"Content-Type", "X-Fb-Trace-Id", "X-Fb-Request-Id", "Www-Authenticate"} {
+		if v := h[name]; len(v) > 0 {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+func setBody(r *http.Request, body []byte) {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+}
+
+func withoutAccessToken(q string) string {
+	if !strings.Contains(q, "access_token") {
+		return q
+	}
+	vals, err := url.ParseQuery(q)
+	if err != nil {
+		return q
+	}
+	vals.Del("access_token")
+	return vals.Encode()
+}
