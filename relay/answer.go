@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"strings"
+	"sync"
+
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // answer is the http.ResponseWriter the upstream writes its answer to. It decides, when the
@@ -14,10 +18,12 @@ import (
 // relay's own headers. A send with an idempotency key also keeps a copy of what was passed
 // through (capture), up to a cap, to store it for replays.
 type answer struct {
-	w       http.ResponseWriter
-	hdr     http.Header // the upstream's headers
-	inspect func(status int, hdr http.Header) bool
-	status  int
+	w   http.ResponseWriter
+	hdr http.Header // the upstream's headers
+	// What is asked, for mustInspect.
+	method, upath string
+	ch            *store.RelayChannel
+	status        int
 	state   answerState
 	buf     bytes.Buffer // the buffered body (inspecting)
 	limit   int          // cap of buf
@@ -50,7 +56,7 @@ func (a *answer) WriteHeader(status int) {
 		return
 	}
 	a.status = status
-	if a.inspect != nil && a.inspect(status, a.hdr) {
+	if a.mustInspect() {
 		a.state = inspecting
 		return
 	}
@@ -136,3 +142,52 @@ func (a *answer) FlushError() error {
 
 // written reports whether anything (status, headers) went to the caller.
 func (a *answer) written() bool { return a.state == passing }
+
+// mustInspect says whether the relay must see the answer before the caller does: JSON errors
+// (a dead token, code 190; and the last guard against the upstream token appearing in an
+// answer), and JSON successes of reads (paging links) and of calls that hand objects to the
+// channel. Every other answer — a successful send above all — streams straight through.
+func (a *answer) mustInspect() bool {
+	switch {
+	case a.status >= 400:
+	case a.status >= 200 && a.status < 300 && (a.method == http.MethodGet || handsObjects(a.ch, a.method, a.upath) != ""):
+	default:
+		return false
+	}
+	return isJSON(a.hdr.Get("Content-Type"))
+}
+
+// isJSON reports a JSON media type (application/json, */*+json) or the text/javascript the
+// upstream has used for JSON.
+func isJSON(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
+	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/javascript"
+}
+
+// answers recycles answer writers; their buffers are kept when small.
+var answers = sync.Pool{New: func() any { return new(answer) }}
+
+// newAnswer returns a writer for the answer to a call to upath by ch, passed on to w.
+func newAnswer(w http.ResponseWriter, method, upath string, ch *store.RelayChannel, capture bool) *answer {
+	a := answers.Get().(*answer)
+	a.w, a.hdr, a.method, a.upath, a.ch = w, make(http.Header, 8), method, upath, ch
+	a.limit, a.capture, a.copyLimit = maxInspectBody, capture, maxStoredBody
+	return a
+}
+
+// free returns a to the pool; nothing of it may be used afterwards.
+func (a *answer) free() {
+	const keep = 64 << 10
+	buf, cp := a.buf, a.copy
+	*a = answer{}
+	if buf.Cap() <= keep {
+		buf.Reset()
+		a.buf = buf
+	}
+	if cp.Cap() <= keep {
+		cp.Reset()
+		a.copy = cp
+	}
+	answers.Put(a)
+}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -35,14 +36,13 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 		}
 		memberStart := i
 		keyEnd := skipString(body, i)
-		var key string
-		json.Unmarshal(body[i:keyEnd], &key) // valid JSON: cannot fail
-		i = skipWS(body, keyEnd) + 1         // ':'
+		match := keyIs(body[i:keyEnd], name)
+		i = skipWS(body, keyEnd) + 1 // ':'
 		valStart := skipWS(body, i)
 		valEnd := skipValue(body, valStart)
 		i = skipWS(body, valEnd)
 		last := body[i] == '}'
-		if key == name {
+		if match {
 			found = true
 			if err := json.Unmarshal(body[valStart:valEnd], &value); err != nil {
 				return body, "", true, ErrKeyNotString
@@ -57,7 +57,7 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 				cuts = append(cuts, span{memberStart, valEnd})
 			}
 		}
-		if key != name {
+		if !match {
 			prevKeptEnd = valEnd
 		}
 		if last {
@@ -80,6 +80,17 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 	}
 	out = append(out, body[pos:]...)
 	return out, value, true, nil
+}
+
+// keyIs reports whether the JSON string raw (valid JSON, quotes included) decodes to name.
+// Without escapes, the bytes are compared in place (no decoding, no allocation).
+func keyIs(raw []byte, name string) bool {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return string(raw[1:len(raw)-1]) == name
+	}
+	var key string
+	json.Unmarshal(raw, &key) // valid JSON: cannot fail
+	return key == name
 }
 
 func skipWS(b []byte, i int) int {

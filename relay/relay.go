@@ -341,8 +341,8 @@ func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Relay
 	r.URL.Path = rl.UpstreamBase + upath
 	r.URL.RawPath = ""
 
-	a := &answer{w: w, hdr: make(http.Header, 8), limit: maxInspectBody, capture: capture, copyLimit: maxStoredBody,
-		inspect: inspector(r.Method, upath, ch)}
+	a := newAnswer(w, r.Method, upath, ch, capture)
+	defer a.free()
 	start := time.Now()
 	err, aborted := call(up, a, r)
 	if rl.Metrics != nil {
@@ -459,30 +459,6 @@ func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.Rel
 		o.stored = idempotency.Response{Status: status, Header: replayHeaders(hdr), Body: bytes.Clone(body)}
 	}
 	return o
-}
-
-// inspector says which answers the relay must see before the caller does: JSON errors (a dead
-// token, code 190; and the last guard against the upstream token appearing in an answer), and
-// JSON successes of reads (paging links) and of calls that hand objects to the channel. Every
-// other answer — a successful send above all — streams straight through.
-func inspector(method, upath string, ch *store.RelayChannel) func(int, http.Header) bool {
-	return func(status int, hdr http.Header) bool {
-		switch {
-		case status >= 400:
-		case status >= 200 && status < 300 && (method == http.MethodGet || handsObjects(ch, method, upath) != ""):
-		default:
-			return false
-		}
-		return isJSON(hdr.Get("Content-Type"))
-	}
-}
-
-// isJSON reports a JSON media type (application/json, */*+json) or the text/javascript the
-// upstream has used for JSON.
-func isJSON(ct string) bool {
-	mt, _, _ := strings.Cut(ct, ";")
-	mt = strings.ToLower(strings.TrimSpace(mt))
-	return mt == "application/json" || strings.HasSuffix(mt, "+json") || mt == "text/javascript"
 }
 
 // refuse writes the relay's own error answer and counts it.

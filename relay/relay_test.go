@@ -38,7 +38,7 @@ const (
 )
 
 type relayFixture struct {
-	t       *testing.T
+	t       testing.TB
 	fake    *fakegraph.Server
 	store   *store.Store
 	relay   *Relay
@@ -50,7 +50,7 @@ type relayFixture struct {
 
 // newRelayFixture builds a relay over one connected channel; admission defaults to memory
 // stores with a limit of limit calls per minute.
-func newRelayFixture(t *testing.T, limit int, admission func() Admission) *relayFixture {
+func newRelayFixture(t testing.TB, limit int, admission func() Admission) *relayFixture {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
 	if err != nil {

@@ -69,12 +69,12 @@ func rewritePaging(body []byte, proxyBase string) []byte {
 		repl       []byte
 	}
 	var spans []span
-	eachMember(body, skipWS(body, 0), func(key string, vs, ve int) bool {
-		if key != "paging" {
+	eachMember(body, skipWS(body, 0), func(key []byte, vs, ve int) bool {
+		if !keyIs(key, "paging") {
 			return true
 		}
-		eachMember(body, vs, func(key string, vs, ve int) bool {
-			if (key == "next" || key == "previous") && body[vs] == '"' {
+		eachMember(body, vs, func(key []byte, vs, ve int) bool {
+			if (keyIs(key, "next") || keyIs(key, "previous")) && body[vs] == '"' {
 				var link string
 				if json.Unmarshal(body[vs:ve], &link) == nil && link != "" {
 					spans = append(spans, span{vs, ve, jsonString(ProxyLink(link, proxyBase))})
@@ -96,10 +96,10 @@ func rewritePaging(body []byte, proxyBase string) []byte {
 	return append(out, body[pos:]...)
 }
 
-// eachMember calls fn with the key and the value's [start, end) of every member of the JSON
-// object starting at b[i] (b is valid JSON), until fn returns false. It does nothing when b[i]
-// is not '{'.
-func eachMember(b []byte, i int, fn func(key string, valStart, valEnd int) bool) {
+// eachMember calls fn with the raw key (a JSON string, quotes included) and the value's
+// [start, end) of every member of the JSON object starting at b[i] (b is valid JSON), until fn
+// returns false. It does nothing when b[i] is not '{'.
+func eachMember(b []byte, i int, fn func(key []byte, valStart, valEnd int) bool) {
 	if i >= len(b) || b[i] != '{' {
 		return
 	}
@@ -109,11 +109,9 @@ func eachMember(b []byte, i int, fn func(key string, valStart, valEnd int) bool)
 			return
 		}
 		keyEnd := skipString(b, i)
-		var key string
-		json.Unmarshal(b[i:keyEnd], &key) // valid JSON: cannot fail
 		vs := skipWS(b, skipWS(b, keyEnd)+1)
 		ve := skipValue(b, vs)
-		if !fn(key, vs, ve) {
+		if !fn(b[i:keyEnd], vs, ve) {
 			return
 		}
 		if i = skipWS(b, ve); b[i] == '}' {
