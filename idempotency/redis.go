@@ -15,6 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/ratelimit"
 )
 
 // Redis is a [Store] shared by every instance that uses the same Redis (7.0 or later).
@@ -163,6 +165,74 @@ return 1
 
 // Begin implements [Store.Begin].
 func (s *Redis) Begin(ctx context.Context, key, fp string) (Result, error) {
+	return s.begin(ctx, key, fp, nil)
+}
+
+// limitedClaimScript counts a request against a rate limit and, if the limit lets it through,
+// claims the key, in one round trip: KEYS[1] the limit log, KEYS[2] the claim; ARGV[1..4] the
+// limiter's arguments (ratelimit.Call.Args), ARGV[5] the in-flight record, ARGV[6] the lease in
+// milliseconds. It returns {limit decision, previous record or nil}; nothing is claimed when
+// the decision refuses.
+var limitedClaimScript = redis.NewScript(ratelimit.SlidingLogLua + `
+local d = sliding_log(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])
+if d[1] == 0 then return {d, false} end
+return {d, redis.call('SET', KEYS[2], ARGV[5], 'NX', 'PX', ARGV[6], 'GET')}
+`)
+
+// errLimited ends a BeginLimited whose request the limiter refused.
+var errLimited = errors.New("idempotency: refused by the rate limit")
+
+// BeginLimited is [Redis.Begin] whose first round trip also asks lim for limitKey, atomically
+// in one script: when the limiter refuses, nothing is claimed, the Decision says so and the
+// Result is zero. When it accepts, the request counts against the limit exactly as
+// lim.Allow(ctx, limitKey) would count it, and the claim proceeds like Begin (a wait for an
+// in-flight owner re-reads with plain claims, which do not count again). lim must use the
+// same Redis; under Redis Cluster both keys must hash to one slot (give them one hash tag).
+// Errors are Begin's.
+func (s *Redis) BeginLimited(ctx context.Context, lim *ratelimit.RedisLimiter, limitKey, key, fp string) (ratelimit.Decision, Result, error) {
+	call, ok := lim.Prepare(limitKey)
+	if !ok {
+		return call.Deny(), Result{}, nil
+	}
+	var d ratelimit.Decision
+	res, err := s.begin(ctx, key, fp, func(rkey, pending string) (string, error) {
+		reply, err := limitedClaimScript.Run(ctx, s.client, []string{call.Key, rkey},
+			append(call.Args, pending, millis(s.opt.Lease))...).Slice()
+		if err != nil {
+			return "", err
+		}
+		if len(reply) != 2 {
+			return "", fmt.Errorf("unexpected script reply %v", reply)
+		}
+		decision, _ := reply[0].([]any)
+		nums := make([]int64, len(decision))
+		for i, v := range decision {
+			nums[i], _ = v.(int64)
+		}
+		if d, err = call.Decision(nums); err != nil {
+			return "", err
+		}
+		if !d.Allowed {
+			return "", errLimited
+		}
+		if reply[1] == nil {
+			return "", redis.Nil
+		}
+		old, ok := reply[1].(string)
+		if !ok {
+			return "", fmt.Errorf("unexpected script reply %v", reply)
+		}
+		return old, nil
+	})
+	if errors.Is(err, errLimited) {
+		return d, Result{}, nil
+	}
+	return d, res, err
+}
+
+// begin is Begin; first, when set, makes the first claim instead of the plain one (it answers
+// like SET NX GET: the previous record, or redis.Nil when the caller now owns the key).
+func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pending string) (string, error)) (Result, error) {
 	s.start()
 	token := rand.Text()
 	pending, err := json.Marshal(record{State: statePending, FP: fp, Owner: token})
@@ -187,9 +257,18 @@ func (s *Redis) Begin(ctx context.Context, key, fp string) (Result, error) {
 	}()
 	for {
 		// SET NX GET claims the key if it is free and otherwise reads it, in one round trip.
-		old, err := s.client.Do(ctx, "SET", rkey, pending, "NX", "PX", millis(s.opt.Lease), "GET").Text()
+		var old string
+		if first != nil {
+			old, err = first(rkey, string(pending))
+			first = nil
+		} else {
+			old, err = s.client.Do(ctx, "SET", rkey, pending, "NX", "PX", millis(s.opt.Lease), "GET").Text()
+		}
 		if errors.Is(err, redis.Nil) {
 			return Result{Outcome: Acquired, Token: token}, nil
+		}
+		if errors.Is(err, errLimited) {
+			return Result{}, err
 		}
 		if err != nil {
 			return Result{}, s.wrap(ctx, "claiming", key, err)

@@ -12,52 +12,47 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// slidingLogScript is the whole decision, run atomically inside Redis.
+// SlidingLogLua defines the whole decision as a Lua function, run atomically inside Redis:
 //
-// KEYS[1] sorted set of accepted requests: score = Redis TIME in microseconds,
+//	sliding_log(key, limit, window_us, ttl_ms, member) -> {allowed (0/1), count after this call, retry_after_us, reset_us}
 //
-//	member = "<sec>.<usec>-<ARGV[4]>" (unique per call)
+// key is a sorted set of accepted requests: score = Redis TIME in microseconds, member =
+// "<sec>.<usec>-<member>" (unique per call). An entry with score s is inside the window at time
+// now iff now - s < window, so entries with s <= now - window are removed first. The request is
+// accepted iff fewer than limit (>= 1) entries remain; the key's TTL is then ttl_ms (>= window).
 //
-// ARGV[1] limit (>= 1)
-// ARGV[2] window in microseconds
-// ARGV[3] key TTL in milliseconds (>= window)
-// ARGV[4] unique member suffix (limiter instance id + sequence number)
+// On reject, the slot frees when the entry at index count-limit (0-based, oldest first) leaves
+// the window; normally count == limit and that is the oldest entry, but after the limit was
+// lowered more entries may be present.
 //
-// An entry with score s is inside the window at time now iff now - s < window,
-// so entries with s <= now - window are removed first. The request is accepted
-// iff fewer than limit entries remain. Returns
-// {allowed (0/1), count after this call, retry_after_us, reset_us}.
-//
-// On reject, the slot frees when the entry at index count-limit (0-based,
-// oldest first) leaves the window; normally count == limit and that is the
-// oldest entry, but after the limit was lowered more entries may be present.
-//
-// TIME is called before any write; on Redis < 5 this needs script effects
-// replication, which redis.replicate_commands enables (a no-op on Redis >= 7).
-const slidingLogScript = `
+// TIME is called before any write; on Redis < 5 this needs script effects replication, which
+// the scripts embedding this function enable first (redis.replicate_commands; a no-op on Redis
+// >= 7). Scripts that decide more in the same round trip embed it (see [RedisLimiter.Prepare]).
+const SlidingLogLua = `
 if redis.replicate_commands ~= nil then pcall(redis.replicate_commands) end
-local key = KEYS[1]
-local limit = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-local count = redis.call('ZCARD', key)
-if count < limit then
-  redis.call('ZADD', key, now, t[1] .. '.' .. t[2] .. '-' .. ARGV[4])
-  redis.call('PEXPIRE', key, ARGV[3])
+local function sliding_log(key, limit, window, ttl, member)
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local count = redis.call('ZCARD', key)
+  if count < limit then
+    redis.call('ZADD', key, now, t[1] .. '.' .. t[2] .. '-' .. member)
+    redis.call('PEXPIRE', key, ttl)
+    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+    return {1, count + 1, 0, tonumber(oldest[2]) + window - now}
+  end
   local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  return {1, count + 1, 0, tonumber(oldest[2]) + window - now}
+  local freeing = oldest
+  if count > limit then
+    freeing = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
+  end
+  return {0, count, tonumber(freeing[2]) + window - now, tonumber(oldest[2]) + window - now}
 end
-local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-local freeing = oldest
-if count > limit then
-  freeing = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
-end
-return {0, count, tonumber(freeing[2]) + window - now, tonumber(oldest[2]) + window - now}
 `
 
-var script = redis.NewScript(slidingLogScript)
+// script is one decision: KEYS[1] the sorted set, ARGV = limit, window_us, ttl_ms, member.
+var script = redis.NewScript(SlidingLogLua +
+	`return sliding_log(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])`)
 
 // RedisLimiter is an exact sliding-window limiter whose state lives in Redis,
 // shared by every process that uses the same Redis and prefix.
@@ -101,26 +96,56 @@ func (l *RedisLimiter) SetLimit(limit int, window time.Duration) {
 // were accepted for it in the last window, and reports the decision. The error
 // is non-nil only when Redis could not be asked (the decision is then zero).
 func (l *RedisLimiter) Allow(ctx context.Context, key string) (Decision, error) {
-	cfg := l.cfg.Load()
-	if cfg.limit <= 0 {
-		return cfg.denyAll(), nil
+	c, ok := l.Prepare(key)
+	if !ok {
+		return c.Deny(), nil
 	}
-	windowUS := int64((cfg.window + time.Microsecond - 1) / time.Microsecond)
-	ttlMS := int64((cfg.window + time.Millisecond - 1) / time.Millisecond)
-	member := l.id + strconv.FormatUint(l.seq.Add(1), 36)
-
-	res, err := script.Run(ctx, l.client, []string{l.prefix + key}, cfg.limit, windowUS, ttlMS, member).Int64Slice()
+	res, err := script.Run(ctx, l.client, []string{c.Key}, c.Args...).Int64Slice()
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: redis: %w", err)
 	}
+	return c.Decision(res)
+}
+
+// Call is one decision of a [RedisLimiter], prepared for a script that embeds [SlidingLogLua]:
+// call sliding_log(Key, Args...) with Args converted as tonumber(Args[0]), tonumber(Args[1]),
+// Args[2], Args[3], and turn its reply into a Decision with [Call.Decision].
+type Call struct {
+	// Key is the Redis key of the limit log (the limiter's prefix + the caller's key).
+	Key string
+	// Args are limit, window in microseconds, TTL in milliseconds and a unique member suffix.
+	Args []any
+
+	cfg *config
+}
+
+// Prepare returns the call that decides for key under the current limit. ok is false when the
+// limit is 0: nothing may be asked of Redis, and [Call.Deny] is the decision.
+func (l *RedisLimiter) Prepare(key string) (c Call, ok bool) {
+	cfg := l.cfg.Load()
+	c = Call{Key: l.prefix + key, cfg: cfg}
+	if cfg.limit <= 0 {
+		return c, false
+	}
+	windowUS := int64((cfg.window + time.Microsecond - 1) / time.Microsecond)
+	ttlMS := int64((cfg.window + time.Millisecond - 1) / time.Millisecond)
+	c.Args = []any{cfg.limit, windowUS, ttlMS, l.id + strconv.FormatUint(l.seq.Add(1), 36)}
+	return c, true
+}
+
+// Deny is the decision of a limit of 0: nothing is ever accepted.
+func (c Call) Deny() Decision { return c.cfg.denyAll() }
+
+// Decision turns sliding_log's reply into a Decision.
+func (c Call) Decision(res []int64) (Decision, error) {
 	if len(res) != 4 {
 		return Decision{}, fmt.Errorf("ratelimit: redis: unexpected script reply %v", res)
 	}
 	allowed, count := res[0] == 1, int(res[1])
 	d := Decision{
 		Allowed:   allowed,
-		Limit:     cfg.limit,
-		Remaining: max(cfg.limit-count, 0),
+		Limit:     c.cfg.limit,
+		Remaining: max(c.cfg.limit-count, 0),
 		Reset:     time.Duration(res[3]) * time.Microsecond,
 	}
 	if !allowed {

@@ -64,7 +64,7 @@ func (a *admission) Allow(ctx context.Context, channel uuid.UUID) (ratelimit.Dec
 
 func (a *admission) Claim(ctx context.Context, channel uuid.UUID, key, fp string) (ratelimit.Decision, idempotency.Result, error) {
 	if a.ri != nil {
-		return a.beginLimited(ctx, channel, key, fp) // PENDING-BEGINLIMITED
+		return a.ri.BeginLimited(ctx, a.rl, hashTag(channel), ClaimKey(channel, key), fp)
 	}
 	d, err := a.limiter.Allow(ctx, hashTag(channel))
 	if err != nil {
@@ -85,12 +85,3 @@ func (a *admission) Release(ctx context.Context, channel uuid.UUID, key, token s
 	return a.idem.Release(ctx, ClaimKey(channel, key), token)
 }
 
-// PENDING-BEGINLIMITED: replaced by idempotency.(*Redis).BeginLimited.
-func (a *admission) beginLimited(ctx context.Context, channel uuid.UUID, key, fp string) (ratelimit.Decision, idempotency.Result, error) {
-	d, err := a.rl.Allow(ctx, hashTag(channel))
-	if err != nil || !d.Allowed {
-		return d, idempotency.Result{}, err
-	}
-	res, err := a.ri.Begin(ctx, ClaimKey(channel, key), fp)
-	return d, res, err
-}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -33,6 +34,9 @@ func Redis(t testing.TB) string {
 type RedisServer struct {
 	bin  string
 	port int
+	// clusterDir, when set, makes the server a Redis Cluster node keeping its node
+	// configuration in this directory.
+	clusterDir string
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -44,24 +48,30 @@ type RedisServer struct {
 // killed in t.Cleanup.
 func StartRedis(t testing.TB) *RedisServer {
 	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		if isExecutable("/usr/bin/redis-server") {
-			bin = "/usr/bin/redis-server"
-		} else {
-			t.Fatalf("testenv: redis-server was not found on PATH nor in /usr/bin; install it with: " +
-				"apt-get install -y redis-server (or set " + envRedisURL + ")")
-		}
-	}
-	s := &RedisServer{bin: bin}
+	s := &RedisServer{bin: redisBinary(t, "redis-server")}
 	t.Cleanup(func() { s.kill() })
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	err = launchOnFreePort(&s.port, s.launch)
+	err := launchOnFreePort(&s.port, s.launch)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
 	return s
+}
+
+// redisBinary finds a Redis program (redis-server, redis-cli) on PATH or in /usr/bin.
+func redisBinary(t testing.TB, name string) string {
+	t.Helper()
+	bin, err := exec.LookPath(name)
+	if err == nil {
+		return bin
+	}
+	if isExecutable("/usr/bin/" + name) {
+		return "/usr/bin/" + name
+	}
+	t.Fatalf("testenv: %s was not found on PATH nor in /usr/bin; install it with: "+
+		"apt-get install -y redis-server (or set %s)", name, envRedisURL)
+	return ""
 }
 
 // URL returns redis://127.0.0.1:<port>/0.
@@ -110,8 +120,13 @@ func (s *RedisServer) kill() {
 // an error wrapping errPortInUse if the port was taken. s.mu must be held.
 func (s *RedisServer) launch() error {
 	out := &lockedBuffer{}
-	cmd := exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
-		"--appendonly", "no", "--daemonize", "no")
+	args := []string{"--port", strconv.Itoa(s.port), "--bind", "127.0.0.1", "--save", "",
+		"--appendonly", "no", "--daemonize", "no"}
+	if s.clusterDir != "" {
+		args = append(args, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+			"--cluster-config-file", filepath.Join(s.clusterDir, "nodes-"+strconv.Itoa(s.port)+".conf"))
+	}
+	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = os.TempDir()
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.WaitDelay = time.Second

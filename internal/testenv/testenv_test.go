@@ -425,3 +425,35 @@ func TestReapStale(t *testing.T) {
 		}
 	}
 }
+
+// TestRedisCluster: the cluster comes up with every slot served; a key written through the
+// cluster client is read back through it; killing the master of a key's slot makes that key
+// fail while keys of other masters still work.
+func TestRedisCluster(t *testing.T) {
+	c := StartRedisCluster(t, 3)
+	client := c.Client(t)
+	ctx := context.Background()
+	keys := map[int]string{}
+	for i := 0; len(keys) < 3 && i < 1000; i++ {
+		k := "{k" + strconv.Itoa(i) + "}"
+		keys[c.MasterOf(t, k)] = k
+	}
+	if len(keys) != 3 {
+		t.Fatalf("keys found on %d masters, want 3", len(keys))
+	}
+	for _, k := range keys {
+		if err := client.Set(ctx, k, "v", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if v, err := client.Get(ctx, k).Result(); err != nil || v != "v" {
+			t.Fatalf("get %s: %q %v", k, v, err)
+		}
+	}
+	c.Kill(t, 0)
+	if err := client.Get(ctx, keys[0]).Err(); err == nil {
+		t.Fatal("a key of the killed master still answered")
+	}
+	if v, err := client.Get(ctx, keys[1]).Result(); err != nil || v != "v" {
+		t.Fatalf("a key of a live master: %q %v", v, err)
+	}
+}
