@@ -47,7 +47,8 @@ func waiting(n int, within time.Duration) bool {
 					break
 				}
 			}
-			if strings.HasPrefix(top, "github.com/wabarelay/wabarelay/idempotency.(*") && strings.Contains(top, ").Begin(") {
+			if strings.HasPrefix(top, "github.com/wabarelay/wabarelay/idempotency.(*") &&
+				(strings.Contains(top, ").Begin(") || strings.Contains(top, ").begin(")) {
 				parked++
 			}
 		}
