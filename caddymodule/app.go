@@ -56,10 +56,10 @@ type App struct {
 	// Database is the Postgres connection string (URL or key=value DSN). Required.
 	Database string `json:"database,omitempty"`
 
-	// Redis is a redis:// or rediss:// URL. Optional: when set, rate limits and idempotency
-	// keys are shared by every instance using it; when not, they are kept in memory and are
-	// correct for a single instance only.
-	Redis string `json:"redis,omitempty"`
+	// Redis is where rate limits and idempotency keys are shared by every instance: a
+	// redis:// or rediss:// URL, or a Cluster or Sentinel (see RedisConfig). Optional: without
+	// it they are kept in memory and are correct for a single instance only.
+	Redis *RedisConfig `json:"redis,omitempty"`
 
 	// EncryptionKey is base64 of 32 random bytes. It encrypts channel tokens, upstream access
 	// tokens and webhook signing secrets at rest (AES-256-GCM). Required.
@@ -106,7 +106,7 @@ type App struct {
 	upstreamDial string
 	pool         *pgxpool.Pool
 	poolKey      string
-	redis        *redis.Client
+	redis        redis.UniversalClient
 	redisKey     string
 	box          *secretbox.Box
 	store        *store.Store
@@ -213,9 +213,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.box, err = secretbox.New(key); err != nil {
 		return fmt.Errorf("encryption_key: %w", err)
 	}
-	redisURL, err := resolveSecret(repl, "redis", a.Redis, false)
-	if err != nil {
-		return err
+	var redisCfg RedisConfig
+	if a.Redis.isSet() {
+		if redisCfg, err = a.Redis.resolve(repl); err != nil {
+			return err
+		}
 	}
 	for name, p := range map[string]*string{"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL} {
 		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
@@ -267,8 +269,8 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if a.pool, a.poolKey, err = acquirePool(a.database); err != nil {
 		return err
 	}
-	if redisURL != "" {
-		if a.redis, a.redisKey, err = acquireRedis(redisURL); err != nil {
+	if redisCfg.isSet() {
+		if a.redis, a.redisKey, err = acquireRedis(redisCfg); err != nil {
 			a.Cleanup()
 			return err
 		}
@@ -351,7 +353,7 @@ func (a *App) Start() error {
 	}
 	if a.redis == nil {
 		a.logger.Warn("no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only")
-	} else if err := a.redis.Ping(ctx).Err(); err != nil {
+	} else if err := pingRedis(ctx, a.redis); err != nil {
 		a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
 	}
 	lctx, cancel := context.WithCancel(context.Background())
@@ -557,7 +559,7 @@ func (a *App) Health(ctx context.Context) error {
 		return errors.New("Postgres unavailable")
 	}
 	if a.redis != nil {
-		if err := a.redis.Ping(ctx).Err(); err != nil {
+		if err := pingRedis(ctx, a.redis); err != nil {
 			return errors.New("Redis unavailable")
 		}
 	}

@@ -30,6 +30,14 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //	wabarelay {
 //		database        <dsn>
 //		redis           <url>
+//		redis {                              # or: Cluster / Sentinel
+//			addresses   <host:port>...       # several: Cluster; with master_name: sentinels
+//			master_name <name>
+//			username    <user>
+//			password    <password>
+//			db          <n>
+//			tls
+//		}
 //		encryption_key  <base64 32 bytes>
 //		upstream        <base url with version>
 //		connect_base    <url>
@@ -62,7 +70,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	strOpts := map[string]*string{
-		"database": &a.Database, "redis": &a.Redis, "encryption_key": &a.EncryptionKey,
+		"database": &a.Database, "encryption_key": &a.EncryptionKey,
 		"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL,
 		"register_pin": &a.RegisterPIN,
 	}
@@ -82,6 +90,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return d.ArgErr()
 			}
 			a.SkipMigrations = true
+		case opt == "redis":
+			a.Redis = new(RedisConfig)
+			if err := a.Redis.unmarshal(d); err != nil {
+				return err
+			}
 		case opt == "meta":
 			a.Meta = new(MetaConfig)
 			if err := a.Meta.unmarshal(d); err != nil {
