@@ -124,6 +124,7 @@ func (s *RedisServer) launch() error {
 		"--appendonly", "no", "--daemonize", "no"}
 	if s.clusterDir != "" {
 		args = append(args, "--cluster-enabled", "yes", "--cluster-node-timeout", "2000",
+			"--cluster-require-full-coverage", "no",
 			"--cluster-config-file", filepath.Join(s.clusterDir, "nodes-"+strconv.Itoa(s.port)+".conf"))
 	}
 	cmd := exec.Command(s.bin, args...)

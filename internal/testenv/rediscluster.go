@@ -11,7 +11,10 @@ import (
 )
 
 // RedisCluster is a throwaway Redis Cluster of masters only (no replicas), for tests of
-// clustering and of a master's loss. Its nodes keep no data on disk.
+// clustering and of a master's loss. Its nodes keep no data on disk and run with
+// cluster-require-full-coverage no: when a master dies, the others go on serving their slots
+// (with Redis' default, yes, the whole cluster refuses queries once the node timeout of 2 s has
+// passed).
 type RedisCluster struct {
 	nodes []*RedisServer
 }
