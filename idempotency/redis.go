@@ -57,6 +57,8 @@ type Redis struct {
 	poll      time.Duration // safety re-read interval of a waiting Begin
 	pingEvery time.Duration // idle time after which the listener pings its connection
 
+	completions batcher[*completion]
+
 	startOnce  sync.Once
 	ctx        context.Context // cancelled by Close; the listener's context
 	cancel     context.CancelFunc
@@ -309,6 +311,11 @@ func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pend
 }
 
 // Complete implements [Store.Complete].
+//
+// Concurrent completions are grouped: those that arrive while a batch is on its way to Redis
+// go together in the next one, one pipeline of the fenced script (no timer: under light load a
+// batch is one completion, sent at once). Each caller still gets its own result and returns
+// only once its record is stored, so a replay that starts after Complete returned finds it.
 func (s *Redis) Complete(ctx context.Context, key, token string, resp Response) error {
 	h := resp.Header
 	if len(h) == 0 {
@@ -319,10 +326,95 @@ func (s *Redis) Complete(ctx context.Context, key, token string, resp Response) 
 	if err != nil {
 		return fmt.Errorf("idempotency: encoding response: %w", err)
 	}
-	n, err := completeScript.Run(ctx, s.client, []string{s.opt.Prefix + key},
-		token, done, millis(s.opt.TTL), s.chanPrefix+key).Int()
+	c := &completion{key: key, args: []any{token, done, millis(s.opt.TTL), s.chanPrefix + key}, result: make(chan error, 1)}
+	s.completions.enqueue(c, s.flushCompletions)
+	select {
+	case err := <-c.result:
+		return err
+	case <-ctx.Done():
+		// The batch may still store it; this caller stops waiting.
+		return s.wrap(ctx, "completing", key, ctx.Err())
+	}
+}
+
+// completion is one Complete waiting for its batch.
+type completion struct {
+	key    string
+	args   []any
+	result chan error
+}
+
+// batcher queues work for one flusher at a time: the first caller to find no flusher running
+// starts one, which sends everything queued, in batches, until the queue is empty.
+type batcher[T any] struct {
+	mu       sync.Mutex
+	queue    []T
+	flushing bool
+}
+
+// maxBatch caps the completions sent in one pipeline.
+const maxBatch = 128
+
+func (b *batcher[T]) enqueue(item T, flush func([]T)) {
+	b.mu.Lock()
+	b.queue = append(b.queue, item)
+	if b.flushing {
+		b.mu.Unlock()
+		return
+	}
+	b.flushing = true
+	b.mu.Unlock()
+	go func() {
+		for {
+			b.mu.Lock()
+			n := min(len(b.queue), maxBatch)
+			if n == 0 {
+				b.flushing = false
+				b.mu.Unlock()
+				return
+			}
+			batch := append([]T(nil), b.queue[:n]...)
+			b.queue = append(b.queue[:0], b.queue[n:]...)
+			b.mu.Unlock()
+			flush(batch)
+		}
+	}()
+}
+
+// completeTimeout bounds one batch of completions.
+const completeTimeout = 5 * time.Second
+
+// flushCompletions sends a batch of completions in one pipeline and hands each its result. A
+// script missing from a node's cache (after a restart or failover) is run again on its own,
+// which loads it.
+func (s *Redis) flushCompletions(batch []*completion) {
+	ctx, cancel := context.WithTimeout(context.Background(), completeTimeout)
+	defer cancel()
+	if len(batch) == 1 {
+		c := batch[0]
+		c.result <- s.completed(ctx, c, completeScript.Run(ctx, s.client, []string{s.opt.Prefix + c.key}, c.args...))
+		return
+	}
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(batch))
+	for i, c := range batch {
+		cmds[i] = completeScript.EvalSha(ctx, pipe, []string{s.opt.Prefix + c.key}, c.args...)
+	}
+	pipe.Exec(ctx) // each command carries its own error
+	for i, c := range batch {
+		cmd := cmds[i]
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			cmd = completeScript.Run(ctx, s.client, []string{s.opt.Prefix + c.key}, c.args...)
+		}
+		c.result <- s.completed(ctx, c, cmd)
+	}
+}
+
+// completed turns the script's reply for c into Complete's result.
+func (s *Redis) completed(ctx context.Context, c *completion, cmd *redis.Cmd) error {
+	n, err := cmd.Int()
 	if err != nil {
-		return s.wrap(ctx, "completing", key, err)
+		return s.wrap(ctx, "completing", c.key, err)
 	}
 	if n != 1 {
 		return ErrNotOwner
