@@ -3,8 +3,8 @@ package caddymodule
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"time"
 

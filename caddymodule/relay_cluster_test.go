@@ -5,7 +5,6 @@ import (
 	"context"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -38,21 +37,7 @@ func TestRelayRedisCluster(t *testing.T) {
 
 	// Exactly 100 of 110 calls across the two instances.
 	limited := e.channelOn(true, pnid2)
-	accepted := 0
-	for i := range 110 {
-		base := a
-		if i%2 == 1 {
-			base = b
-		}
-		switch r := call(t, "GET", base+"/"+wabaID+"/message_templates?limit=1", limited.ChannelToken, ""); r.status {
-		case 200:
-			accepted++
-		case 429:
-		default:
-			t.Fatalf("call %d: %d %s", i, r.status, r.body)
-		}
-	}
-	if accepted != 100 {
+	if accepted, _ := acceptedAcross(t, []string{a, b}, 110, "/"+wabaID+"/message_templates?limit=1", limited.ChannelToken); accepted != 100 {
 		t.Fatalf("accepted %d of 110 across two instances, want 100", accepted)
 	}
 
@@ -60,20 +45,7 @@ func TestRelayRedisCluster(t *testing.T) {
 	ch := e.channel(true)
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"cluster-1"}`
 	e.fake.SetLatency(150 * time.Millisecond)
-	var wg sync.WaitGroup
-	results := make([]relayResp, 50)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			base := a
-			if i%2 == 1 {
-				base = b
-			}
-			results[i] = call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, body)
-		}()
-	}
-	wg.Wait()
+	results := callsAcross(t, []string{a, b}, 50, "POST", "/"+pnid+"/messages", ch.ChannelToken, body)
 	e.fake.SetLatency(0)
 	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
 		t.Fatalf("upstream sends = %d, want 1", n)

@@ -512,20 +512,7 @@ func TestRelayTwoInstances(t *testing.T) {
 	ch := e.channel(true)
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"order-42"}`
 	e.fake.SetLatency(150 * time.Millisecond)
-	var wg sync.WaitGroup
-	results := make([]relayResp, 50)
-	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			base := a
-			if i%2 == 1 {
-				base = b
-			}
-			results[i] = call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, body)
-		}()
-	}
-	wg.Wait()
+	results := callsAcross(t, []string{a, b}, 50, "POST", "/"+pnid+"/messages", ch.ChannelToken, body)
 	e.fake.SetLatency(0)
 	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
 		t.Fatalf("upstream sends = %d, want 1", n)
@@ -548,25 +535,7 @@ func TestRelayTwoInstances(t *testing.T) {
 
 	// rate limit: 100 accepted across both instances, then 429 with Retry-After
 	rl := e.channelOn(true, pnid2)
-	accepted := 0
-	var first429 relayResp
-	for i := 0; i < 110; i++ {
-		base := a
-		if i%2 == 1 {
-			base = b
-		}
-		r := call(t, "GET", base+"/"+wabaID+"/message_templates?limit=1", rl.ChannelToken, "")
-		switch r.status {
-		case 200:
-			accepted++
-		case 429:
-			if first429.status == 0 {
-				first429 = r
-			}
-		default:
-			t.Fatalf("call %d: %d %s", i, r.status, r.body)
-		}
-	}
+	accepted, first429 := acceptedAcross(t, []string{a, b}, 110, "/"+wabaID+"/message_templates?limit=1", rl.ChannelToken)
 	if accepted != 100 {
 		t.Fatalf("accepted %d of 110 across two instances, want 100", accepted)
 	}
@@ -631,4 +600,41 @@ func TestRelayRedisDown(t *testing.T) {
 	if r := call(t, "POST", send, ch.ChannelToken, withKey("c")); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after recovery the key is not remembered: %d %v", r.status, r.header)
 	}
+}
+
+// callsAcross makes n calls at once, call i on instance bases[i % len(bases)], and returns the
+// answers in order.
+func callsAcross(t *testing.T, bases []string, n int, method, path, token, body string) []relayResp {
+	t.Helper()
+	var wg sync.WaitGroup
+	results := make([]relayResp, n)
+	for i := range results {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i] = call(t, method, bases[i%len(bases)]+path, token, body)
+		}()
+	}
+	wg.Wait()
+	return results
+}
+
+// acceptedAcross makes n GET calls one after the other, call i on instance
+// bases[i % len(bases)], and returns how many were answered 200 and the first 429; any other
+// answer fails the test.
+func acceptedAcross(t *testing.T, bases []string, n int, path, token string) (accepted int, first429 relayResp) {
+	t.Helper()
+	for i := range n {
+		switch r := call(t, "GET", bases[i%len(bases)]+path, token, ""); r.status {
+		case 200:
+			accepted++
+		case 429:
+			if first429.status == 0 {
+				first429 = r
+			}
+		default:
+			t.Fatalf("call %d: %d %s", i, r.status, r.body)
+		}
+	}
+	return accepted, first429
 }

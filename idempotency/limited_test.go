@@ -130,7 +130,9 @@ func limitRedisKey(lim *ratelimit.RedisLimiter, key string) string {
 	return c.Key
 }
 
-func itoa(i int) string { return string(rune('a'+i/26/26%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i%26)) }
+func itoa(i int) string {
+	return string(rune('a'+i/26/26%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i%26))
+}
 
 // TestBeginLimited runs testBeginLimited on one Redis.
 func TestBeginLimited(t *testing.T) {

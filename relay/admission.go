@@ -84,4 +84,3 @@ func (a *admission) Complete(ctx context.Context, channel uuid.UUID, key, token 
 func (a *admission) Release(ctx context.Context, channel uuid.UUID, key, token string) error {
 	return a.idem.Release(ctx, ClaimKey(channel, key), token)
 }
-

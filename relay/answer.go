@@ -24,9 +24,9 @@ type answer struct {
 	method, upath string
 	ch            *store.RelayChannel
 	status        int
-	state   answerState
-	buf     bytes.Buffer // the buffered body (inspecting)
-	limit   int          // cap of buf
+	state         answerState
+	buf           bytes.Buffer // the buffered body (inspecting)
+	limit         int          // cap of buf
 
 	capture    bool         // keep a copy of what is passed through
 	copy       bytes.Buffer // that copy

@@ -31,7 +31,7 @@ func (s *countingStore) RelayChannelByToken(ctx context.Context, token string) (
 	return s.Store.RelayChannelByToken(ctx, token)
 }
 
-func cacheEnv(t *testing.T) (*countingStore, *pgxpool.Pool, store.Channel) {
+func cacheEnv(t testing.TB) (*countingStore, *pgxpool.Pool, store.Channel) {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
 	if err != nil {

@@ -16,14 +16,12 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/ratelimit"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -52,24 +50,8 @@ type relayFixture struct {
 // stores with a limit of limit calls per minute.
 func newRelayFixture(t testing.TB, limit int, admission func() Admission) *relayFixture {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, 32)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	ctx := context.Background()
-	org, err := st.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cs, _, ch := cacheEnv(t)
+	st, ctx := cs.Store, context.Background()
 	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: tPNID, WabaID: tWABA,
 		DisplayPhoneNumber: "+1 555 0100", UpstreamToken: tUpstream}); err != nil {
 		t.Fatal(err)
