@@ -18,6 +18,9 @@ const IdempotencyKeyField = "idempotency_key"
 // name repeats, as encoding/json reads it). found is false, and body is returned as is, when the
 // body is not a JSON object or has no such member. The value must be a string.
 func RemoveKey(body []byte, name string) (out []byte, value string, found bool, err error) {
+	if bytes.IndexByte(body, '\\') < 0 && !bytes.Contains(body, []byte(name)) {
+		return body, "", false, nil // no escape that could spell name, and name is not there
+	}
 	if !json.Valid(body) {
 		return body, "", false, nil
 	}

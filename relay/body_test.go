@@ -48,9 +48,17 @@ func TestRemoveKey(t *testing.T) {
 func FuzzRemoveKey(f *testing.F) {
 	f.Add([]byte(`{"a":1,"idempotency_key":"k","b":[1,2]}`))
 	f.Add([]byte(`{"idempotency_key":"k"}`))
+	f.Add([]byte(`{"idempotency\u005fkey":"k"}`))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		out, _, found, err := RemoveKey(in, "idempotency_key")
-		if !found || err != nil {
+		if !found {
+			var m map[string]json.RawMessage
+			if json.Unmarshal(in, &m) == nil && m["idempotency_key"] != nil {
+				t.Fatalf("RemoveKey(%q) missed the key", in)
+			}
+			return
+		}
+		if err != nil {
 			return
 		}
 		var a, b map[string]any

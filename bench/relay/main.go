@@ -1098,7 +1098,7 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 		"rejects unknown top-level keys), i.e. exactly the body (b) forwards.\n\n", c.channels)
 	if lookups >= 0 {
 		nb := tb.seq.Load()
-		p("Channel lookups in Postgres (cache misses of the relay's channel cache, 30 s TTL): %d for %d (b) requests, warm-up included (%.1f%%).\n\n",
+		p("Channel lookups in Postgres (cache misses of the relay's channel cache): %d for %d (b) requests, warm-up included (%.1f%%).\n\n",
 			lookups, nb, 100*float64(lookups)/float64(max(nb, 1)))
 	}
 	p("Upstream connections opened by Caddy to the fake: (a) %d, (b) %d.\n\n", upConns[0], upConns[1])
