@@ -19,6 +19,8 @@ type metrics struct {
 	rateLimited     prometheus.Counter
 	replays         prometheus.Counter
 	upstreamLatency prometheus.Histogram
+	mediaBytes      *prometheus.CounterVec
+	mediaFirstByte  prometheus.Histogram
 
 	inboundEvents     *prometheus.CounterVec
 	inboundDuplicates prometheus.Counter
@@ -48,6 +50,11 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			upstreamLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 				Name: "relay_upstream_duration_seconds", Help: "Time from forwarding a relay call to the upstream's answer.",
 				Buckets: prometheus.ExponentialBuckets(0.001, 2, 15)}),
+			mediaBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_media_bytes_total", Help: "Media bytes relayed, by direction (download, upload)."}, []string{"direction"}),
+			mediaFirstByte: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_media_first_byte_seconds", Help: "Time from a media download request to the media host's answer.",
+				Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
 			inboundEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_events_total", Help: "Events stored from upstream webhooks, by type."}, []string{"type"}),
 			inboundDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -67,6 +74,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 	})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{theMetrics.relayRequests, theMetrics.rateLimited, theMetrics.replays, theMetrics.upstreamLatency,
+			theMetrics.mediaBytes, theMetrics.mediaFirstByte,
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
 			theMetrics.inboundMalformed,
 			theMetrics.deliveries, theMetrics.attemptLatency} {

@@ -182,6 +182,12 @@ func (rm relayMetrics) Answered(outcome string) {
 
 func (rm relayMetrics) UpstreamLatency(d time.Duration) { rm.m.upstreamLatency.Observe(d.Seconds()) }
 
+func (rm relayMetrics) MediaBytes(direction string, n int64) {
+	rm.m.mediaBytes.WithLabelValues(direction).Add(float64(n))
+}
+
+func (rm relayMetrics) MediaFirstByte(d time.Duration) { rm.m.mediaFirstByte.Observe(d.Seconds()) }
+
 // Interface guards.
 var (
 	_ caddyhttp.MiddlewareHandler = (*RelayHandler)(nil)

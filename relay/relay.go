@@ -85,6 +85,11 @@ type Metrics interface {
 	Answered(outcome string)
 	// UpstreamLatency records the time from forwarding a call to the upstream's answer.
 	UpstreamLatency(d time.Duration)
+	// MediaBytes counts media bytes relayed in a direction ("download", "upload").
+	MediaBytes(direction string, n int64)
+	// MediaFirstByte records a download's time from the caller's request to the media host's
+	// answer (both upstream calls).
+	MediaFirstByte(d time.Duration)
 }
 
 // Relay serves calls made with channel tokens (DESIGN §5): it authenticates the token, checks
@@ -112,6 +117,9 @@ type Relay struct {
 	// Background runs the work left after a caller got its answer (storing a send's answer for
 	// replays). Default: a new goroutine.
 	Background func(f func())
+	// MediaClient fetches media bytes from the URL the upstream's media object names (the media
+	// host; never a URL from the caller). Default: a client with a 30 s response-header timeout.
+	MediaClient *http.Client
 	// Metrics records outcomes. Optional.
 	Metrics Metrics
 	// Logger gets the relay's warnings. No token and no upstream URL is ever logged. Optional.
@@ -134,7 +142,21 @@ func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 	if !rl.allow(w, r, ch) {
 		return
 	}
-	if o := rl.forward(w, r, ch, up, false); o.aborted {
+	upath := UpstreamPath(r.URL.Path)
+	if id, ok := downloadOf(r.Method, upath); ok {
+		rl.download(w, r, ch, id, up)
+		return
+	}
+	var uploaded *countingReader
+	if r.Method == http.MethodPost && handsObjects(ch, r.Method, upath) == store.ObjectMedia && r.Body != nil {
+		uploaded = &countingReader{r: r.Body}
+		r.Body = uploaded
+	}
+	o := rl.forward(w, r, ch, up, false)
+	if uploaded != nil && rl.Metrics != nil {
+		rl.Metrics.MediaBytes("upload", uploaded.n)
+	}
+	if o.aborted {
 		panic(http.ErrAbortHandler)
 	}
 }
@@ -325,22 +347,7 @@ type outcome struct {
 // inspecting it only where needed. With capture, the answer is also kept for replays.
 func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool) outcome {
 	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
-	r.Header.Set("Authorization", "Bearer "+ch.UpstreamToken)
-	r.Header.Del("X-Api-Key")
-	r.Header.Del("Cookie")
-	if r.Method == http.MethodGet {
-		// Reads can be large (template lists): the transport negotiates compression with the
-		// upstream and decodes it itself.
-		r.Header.Del("Accept-Encoding")
-	} else {
-		// Writes answer a few hundred bytes of JSON: compressing them costs both ends more than
-		// it saves.
-		r.Header.Set("Accept-Encoding", "identity")
-	}
-	r.URL.RawQuery = withoutAccessToken(r.URL.RawQuery)
-	r.URL.Path = rl.UpstreamBase + upath
-	r.URL.RawPath = ""
-
+	rl.prepare(r, ch, upath)
 	a := newAnswer(w, r.Method, upath, ch, capture)
 	defer a.free()
 	start := time.Now()
@@ -378,6 +385,26 @@ func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Relay
 		rl.count(outcomeOf(a.status))
 	}
 	return o
+}
+
+// prepare makes r a call of upath on the upstream with the channel's access token: the
+// caller's credentials removed, any access_token query parameter dropped.
+func (rl *Relay) prepare(r *http.Request, ch *store.RelayChannel, upath string) {
+	r.Header.Set("Authorization", "Bearer "+ch.UpstreamToken)
+	r.Header.Del("X-Api-Key")
+	r.Header.Del("Cookie")
+	if r.Method == http.MethodGet {
+		// Reads can be large (template lists): the transport negotiates compression with the
+		// upstream and decodes it itself.
+		r.Header.Del("Accept-Encoding")
+	} else {
+		// Writes answer a few hundred bytes of JSON: compressing them costs both ends more than
+		// it saves.
+		r.Header.Set("Accept-Encoding", "identity")
+	}
+	r.URL.RawQuery = withoutAccessToken(r.URL.RawQuery)
+	r.URL.Path = rl.UpstreamBase + upath
+	r.URL.RawPath = ""
 }
 
 // call runs up, turning reverse_proxy's abort of a stream into a flag.
@@ -421,15 +448,7 @@ func (rl *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err erro
 func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool) outcome {
 	body, status := a.buf.Bytes(), a.status
 	if TokenDead(status, body) {
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
-		err := rl.Channels.MarkDisconnected(ctx, ch.ID)
-		cancel()
-		if err != nil {
-			rl.logger().Error("relay: recording a dead upstream token failed", zap.Error(err))
-		}
-		rl.logger().Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
-			zap.String("channel_id", ch.ID.String()))
-		rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
+		rl.disconnected(w, r, ch)
 		return outcome{status: http.StatusServiceUnavailable, notSent: true}
 	}
 	if kind, ids := Handed(ch, r.Method, upath, status, body); len(ids) > 0 {
@@ -441,7 +460,13 @@ func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.Rel
 		}
 	}
 	hdr := a.hdr
-	if out := RewriteLinks(body, rl.proxyBase(r, relayPath), ch.UpstreamToken); len(out) != len(body) || !bytes.Equal(out, body) {
+	out := RewriteLinks(body, rl.proxyBase(r, relayPath), ch.UpstreamToken)
+	if r.Method == http.MethodGet && status/100 == 2 && !strings.Contains(strings.Trim(upath, "/"), "/") {
+		// A media object: its url (on the media host, usable only with the upstream token)
+		// becomes the relay's download URL of the medium.
+		out = rewriteMediaURL(out, rl.proxyBase(r, relayPath)+"/"+FirstSegment(upath)+"/"+mediaDownload)
+	}
+	if len(out) != len(body) || !bytes.Equal(out, body) {
 		// A rewritten body is the relay's answer: the upstream's validators and authentication
 		// challenge no longer describe it.
 		body = out
@@ -459,6 +484,20 @@ func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.Rel
 		o.stored = idempotency.Response{Status: status, Header: replayHeaders(hdr), Body: bytes.Clone(body)}
 	}
 	return o
+}
+
+// disconnected answers 503 CHANNEL_DISCONNECTED for a channel whose access token the upstream
+// rejected (code 190), and marks the channel.
+func (rl *Relay) disconnected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
+	err := rl.Channels.MarkDisconnected(ctx, ch.ID)
+	cancel()
+	if err != nil {
+		rl.logger().Error("relay: recording a dead upstream token failed", zap.Error(err))
+	}
+	rl.logger().Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
+		zap.String("channel_id", ch.ID.String()))
+	rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
 }
 
 // refuse writes the relay's own error answer and counts it.

@@ -57,6 +57,8 @@ func newRelayFixture(t testing.TB, limit int, admission func() Admission) *relay
 		t.Fatal(err)
 	}
 	fake := fakegraph.New(fakegraph.WithPlainJSON())
+	fake.Start() // media URLs point at its listener
+	t.Cleanup(fake.Close)
 	fake.AddNumber(tPNID, tWABA, "+1 555 0100", "Acme")
 	fake.AddToken(tUpstream, []string{tPNID}, []string{tWABA})
 	fake.AddTemplates(tWABA,

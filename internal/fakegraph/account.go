@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
@@ -541,6 +540,18 @@ func (s *Server) handleMediaUpload(rc *reqCtx, pnid string) {
 }
 
 func (s *Server) handleMediaNode(rc *reqCtx, id string) {
+	// phone_number_id, when given, must be the number the medium belongs to (Cloud API media
+	// reference: "the operation will only be processed if the ID matches the ID of the business
+	// phone number that the media was uploaded on").
+	if pn := rc.r.URL.Query().Get("phone_number_id"); pn != "" {
+		s.mu.RLock()
+		m := s.media[id]
+		s.mu.RUnlock()
+		if m != nil && m.pnid != pn {
+			s.fail(rc, errParam("Param phone_number_id does not match the phone number the media was uploaded on."))
+			return
+		}
+	}
 	if rc.r.Method == http.MethodDelete {
 		s.mu.Lock()
 		delete(s.media, id)
@@ -587,10 +598,31 @@ func (s *Server) handleMediaDownload(rc *reqCtx) {
 		http.Error(rc.w, "Not Found", http.StatusNotFound)
 		return
 	}
+	// Like the media host: the bytes with their type and an ETag, and byte ranges (206 with
+	// Content-Range, 416 for an unsatisfiable range, If-Range honoured).
 	h := rc.w.Header()
 	h.Set("Content-Type", m.mime)
-	h.Set("Content-Length", strconv.Itoa(len(m.data)))
-	rc.status = http.StatusOK
-	rc.w.WriteHeader(http.StatusOK)
-	_, _ = rc.w.Write(m.data)
+	h.Set("Etag", `"`+m.sha[:32]+`"`)
+	h.Set("Content-Disposition", "attachment; filename="+m.id)
+	sw := &statusWriter{ResponseWriter: rc.w}
+	http.ServeContent(sw, rc.r, "", time.Time{}, bytes.NewReader(m.data))
+	rc.status = sw.status
+}
+
+// statusWriter records the status written through it.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
 }
