@@ -140,7 +140,12 @@ func TestInbound(t *testing.T) {
 	if r := call(t, "GET", proxy+"/"+mediaID, c1.ChannelToken, ""); r.status != 200 || !strings.Contains(string(r.body), mediaID) {
 		t.Fatalf("received medium through the relay: %d %s", r.status, r.body)
 	}
+	if r := call(t, "GET", proxy+"/"+mediaID+"/download", c1.ChannelToken, ""); r.status != 200 || string(r.body) != "jpeg" ||
+		r.header.Get("Content-Type") != "image/jpeg" {
+		t.Fatalf("received medium downloaded through the relay: %d %s", r.status, r.body)
+	}
 	expectRelayError(t, call(t, "GET", proxy+"/"+mediaID, c2.ChannelToken, ""), 403, "Path not allowed for this channel")
+	expectRelayError(t, call(t, "GET", proxy+"/"+mediaID+"/download", c2.ChannelToken, ""), 403, "Path not allowed for this channel")
 
 	// signed but not a WhatsApp payload → 200 (counted as malformed, nothing stored); huge → 413
 	if status, _ := signedPost(t, url, testAppSecret, `{"object":"page"}`); status != 200 {

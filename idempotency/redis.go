@@ -364,21 +364,34 @@ func (b *batcher[T]) enqueue(item T, flush func([]T)) {
 	}
 	b.flushing = true
 	b.mu.Unlock()
-	go func() {
-		for {
+	go b.run(flush)
+}
+
+// run flushes until the queue is empty. Should flush panic or the goroutine end otherwise,
+// the batcher is not left marked as flushing: the next enqueue starts a new flusher.
+func (b *batcher[T]) run(flush func([]T)) {
+	emptied := false
+	defer func() {
+		if !emptied {
 			b.mu.Lock()
-			n := min(len(b.queue), maxBatch)
-			if n == 0 {
-				b.flushing = false
-				b.mu.Unlock()
-				return
-			}
-			batch := append([]T(nil), b.queue[:n]...)
-			b.queue = append(b.queue[:0], b.queue[n:]...)
+			b.flushing = false
 			b.mu.Unlock()
-			flush(batch)
 		}
 	}()
+	for {
+		b.mu.Lock()
+		n := min(len(b.queue), maxBatch)
+		if n == 0 {
+			b.flushing = false
+			emptied = true
+			b.mu.Unlock()
+			return
+		}
+		batch := append([]T(nil), b.queue[:n]...)
+		b.queue = append(b.queue[:0], b.queue[n:]...)
+		b.mu.Unlock()
+		flush(batch)
+	}
 }
 
 // completeTimeout bounds one batch of completions.
@@ -390,24 +403,57 @@ const completeTimeout = 5 * time.Second
 func (s *Redis) flushCompletions(batch []*completion) {
 	ctx, cancel := context.WithTimeout(context.Background(), completeTimeout)
 	defer cancel()
+	defer func() {
+		// Every caller gets an answer, even if this batch failed unexpectedly.
+		if v := recover(); v != nil {
+			s.log.Error("idempotency: storing a batch of answers panicked", zap.Any("panic", v))
+			for _, c := range batch {
+				select {
+				case c.result <- fmt.Errorf("%w: storing the answer failed", ErrUnavailable):
+				default: // answered already
+				}
+			}
+		}
+	}()
 	if len(batch) == 1 {
 		c := batch[0]
 		c.result <- s.completed(ctx, c, completeScript.Run(ctx, s.client, []string{s.opt.Prefix + c.key}, c.args...))
 		return
 	}
+	cmds := s.pipelineCompletions(ctx, batch)
+	var missing []*completion // the script was not in a server's cache
+	for i, c := range batch {
+		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			missing = append(missing, c)
+			continue
+		}
+		c.result <- s.completed(ctx, c, cmds[i])
+	}
+	if len(missing) == 0 {
+		return
+	}
+	// Load the script (on every master of a Cluster) and send those again, once.
+	if err := completeScript.Load(ctx, s.client).Err(); err != nil {
+		for _, c := range missing {
+			c.result <- s.wrap(ctx, "completing", c.key, err)
+		}
+		return
+	}
+	for i, cmd := range s.pipelineCompletions(ctx, missing) {
+		missing[i].result <- s.completed(ctx, missing[i], cmd)
+	}
+}
+
+// pipelineCompletions sends the batch's scripts in one pipeline; each command carries its own
+// error.
+func (s *Redis) pipelineCompletions(ctx context.Context, batch []*completion) []*redis.Cmd {
 	pipe := s.client.Pipeline()
 	cmds := make([]*redis.Cmd, len(batch))
 	for i, c := range batch {
 		cmds[i] = completeScript.EvalSha(ctx, pipe, []string{s.opt.Prefix + c.key}, c.args...)
 	}
-	pipe.Exec(ctx) // each command carries its own error
-	for i, c := range batch {
-		cmd := cmds[i]
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			cmd = completeScript.Run(ctx, s.client, []string{s.opt.Prefix + c.key}, c.args...)
-		}
-		c.result <- s.completed(ctx, c, cmd)
-	}
+	pipe.Exec(ctx)
+	return cmds
 }
 
 // completed turns the script's reply for c into Complete's result.
