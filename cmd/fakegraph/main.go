@@ -20,6 +20,19 @@
 //	  http://127.0.0.1:8090/v26.0/106540352242922/messages
 //	curl -s -H 'Authorization: Bearer EAAdemo' \
 //	  'http://127.0.0.1:8090/v26.0/102290129340398/message_templates?fields=name,status&limit=2'
+//
+// Media, the whole path (what the relay does for a channel token, here with the upstream token):
+// upload, read the media object, download from its url (on a separate path of the fake that
+// answers only to a token allowed for the medium's number; byte ranges work), delete.
+//
+//	id=$(curl -s -H 'Authorization: Bearer EAAdemo' -F messaging_product=whatsapp -F type=image/png \
+//	  -F file=@photo.png http://127.0.0.1:8090/v26.0/106540352242922/media | jq -r .id)
+//	url=$(curl -s -H 'Authorization: Bearer EAAdemo' http://127.0.0.1:8090/v26.0/$id | jq -r .url)
+//	curl -s -H 'Authorization: Bearer EAAdemo' -H 'Range: bytes=0-99' "$url" | wc -c     # 100
+//	curl -s -X DELETE -H 'Authorization: Bearer EAAdemo' http://127.0.0.1:8090/v26.0/$id
+//
+// Through the relay (upstream <base>/v26.0), the same with a channel token against {proxy_url}:
+// the media object's url is then {proxy_url}/<id>/download.
 package main
 
 import (
