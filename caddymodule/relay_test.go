@@ -179,6 +179,9 @@ func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 		if bytes.Contains(logs.Bytes(), []byte(realToken)) {
 			e.t.Errorf("the upstream token appears in Caddy's logs")
 		}
+		if bytes.Contains(logs.Bytes(), []byte("whatsapp_business/attachments")) {
+			e.t.Errorf("a media URL appears in Caddy's logs")
+		}
 	})
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	// Ready once every app has started: the HTTP listener opens before the wabarelay app has

@@ -129,6 +129,12 @@ func TestRelayMediaScope(t *testing.T) {
 	if w := f.serve("GET", "/7070/download", "", nil); w.Code != 200 || w.Body.String() != "mine" {
 		t.Fatalf("own medium: %d %s", w.Code, w.Body)
 	}
+	if w := f.serve("GET", "/7070?phone_number_id="+tPNID, "", nil); w.Code != 200 || !strings.Contains(w.Body.String(), "/7070/download") {
+		t.Fatalf("metadata with its number: %d %s", w.Code, w.Body)
+	}
+	if w := f.serve("GET", "/7070?phone_number_id=1002", "", nil); w.Code != 400 {
+		t.Fatalf("metadata with another number: %d %s", w.Code, w.Body)
+	}
 	if w := f.serve("DELETE", "/7070", "", nil); w.Code != 200 {
 		t.Fatalf("delete: %d %s", w.Code, w.Body)
 	}
