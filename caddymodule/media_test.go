@@ -8,40 +8,26 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// rss reads a process's resident set (VmRSS) and its peak since the last reset (VmHWM), in
-// bytes.
+// rss reads the process's resident set and its peak since the last resetPeak.
 func rss(t *testing.T, pid int) (cur, peak int64) {
 	t.Helper()
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Skipf("no /proc: %v", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			cur = kb << 10
-		case "VmHWM:":
-			peak = kb << 10
-		}
+	cur, peak, ok := testenv.ProcMemory(pid)
+	if !ok {
+		t.Skip("no /proc: memory cannot be measured")
 	}
 	return cur, peak
 }
 
-// resetPeak starts a new VmHWM period for pid (clear_refs 5).
+// resetPeak starts a new peak period for pid.
 func resetPeak(t *testing.T, pid int) {
 	t.Helper()
-	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0); err != nil {
+	if err := testenv.ResetPeakMemory(pid); err != nil {
 		t.Skipf("cannot reset the peak RSS: %v", err)
 	}
 }

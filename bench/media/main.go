@@ -22,7 +22,6 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -37,11 +36,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/bench/internal/benchkit"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -104,27 +103,8 @@ func run(ctx context.Context, c config) (err error) {
 	rand.Read(b.data)
 
 	// ---- database ----
-	dbName := "wabarelay_bench_" + benchkit.RandHex(4)
-	dsn, err := benchkit.WithDatabase(c.pgDSN, dbName)
+	dsn, err := benchkit.NewDatabase(ctx, c.pgDSN, "wabarelay_bench_"+benchkit.RandHex(4), &cl)
 	if err != nil {
-		return err
-	}
-	admin, err := pgx.Connect(ctx, c.pgDSN)
-	if err != nil {
-		return fmt.Errorf("postgres admin connection (-pg): %w", err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+dbName); err != nil {
-		admin.Close(context.Background())
-		return err
-	}
-	cl.Add(func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		admin.Exec(dctx, "DROP DATABASE IF EXISTS "+dbName+" WITH (FORCE)")
-		admin.Close(dctx)
-		benchkit.Logf("database %s dropped", dbName)
-	})
-	if err := store.MigrateDSN(ctx, dsn); err != nil {
 		return err
 	}
 
@@ -377,29 +357,13 @@ func createChannel(ctx context.Context, dsn string, key []byte) (string, error) 
 
 // rss returns a process's VmRSS and VmHWM in bytes (0 without /proc).
 func rss(pid int) (cur, peak int64) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		return 0, 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		kb, _ := strconv.ParseInt(f[1], 10, 64)
-		switch f[0] {
-		case "VmRSS:":
-			cur = kb << 10
-		case "VmHWM:":
-			peak = kb << 10
-		}
-	}
+	cur, peak, _ = testenv.ProcMemory(pid)
 	return cur, peak
 }
 
 // resetPeak starts a new VmHWM period for pid.
 func resetPeak(pid int) {
-	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := testenv.ResetPeakMemory(pid); err != nil {
 		benchkit.Logf("cannot reset the peak RSS of %d: %v", pid, err)
 	}
 }

@@ -20,7 +20,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // child is a process the bench started: killed with us (Pdeathsig), in its own process group so
@@ -222,4 +225,33 @@ func LoadAvg() string {
 		}
 	}
 	return "?"
+}
+
+// NewDatabase creates the database name on the server of adminDSN, migrates it, and registers
+// its removal (DROP … WITH (FORCE)) with cl. It returns the database's DSN.
+func NewDatabase(ctx context.Context, adminDSN, name string, cl *Cleanups) (string, error) {
+	dsn, err := WithDatabase(adminDSN, name)
+	if err != nil {
+		return "", err
+	}
+	admin, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return "", fmt.Errorf("postgres admin connection (-pg): %w", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close(context.Background())
+		return "", fmt.Errorf("create database: %w", err)
+	}
+	Logf("database %s created", name)
+	cl.Add(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			Logf("drop database %s: %v", name, err)
+		} else {
+			Logf("database %s dropped", name)
+		}
+		admin.Close(dctx)
+	})
+	return dsn, store.MigrateDSN(ctx, dsn)
 }
