@@ -176,7 +176,7 @@ func (s *Redis) Begin(ctx context.Context, key, fp string) (Result, error) {
 // milliseconds. It returns {limit decision, previous record or nil}; nothing is claimed when
 // the decision refuses.
 var limitedClaimScript = redis.NewScript(ratelimit.SlidingLogLua + `
-local d = sliding_log(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])
+local d = sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
 if d[1] == 0 then return {d, false} end
 return {d, redis.call('SET', KEYS[2], ARGV[5], 'NX', 'PX', ARGV[6], 'GET')}
 `)
@@ -206,12 +206,7 @@ func (s *Redis) BeginLimited(ctx context.Context, lim *ratelimit.RedisLimiter, l
 		if len(reply) != 2 {
 			return "", fmt.Errorf("unexpected script reply %v", reply)
 		}
-		decision, _ := reply[0].([]any)
-		nums := make([]int64, len(decision))
-		for i, v := range decision {
-			nums[i], _ = v.(int64)
-		}
-		if d, err = call.Decision(nums); err != nil {
+		if d, err = call.Decision(reply[0]); err != nil {
 			return "", err
 		}
 		if !d.Allowed {

@@ -16,6 +16,10 @@ import (
 //
 //	sliding_log(key, limit, window_us, ttl_ms, member) -> {allowed (0/1), count after this call, retry_after_us, reset_us}
 //
+// A script that embeds it decides for a [Call] c with sliding_log(KEYS[1], ARGV[1], ARGV[2],
+// ARGV[3], ARGV[4]), KEYS[1] being c.Key and ARGV[1..4] c.Args; its own keys and arguments
+// follow. (The arguments may be strings, as ARGV are.)
+//
 // key is a sorted set of accepted requests: score = Redis TIME in microseconds, member =
 // "<sec>.<usec>-<member>" (unique per call). An entry with score s is inside the window at time
 // now iff now - s < window, so entries with s <= now - window are removed first. The request is
@@ -26,11 +30,11 @@ import (
 // lowered more entries may be present.
 //
 // TIME is called before any write; on Redis < 5 this needs script effects replication, which
-// the scripts embedding this function enable first (redis.replicate_commands; a no-op on Redis
-// >= 7). Scripts that decide more in the same round trip embed it (see [RedisLimiter.Prepare]).
+// SlidingLogLua enables first (redis.replicate_commands; a no-op on Redis >= 7).
 const SlidingLogLua = `
 if redis.replicate_commands ~= nil then pcall(redis.replicate_commands) end
 local function sliding_log(key, limit, window, ttl, member)
+  limit, window = tonumber(limit), tonumber(window)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
@@ -50,9 +54,8 @@ local function sliding_log(key, limit, window, ttl, member)
 end
 `
 
-// script is one decision: KEYS[1] the sorted set, ARGV = limit, window_us, ttl_ms, member.
-var script = redis.NewScript(SlidingLogLua +
-	`return sliding_log(KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4])`)
+// script is one decision, for a Call: KEYS[1] = Call.Key, ARGV = Call.Args.
+var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])`)
 
 // RedisLimiter is an exact sliding-window limiter whose state lives in Redis,
 // shared by every process that uses the same Redis and prefix.
@@ -100,27 +103,30 @@ func (l *RedisLimiter) Allow(ctx context.Context, key string) (Decision, error) 
 	if !ok {
 		return c.Deny(), nil
 	}
-	res, err := script.Run(ctx, l.client, []string{c.Key}, c.Args...).Int64Slice()
+	reply, err := script.Run(ctx, l.client, []string{c.Key}, c.Args...).Result()
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: redis: %w", err)
 	}
-	return c.Decision(res)
+	return c.Decision(reply)
 }
 
-// Call is one decision of a [RedisLimiter], prepared for a script that embeds [SlidingLogLua]:
-// call sliding_log(Key, Args...) with Args converted as tonumber(Args[0]), tonumber(Args[1]),
-// Args[2], Args[3], and turn its reply into a Decision with [Call.Decision].
+// Call is one decision of a [RedisLimiter], prepared by [RedisLimiter.Prepare] for a script
+// that embeds [SlidingLogLua] (so that a caller can decide more in the same round trip): the
+// script calls sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) with Key as KEYS[1]
+// and Args as ARGV[1..4], and [Call.Decision] turns that call's reply into a Decision.
 type Call struct {
 	// Key is the Redis key of the limit log (the limiter's prefix + the caller's key).
 	Key string
-	// Args are limit, window in microseconds, TTL in milliseconds and a unique member suffix.
+	// Args are the limit, the window in microseconds, the log's TTL in milliseconds and a member
+	// suffix unique to this call. The slice has no spare capacity: appending to it copies it.
 	Args []any
 
 	cfg *config
 }
 
-// Prepare returns the call that decides for key under the current limit. ok is false when the
-// limit is 0: nothing may be asked of Redis, and [Call.Deny] is the decision.
+// Prepare returns the call that decides for key (as passed to Allow) under the current limit
+// and window, counting as one call of Allow. ok is false when the limit is 0: nothing is asked
+// of Redis then, and [Call.Deny] is the decision.
 func (l *RedisLimiter) Prepare(key string) (c Call, ok bool) {
 	cfg := l.cfg.Load()
 	c = Call{Key: l.prefix + key, cfg: cfg}
@@ -133,13 +139,20 @@ func (l *RedisLimiter) Prepare(key string) (c Call, ok bool) {
 	return c, true
 }
 
-// Deny is the decision of a limit of 0: nothing is ever accepted.
+// Deny is the decision under a limit of 0: refused, with the window as Retry-After.
 func (c Call) Deny() Decision { return c.cfg.denyAll() }
 
-// Decision turns sliding_log's reply into a Decision.
-func (c Call) Decision(res []int64) (Decision, error) {
-	if len(res) != 4 {
-		return Decision{}, fmt.Errorf("ratelimit: redis: unexpected script reply %v", res)
+// Decision turns the reply of sliding_log, as go-redis returns it (a slice of four integers),
+// into the Decision, exactly as Allow reports it. Any other reply is an error.
+func (c Call) Decision(reply any) (Decision, error) {
+	vals, _ := reply.([]any)
+	var res [4]int64
+	ok := len(vals) == len(res)
+	for i := 0; ok && i < len(res); i++ {
+		res[i], ok = vals[i].(int64)
+	}
+	if !ok {
+		return Decision{}, fmt.Errorf("ratelimit: redis: unexpected script reply %v", reply)
 	}
 	allowed, count := res[0] == 1, int(res[1])
 	d := Decision{
