@@ -42,11 +42,14 @@ type Attempt struct {
 }
 
 // DeliveryPage selects deliveries: Status filters ("" for all); After is the cursor (the
-// last delivery of the previous page); Limit caps the page.
+// last delivery of the previous page); Limit caps the page; Since and Until bound the
+// creation time.
 type DeliveryPage struct {
 	Status string
 	After  *uuid.UUID
 	Limit  int
+	// Since and Until, when set, keep deliveries created at or after Since and before Until.
+	Since, Until *time.Time
 }
 
 // ListDeliveries returns a page of the deliveries of one of the org's webhooks, ordered by
@@ -61,7 +64,8 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 		FROM deliveries d JOIN events e ON e.id = d.event_id
 		WHERE d.webhook_id = $1 AND ($2 = '' OR d.status = $2)
 		  AND ($3::uuid IS NULL OR (d.created_at, d.id) > (SELECT created_at, id FROM deliveries WHERE id = $3))
-		ORDER BY d.created_at, d.id LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1)
+		  AND ($5::timestamptz IS NULL OR d.created_at >= $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)
+		ORDER BY d.created_at, d.id LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1, p.Since, p.Until)
 	if err != nil {
 		return nil, false, fmt.Errorf("list deliveries: %w", err)
 	}

@@ -1,0 +1,152 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNoSession is returned by DashboardSession for a token that names no live session: unknown,
+// signed out, expired, or belonging to a key that was revoked or has expired.
+var ErrNoSession = errors.New("no such dashboard session")
+
+// DashboardSession is a signed-in dashboard user: the API key that signed in and the session's
+// CSRF token, which every state-changing form must carry.
+type DashboardSession struct {
+	Key       APIKey
+	CSRFToken string
+	ExpiresAt time.Time
+}
+
+// newSessionToken returns 32 random bytes, base64url: a cookie value or a CSRF token.
+func newSessionToken() string {
+	var b [32]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic(err) // crypto/rand does not fail on supported systems
+	}
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// CreateDashboardSession starts a session for an authenticated key, lasting ttl (never past
+// the key's own expiry). It returns the cookie token (stored only as its SHA-256) and the
+// session. Expired sessions of every key are removed on the way.
+func (s *Store) CreateDashboardSession(ctx context.Context, key APIKey, ttl time.Duration) (string, DashboardSession, error) {
+	token, csrf := newSessionToken(), newSessionToken()
+	expires := s.now().Add(ttl)
+	if key.ExpiresAt != nil && key.ExpiresAt.Before(expires) {
+		expires = *key.ExpiresAt
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM dashboard_sessions WHERE expires_at < now()`); err != nil {
+		return "", DashboardSession{}, fmt.Errorf("prune dashboard sessions: %w", err)
+	}
+	if _, err := s.pool.Exec(ctx,
+		`INSERT INTO dashboard_sessions (token_hash, api_key_id, csrf_token, expires_at) VALUES ($1, $2, $3, $4)`,
+		TokenHash(token), key.ID, csrf, expires); err != nil {
+		return "", DashboardSession{}, fmt.Errorf("create dashboard session: %w", err)
+	}
+	return token, DashboardSession{Key: key, CSRFToken: csrf, ExpiresAt: expires}, nil
+}
+
+// DashboardSession returns the live session of a cookie token. The key must still be valid:
+// a revoked or expired key ends its sessions at once. Garbage costs no query.
+func (s *Store) DashboardSession(ctx context.Context, token string) (DashboardSession, error) {
+	if !ValidChannelToken(token) { // same shape: 32 random bytes, base64url
+		return DashboardSession{}, ErrNoSession
+	}
+	var ds DashboardSession
+	k, err := scanAPIKey(s.pool.QueryRow(ctx, `
+		SELECT `+apiKeyColumns+`, session_csrf, session_expires FROM (
+			SELECT k.*, s.csrf_token AS session_csrf, s.expires_at AS session_expires
+			FROM dashboard_sessions s JOIN api_keys k ON k.id = s.api_key_id
+			WHERE s.token_hash = $1 AND s.expires_at > now()
+			  AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())) x`, TokenHash(token)),
+		&ds.CSRFToken, &ds.ExpiresAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return DashboardSession{}, ErrNoSession
+	}
+	if err != nil {
+		return DashboardSession{}, fmt.Errorf("dashboard session: %w", err)
+	}
+	ds.Key = k
+	return ds, nil
+}
+
+// DeleteDashboardSession ends a session (sign-out). An unknown token is not an error.
+func (s *Store) DeleteDashboardSession(ctx context.Context, token string) error {
+	if !ValidChannelToken(token) {
+		return nil
+	}
+	if _, err := s.pool.Exec(ctx, `DELETE FROM dashboard_sessions WHERE token_hash = $1`, TokenHash(token)); err != nil {
+		return fmt.Errorf("delete dashboard session: %w", err)
+	}
+	return nil
+}
+
+// DeliveryMinute is one minute of a webhook's delivery attempts, by outcome.
+type DeliveryMinute struct {
+	Minute    time.Time
+	Succeeded int // 2xx
+	Failed    int // any other status, or no answer (timeout, connection error)
+}
+
+// LatencyBucket is the attempt latency over one bucket of time.
+type LatencyBucket struct {
+	Start    time.Time
+	Attempts int
+	P50MS    float64
+	P99MS    float64
+}
+
+// DeliveryStats returns, for one of the org's webhooks, its attempts per minute by outcome and
+// their latency (p50, p99) per bucket since `since`. Only minutes and buckets with attempts are
+// returned, in time order. It reads the webhook's deliveries created from a little before since
+// (retries follow their first attempt by at most the retry schedule), through their index.
+func (s *Store) DeliveryStats(ctx context.Context, orgID, webhookID uuid.UUID, since time.Time, bucket time.Duration) ([]DeliveryMinute, []LatencyBucket, error) {
+	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
+		return nil, nil, err
+	}
+	const attempts = `
+		WITH a AS (
+			SELECT a.started_at, a.duration_ms, a.status_code
+			FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
+			WHERE d.webhook_id = $1 AND d.created_at >= $2::timestamptz - interval '1 hour' AND a.started_at >= $2)`
+	rows, err := s.pool.Query(ctx, attempts+`
+		SELECT date_trunc('minute', started_at),
+		       count(*) FILTER (WHERE status_code BETWEEN 200 AND 299),
+		       count(*) FILTER (WHERE status_code IS NULL OR status_code NOT BETWEEN 200 AND 299)
+		FROM a GROUP BY 1 ORDER BY 1`, webhookID, since)
+	if err != nil {
+		return nil, nil, fmt.Errorf("delivery stats: %w", err)
+	}
+	minutes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryMinute, error) {
+		var m DeliveryMinute
+		err := r.Scan(&m.Minute, &m.Succeeded, &m.Failed)
+		return m, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("delivery stats: %w", err)
+	}
+	rows, err = s.pool.Query(ctx, attempts+`
+		SELECT to_timestamp(floor(extract(epoch FROM started_at) / $3) * $3), count(*),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
+		       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms)
+		FROM a GROUP BY 1 ORDER BY 1`, webhookID, since, bucket.Seconds())
+	if err != nil {
+		return nil, nil, fmt.Errorf("delivery latency: %w", err)
+	}
+	buckets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LatencyBucket, error) {
+		var b LatencyBucket
+		err := r.Scan(&b.Start, &b.Attempts, &b.P50MS, &b.P99MS)
+		return b, err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("delivery latency: %w", err)
+	}
+	return minutes, buckets, nil
+}
