@@ -17,7 +17,7 @@ func FuzzRequestBody(f *testing.F) {
 		`{"name":"a\u0000b","url":"https://x.example","events":["messages"]}`,
 		"{\"name\":\"a\xffb\",\"url\":\"https://x.example\",\"events\":[\"messages\"]}",
 		`{"name":"x","url":"https://x.example/\u0000","events":["messages"],"channel_ids":["\u0000"]}`,
-		`{"status":"paused"}`, `{"status":"\u0000"}`, `{"since":"2026-11-25T00:00:00Z"}`,
+		`{"status":"paused"}`, `{"status":"\u0000"}`, `{"name":"k","expires_in":"720h"}`, `{"expires_in":"-1h\u0000"}`, `{"since":"2026-11-25T00:00:00Z"}`,
 		`{"name":"\ud800"}`, `{"name":null,"events":[null]}`, `[]`, `{`, ``, `{"name":1}{}`,
 	} {
 		f.Add([]byte(s))
@@ -52,6 +52,12 @@ func FuzzRequestBody(f *testing.F) {
 		}
 		if in, e := parseChannelInput(o); check(e) {
 			text("name", in.name)
+		}
+		if in, e := parseAPIKeyInput(o); check(e) {
+			text("name", in.name)
+			if in.expiresIn < 0 {
+				t.Fatalf("expires_in %v accepted from %q", in.expiresIn, body)
+			}
 		}
 		if s, e := parseStatus(o); check(e) {
 			text("status", s)

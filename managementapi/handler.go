@@ -1,6 +1,7 @@
 // Package managementapi serves wabarelay's management API: channels, webhook configs and their
-// channel assignments, authenticated by API key and rate limited per key. It is a plain
-// net/http handler; the Caddy module wabarelay_api mounts it.
+// channel assignments, delivery logs and the org's API keys, authenticated by API key and rate
+// limited per key. It is a plain net/http handler; the Caddy module wabarelay_api mounts it, and
+// the dashboard serves its actions through Handler.ServeAuthenticated.
 package managementapi
 
 import (
@@ -30,6 +31,7 @@ const (
 	MsgKeyExpired      = "API key expired"
 	MsgChannelNotFound = "Channel not found"
 	MsgWebhookNotFound = "Webhook not found"
+	MsgAPIKeyNotFound  = "API key not found"
 	MsgChannelActive   = "Channel is active. Use ?force=true to delete it."
 
 	MsgDeliveryNotFound    = "Delivery not found"
@@ -135,6 +137,10 @@ var routes = []route{
 		http.MethodPost: (*Handler).retryDelivery}, []string{"id", "did"}},
 	{[]string{"webhooks", "*", "recover"}, map[string]func(*Handler, *request){
 		http.MethodPost: (*Handler).recoverDeliveries}, nil},
+	{[]string{"api_keys"}, map[string]func(*Handler, *request){
+		http.MethodGet: (*Handler).listAPIKeys, http.MethodPost: (*Handler).createAPIKey}, nil},
+	{[]string{"api_keys", "*"}, map[string]func(*Handler, *request){
+		http.MethodDelete: (*Handler).revokeAPIKey}, nil},
 }
 
 // Routes returns "METHOD /path/{param}" for every operation the handler serves, for checking
@@ -178,18 +184,44 @@ func match(pattern, segs []string) ([]string, bool) {
 	return params, true
 }
 
-// ServeHTTP implements http.Handler.
+// ServeHTTP implements http.Handler: GET /health, else the x-api-key header is authenticated and
+// the request is served as by ServeAuthenticated.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, nil)
+}
+
+// ServeAuthenticated serves r exactly as ServeHTTP does once r's API key has been accepted, on
+// behalf of key: the same routes (r.URL.Path relative to {base_url}), Options.OnAuthenticated
+// hook, per-key rate limit and RateLimit headers, validation and answers, scoped to key.OrgID.
+// It does not read x-api-key and does not consult Options.AuthGuard. It exists so that another
+// front end authenticated by an API key (the dashboard's sessions, tied to a key id) runs every
+// check of the API instead of a copy of them.
+//
+// The caller is responsible for key being the current record of a valid key: one that exists,
+// is not revoked and is not past its expiry (store.Store.ActiveAPIKey checks exactly that), as
+// the key is not checked again here. GET /health is served as by ServeHTTP.
+func (h *Handler) ServeAuthenticated(w http.ResponseWriter, r *http.Request, key store.APIKey) {
+	h.serve(w, r, &key)
+}
+
+// serve serves r on behalf of key, or of the key r's x-api-key names when key is nil.
+func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKey) {
 	path := strings.TrimPrefix(r.URL.Path, "/")
 	if path == "health" {
 		h.health(w, r)
 		return
 	}
-	key, ok := h.authenticate(w, r)
-	if !ok {
-		return
+	if key == nil {
+		k, ok := h.authenticate(w, r)
+		if !ok {
+			return
+		}
+		key = &k
 	}
-	if !h.allow(w, r, key) {
+	if h.opt.OnAuthenticated != nil {
+		h.opt.OnAuthenticated(r, *key)
+	}
+	if !h.allow(w, r, *key) {
 		return
 	}
 	segs := strings.Split(path, "/")
@@ -229,6 +261,7 @@ func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
 	httpx.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// authenticate checks r's x-api-key header and answers the failures.
 func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.APIKey, bool) {
 	raw := strings.TrimSpace(r.Header.Get("X-Api-Key"))
 	if raw == "" {
@@ -256,9 +289,6 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 	case err != nil:
 		h.serverError(w, r, err)
 		return key, false
-	}
-	if h.opt.OnAuthenticated != nil {
-		h.opt.OnAuthenticated(r, key)
 	}
 	return key, true
 }
@@ -558,6 +588,8 @@ func (h *Handler) storeError(q *request, err error) {
 		httpx.WriteError(q.w, http.StatusNotFound, MsgChannelNotFound)
 	case errors.Is(err, store.ErrWebhookNotFound):
 		httpx.WriteError(q.w, http.StatusNotFound, MsgWebhookNotFound)
+	case errors.Is(err, store.ErrAPIKeyNotFound):
+		httpx.WriteError(q.w, http.StatusNotFound, MsgAPIKeyNotFound)
 	case errors.Is(err, store.ErrChannelActive):
 		httpx.WriteError(q.w, http.StatusConflict, MsgChannelActive)
 	case errors.Is(err, store.ErrDeliveryNotFound):

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -50,6 +51,8 @@ var (
 	errHTTPSURL     = unprocessable(`"url" must start with https://`)
 	errInvalidURL   = unprocessable(`"url" must be a valid URL`)
 	errForceBoolean = unprocessable(`"force" must be a boolean`)
+	errExpiresIn    = unprocessable(`"expires_in" must be a duration such as 720h or 90m`)
+	errExpiresInPos = unprocessable(`"expires_in" must be positive`)
 )
 
 // object is a decoded JSON object body, field by field, so that each field's type can be
@@ -148,18 +151,57 @@ func parseChannelInput(o object) (channelInput, *apiError) {
 }
 
 func requiredName(o object) (string, *apiError) {
-	name, ok, err := o.str("name")
+	name, err := optionalName(o)
+	if err == nil && name == "" {
+		err = unprocessable(`"name" is required`)
+	}
+	return name, err
+}
+
+// optionalName returns the trimmed "name", "" when it is absent, null or only white space.
+func optionalName(o object) (string, *apiError) {
+	name, _, err := o.str("name")
 	if err != nil {
 		return "", err
 	}
 	name = strings.TrimSpace(name)
-	if !ok || name == "" {
-		return "", unprocessable(`"name" is required`)
-	}
 	if utf8.RuneCountInString(name) > maxNameLen {
 		return "", unprocessable(`"name" must be at most %d characters`, maxNameLen)
 	}
 	return name, nil
+}
+
+// apiKeyInput is a validated POST /api_keys body. expiresIn is 0 for a key that never expires.
+type apiKeyInput struct {
+	name      string
+	expiresIn time.Duration
+}
+
+// parseAPIKeyInput validates a POST /api_keys body: both fields are optional; name is checked
+// first. "expires_in" is a Go duration string ("720h", "1h30m"); absent, null, empty or only
+// white space means no expiry.
+func parseAPIKeyInput(o object) (apiKeyInput, *apiError) {
+	var in apiKeyInput
+	var err *apiError
+	if in.name, err = optionalName(o); err != nil {
+		return in, err
+	}
+	raw, _, err := o.str("expires_in")
+	if err != nil {
+		return in, err
+	}
+	if raw = strings.TrimSpace(raw); raw == "" {
+		return in, nil
+	}
+	d, perr := time.ParseDuration(raw)
+	if perr != nil {
+		return in, errExpiresIn
+	}
+	if d <= 0 {
+		return in, errExpiresInPos
+	}
+	in.expiresIn = d
+	return in, nil
 }
 
 // parseWebhookInput validates a POST /webhooks body. Fields are checked in the order name, url,

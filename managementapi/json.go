@@ -108,3 +108,33 @@ type Assignment struct {
 	WebhookConfigID uuid.UUID `json:"webhook_config_id"`
 	ChannelID       uuid.UUID `json:"channel_id"`
 }
+
+// APIKey is the JSON form of an API key record: never the key itself nor its hash.
+type APIKey struct {
+	ID         uuid.UUID `json:"id"`
+	Name       string    `json:"name"`
+	Prefix     string    `json:"prefix"`
+	CreatedAt  Time      `json:"created_at"`
+	ExpiresAt  *Time     `json:"expires_at"`
+	RevokedAt  *Time     `json:"revoked_at"`
+	LastUsedAt *Time     `json:"last_used_at"`
+}
+
+// NewAPIKey converts a stored API key record.
+func NewAPIKey(k store.APIKey) APIKey {
+	return APIKey{
+		ID:         k.ID,
+		Name:       k.Name,
+		Prefix:     k.Prefix,
+		CreatedAt:  Time(k.CreatedAt),
+		ExpiresAt:  optTime(k.ExpiresAt),
+		RevokedAt:  optTime(k.RevokedAt),
+		LastUsedAt: optTime(k.LastUsedAt),
+	}
+}
+
+// APIKeyCreated is the response of POST /api_keys: the record plus the key, shown this once.
+type APIKeyCreated struct {
+	APIKey
+	Key string `json:"key"`
+}

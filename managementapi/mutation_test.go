@@ -39,6 +39,8 @@ func TestMutatedRequests(t *testing.T) {
 		{"POST", "/webhooks/" + wh.ID + "/channels/" + cid, ""},
 		{"GET", "/channels/" + cid, ""},
 		{"DELETE", "/webhooks/" + wh.ID + "/channels/" + cid, ""},
+		{"POST", "/api_keys", `{"name":"CI","expires_in":"720h"}`},
+		{"GET", "/api_keys", ""},
 	}
 	rng := rand.New(rand.NewSource(42))
 	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `\`, "\n", `{}`, `[]`, `null`, `1e999`, strings.Repeat("x", 5000)}

@@ -89,7 +89,8 @@ func scanAPIKey(row pgx.Row, extra ...any) (APIKey, error) {
 	return k, err
 }
 
-// ListAPIKeys returns the org's keys, oldest first.
+// ListAPIKeys returns all the org's keys, revoked and expired ones included, ordered by
+// (created_at, id).
 func (s *Store) ListAPIKeys(ctx context.Context, orgID uuid.UUID) ([]APIKey, error) {
 	rows, err := s.pool.Query(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE org_id = $1 ORDER BY created_at, id`, orgID)
 	if err != nil {
@@ -102,11 +103,24 @@ func (s *Store) ListAPIKeys(ctx context.Context, orgID uuid.UUID) ([]APIKey, err
 	return keys, nil
 }
 
-// RevokeAPIKey revokes a key. Revoking a revoked key keeps its first revocation time.
+// RevokeAPIKey revokes a key of any org (the operator's CLI). Revoking a revoked key keeps its
+// first revocation time.
 func (s *Store) RevokeAPIKey(ctx context.Context, id uuid.UUID) (APIKey, error) {
+	return s.revokeAPIKey(ctx, nil, id)
+}
+
+// RevokeOrgAPIKey revokes a key of org. A key of another org, or none, gives ErrAPIKeyNotFound.
+// Revoking a revoked key succeeds and keeps its first revocation time.
+func (s *Store) RevokeOrgAPIKey(ctx context.Context, orgID, id uuid.UUID) (APIKey, error) {
+	return s.revokeAPIKey(ctx, &orgID, id)
+}
+
+// revokeAPIKey revokes key id, of org orgID when it is not nil.
+func (s *Store) revokeAPIKey(ctx context.Context, orgID *uuid.UUID, id uuid.UUID) (APIKey, error) {
 	k, err := scanAPIKey(s.pool.QueryRow(ctx, `
-		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1
-		RETURNING `+apiKeyColumns, id))
+		UPDATE api_keys SET revoked_at = COALESCE(revoked_at, now())
+		WHERE id = $1 AND ($2::uuid IS NULL OR org_id = $2)
+		RETURNING `+apiKeyColumns, id, orgID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return APIKey{}, ErrAPIKeyNotFound
 	}
@@ -114,6 +128,24 @@ func (s *Store) RevokeAPIKey(ctx context.Context, id uuid.UUID) (APIKey, error) 
 		return APIKey{}, fmt.Errorf("revoke api key: %w", err)
 	}
 	return k, nil
+}
+
+// ActiveAPIKey returns the record of key id while the key may be used: an unknown or revoked key
+// gives ErrInvalidAPIKey, a key past its expiry ErrAPIKeyExpired, as AuthenticateAPIKey does for
+// the key itself, and the use is recorded the same way. It is the check to make on every request
+// of a session tied to a key id (see managementapi.Handler.ServeAuthenticated).
+func (s *Store) ActiveAPIKey(ctx context.Context, id uuid.UUID) (APIKey, error) {
+	k, err := scanAPIKey(s.pool.QueryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, id))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return APIKey{}, ErrInvalidAPIKey
+	}
+	if err != nil {
+		return APIKey{}, fmt.Errorf("get api key: %w", err)
+	}
+	if k.RevokedAt != nil {
+		return APIKey{}, ErrInvalidAPIKey
+	}
+	return s.useAPIKey(ctx, k)
 }
 
 // dummyHash is compared against when no key has the given prefix, so that unknown and wrong
@@ -145,6 +177,11 @@ func (s *Store) AuthenticateAPIKey(ctx context.Context, key string) (APIKey, err
 	if subtle.ConstantTimeCompare(hashKey(key), stored) != 1 || k.RevokedAt != nil {
 		return APIKey{}, ErrInvalidAPIKey
 	}
+	return s.useAPIKey(ctx, k)
+}
+
+// useAPIKey checks the expiry of the unrevoked key k and records its use.
+func (s *Store) useAPIKey(ctx context.Context, k APIKey) (APIKey, error) {
 	now := s.now()
 	if k.ExpiresAt != nil && !now.Before(*k.ExpiresAt) {
 		return APIKey{}, ErrAPIKeyExpired

@@ -1,0 +1,497 @@
+package managementapi_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/authguard"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// apiKeyJSON is an API key as the API shows it; Key is set only by POST /api_keys.
+type apiKeyJSON struct {
+	ID         string  `json:"id"`
+	Name       string  `json:"name"`
+	Prefix     string  `json:"prefix"`
+	CreatedAt  string  `json:"created_at"`
+	ExpiresAt  *string `json:"expires_at"`
+	RevokedAt  *string `json:"revoked_at"`
+	LastUsedAt *string `json:"last_used_at"`
+	Key        *string `json:"key"`
+}
+
+var keyRe = regexp.MustCompile(`^crt_pk_[0-9A-Za-z]{44}$`)
+
+func (e *env) createKey(key, body string) apiKeyJSON {
+	e.t.Helper()
+	r := e.do("POST", "/api_keys", key, body)
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("create api key: %d %s", r.status, r.body)
+	}
+	var k apiKeyJSON
+	r.json(e.t, &k)
+	if k.Key == nil || !keyRe.MatchString(*k.Key) {
+		e.t.Fatalf("created key = %s", r.body)
+	}
+	return k
+}
+
+func (e *env) listKeys(key string) ([]apiKeyJSON, response) {
+	e.t.Helper()
+	r := e.do("GET", "/api_keys", key, "")
+	if r.status != http.StatusOK {
+		e.t.Fatalf("list api keys: %d %s", r.status, r.body)
+	}
+	var ks []apiKeyJSON
+	r.json(e.t, &ks)
+	return ks, r
+}
+
+// TestAPIKeyLifecycle: create (shown once), list (never the key), use, revoke (idempotent), and
+// a key revoking itself.
+func TestAPIKeyLifecycle(t *testing.T) {
+	e := newEnv(t)
+	before := time.Now()
+	r := e.do("POST", "/api_keys", e.keyA, `{"name":"  Contractor  ","expires_in":"720h"}`)
+	if r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	m := r.object(t)
+	if len(m) != 8 || m["revoked_at"] != nil || m["last_used_at"] != nil {
+		t.Fatalf("create = %s", r.body)
+	}
+	for _, f := range []string{"revoked_at", "last_used_at"} {
+		if _, ok := m[f]; !ok {
+			t.Fatalf("%s absent: %s", f, r.body)
+		}
+	}
+	var made apiKeyJSON
+	r.json(t, &made)
+	if made.Name != "Contractor" || made.Key == nil || !keyRe.MatchString(*made.Key) || made.Prefix != (*made.Key)[:19] ||
+		!tsRe.MatchString(made.CreatedAt) || made.ExpiresAt == nil || !tsRe.MatchString(*made.ExpiresAt) {
+		t.Fatalf("create = %s", r.body)
+	}
+	exp, _ := time.Parse(time.RFC3339, *made.ExpiresAt)
+	if d := exp.Sub(before); d < 720*time.Hour-time.Second || d > 720*time.Hour+5*time.Second {
+		t.Fatalf("expires_at is %v after creation, want 720h", d)
+	}
+	plain := e.createKey(e.keyA, `{}`)
+	if plain.Name != "" || plain.ExpiresAt != nil {
+		t.Fatalf("key without fields = %+v", plain)
+	}
+	// an expired key stays listed
+	past := time.Now().Add(-time.Minute)
+	expired, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "old", &past)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// the new key works; the list shows every key in creation order, with its use, never a key
+	if r := e.do("GET", "/channels", *made.Key, ""); r.status != 200 {
+		t.Fatalf("new key: %d %s", r.status, r.body)
+	}
+	list, lr := e.listKeys(*plain.Key)
+	if len(list) != 4 || list[1].ID != made.ID || list[2].ID != plain.ID || list[3].ID != expired.ID.String() {
+		t.Fatalf("list = %s", lr.body)
+	}
+	rows, err := e.pool.Query(context.Background(), `SELECT id::text FROM api_keys WHERE org_id = $1 ORDER BY created_at, id`, e.orgA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; rows.Next(); i++ {
+		var id string
+		if err := rows.Scan(&id); err != nil || list[i].ID != id {
+			t.Fatalf("list not ordered by (created_at, id): %s", lr.body)
+		}
+	}
+	rows.Close()
+	if list[1].Prefix != made.Prefix || list[1].Name != "Contractor" || *list[1].ExpiresAt != *made.ExpiresAt ||
+		list[1].CreatedAt != made.CreatedAt || list[1].LastUsedAt == nil || list[3].ExpiresAt == nil {
+		t.Fatalf("list = %s", lr.body)
+	}
+	for _, k := range []string{e.keyA, *made.Key, *plain.Key} {
+		if bytes.Contains(lr.body, []byte(k)) || bytes.Contains(lr.body, []byte(`"key"`)) {
+			t.Fatalf("a key in the list: %s", lr.body)
+		}
+	}
+	// only hashes are stored
+	var inClear int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM api_keys WHERE key_hash = $1 OR name = $2 OR prefix = $2`,
+		[]byte(*made.Key), *made.Key).Scan(&inClear); err != nil || inClear != 0 {
+		t.Fatalf("key stored in clear: %d %v", inClear, err)
+	}
+
+	// revoke: 204, the key stops working, the record stays with revoked_at; again: 204, same time
+	r = e.do("DELETE", "/api_keys/"+made.ID, e.keyA, "")
+	if r.status != 204 || len(r.body) != 0 {
+		t.Fatalf("revoke = %d %q", r.status, r.body)
+	}
+	expectError(t, e.do("GET", "/channels", *made.Key, ""), 401, "Invalid or revoked API key")
+	list, lr = e.listKeys(e.keyA)
+	if len(list) != 4 || list[1].RevokedAt == nil || !tsRe.MatchString(*list[1].RevokedAt) || list[2].RevokedAt != nil {
+		t.Fatalf("after revoke: %s", lr.body)
+	}
+	revokedAt := *list[1].RevokedAt
+	if r := e.do("DELETE", "/api_keys/"+made.ID, *plain.Key, ""); r.status != 204 {
+		t.Fatalf("revoke again = %d %s", r.status, r.body)
+	}
+	if list, _ = e.listKeys(e.keyA); *list[1].RevokedAt != revokedAt {
+		t.Fatalf("revoked_at moved: %s → %s", revokedAt, *list[1].RevokedAt)
+	}
+
+	// a key may revoke itself; the call succeeds and the next one is refused
+	if r := e.do("DELETE", "/api_keys/"+plain.ID, *plain.Key, ""); r.status != 204 {
+		t.Fatalf("self-revoke = %d %s", r.status, r.body)
+	}
+	expectError(t, e.do("GET", "/api_keys", *plain.Key, ""), 401, "Invalid or revoked API key")
+	expectError(t, e.do("DELETE", "/api_keys/"+plain.ID, *plain.Key, ""), 401, "Invalid or revoked API key")
+
+	// unknown and malformed ids
+	expectError(t, e.do("DELETE", "/api_keys/"+uuid.NewString(), e.keyA, ""), 404, "API key not found")
+	expectError(t, e.do("DELETE", "/api_keys/not-a-uuid", e.keyA, ""), 404, "API key not found")
+	expectError(t, e.do("DELETE", "/api_keys/"+strings.ToUpper(made.ID)+"0", e.keyA, ""), 404, "API key not found")
+	expectError(t, e.do("DELETE", "/api_keys/", e.keyA, ""), 404, "API key not found")
+	expectError(t, e.do("DELETE", "/api_keys/"+made.Prefix, e.keyA, ""), 404, "API key not found")
+}
+
+// TestAPIKeyOrgIsolation: org B cannot list, see or revoke org A's keys, and org A's keys are
+// unchanged by its attempts.
+func TestAPIKeyOrgIsolation(t *testing.T) {
+	e := newEnv(t)
+	a := e.createKey(e.keyA, `{"name":"A's"}`)
+	e.createKey(e.keyB, `{"name":"B's"}`)
+	snapshot := func() string {
+		var s string
+		if err := e.pool.QueryRow(context.Background(),
+			`SELECT json_agg(k ORDER BY id)::text FROM api_keys k WHERE org_id = $1`, e.orgA).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := snapshot()
+	listB, lr := e.listKeys(e.keyB)
+	if len(listB) != 2 {
+		t.Fatalf("org B lists %d keys: %s", len(listB), lr.body)
+	}
+	if bytes.Contains(lr.body, []byte(a.ID)) || bytes.Contains(lr.body, []byte(a.Prefix)) || bytes.Contains(lr.body, []byte(`"A's"`)) {
+		t.Fatalf("org B's list shows org A's key: %s", lr.body)
+	}
+	var idA string
+	if err := e.pool.QueryRow(context.Background(), `SELECT id::text FROM api_keys WHERE org_id = $1 AND name = 'test'`, e.orgA).Scan(&idA); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{a.ID, idA} {
+		expectError(t, e.do("DELETE", "/api_keys/"+id, e.keyB, ""), 404, "API key not found")
+		expectError(t, e.do("GET", "/api_keys/"+id, e.keyB, ""), 405, "Method not allowed")
+	}
+	if after := snapshot(); after != before {
+		t.Fatalf("org A's keys changed:\nbefore %s\nafter  %s", before, after)
+	}
+	for _, k := range []string{e.keyA, *a.Key} {
+		if r := e.do("GET", "/channels", k, ""); r.status != 200 {
+			t.Fatalf("org A's key after org B's attempts: %d %s", r.status, r.body)
+		}
+	}
+	listA, _ := e.listKeys(e.keyA)
+	if len(listA) != 2 || listA[1].ID != a.ID {
+		t.Fatalf("org A's list: %+v", listA)
+	}
+}
+
+func TestAPIKeyValidation(t *testing.T) {
+	e := newEnv(t)
+	cases := []struct {
+		body   string
+		status int
+		msg    string
+	}{
+		{`{"name":42}`, 422, `"name" must be a string`},
+		{`{"name":["a"]}`, 422, `"name" must be a string`},
+		{`{"name":"` + strings.Repeat("n", 201) + `"}`, 422, `"name" must be at most 200 characters`},
+		{`{"name":"a\u0000b"}`, 422, `"name" must be valid UTF-8 text without NUL characters`},
+		{`{"name":"\ud800"}`, 201, ``}, // a lone surrogate decodes to U+FFFD: valid text
+		{`{"expires_in":720}`, 422, `"expires_in" must be a string`},
+		{`{"expires_in":true}`, 422, `"expires_in" must be a string`},
+		{`{"expires_in":{"hours":1}}`, 422, `"expires_in" must be a string`},
+		{`{"expires_in":"soon"}`, 422, `"expires_in" must be a duration such as 720h or 90m`},
+		{`{"expires_in":"720"}`, 422, `"expires_in" must be a duration such as 720h or 90m`},
+		{`{"expires_in":"30d"}`, 422, `"expires_in" must be a duration such as 720h or 90m`},
+		{`{"expires_in":"P30D"}`, 422, `"expires_in" must be a duration such as 720h or 90m`},
+		{`{"expires_in":"99999999999h"}`, 422, `"expires_in" must be a duration such as 720h or 90m`},
+		{`{"expires_in":"0"}`, 422, `"expires_in" must be positive`},
+		{`{"expires_in":"0s"}`, 422, `"expires_in" must be positive`},
+		{`{"expires_in":"-1h"}`, 422, `"expires_in" must be positive`},
+		{`{"expires_in":"1h\u0000"}`, 422, `"expires_in" must be valid UTF-8 text without NUL characters`},
+		{`{"name":7,"expires_in":"-1h"}`, 422, `"name" must be a string`},
+		{`{"name":`, 400, "Invalid JSON body"},
+		{`not json`, 400, "Invalid JSON body"},
+		{`[]`, 400, "Invalid JSON body"},
+		{`null`, 400, "Invalid JSON body"},
+		{`"name"`, 400, "Invalid JSON body"},
+		{`{"name":"a"} {"name":"b"}`, 400, "Invalid JSON body"},
+		// accepted: every field is optional, null is absent, blank expires_in is no expiry
+		{`{}`, 201, ``},
+		{`{"name":null,"expires_in":null}`, 201, ``},
+		{`{"name":"   ","expires_in":"  "}`, 201, ``},
+		{`{"expires_in":"1h30m","extra":[1]}`, 201, ``},
+		{`{"name":"` + strings.Repeat("é", 200) + `"}`, 201, ``},
+	}
+	created := 0
+	for _, tc := range cases {
+		t.Run(tc.body, func(t *testing.T) {
+			r := e.do("POST", "/api_keys", e.keyA, tc.body)
+			if tc.status == 201 {
+				if r.status != 201 {
+					t.Fatalf("%d %s", r.status, r.body)
+				}
+				created++
+				return
+			}
+			expectError(t, r, tc.status, tc.msg)
+		})
+	}
+	// invalid UTF-8 is refused, not turned into U+FFFD (checked without the validator, which
+	// cannot read such a body)
+	req := e.newRequest("POST", "/api_keys", e.keyA, "{\"name\":\"a\xffb\"}")
+	rec := httptest.NewRecorder()
+	e.handler.ServeHTTP(rec, req)
+	expectError(t, response{status: rec.Code, header: rec.Header(), body: rec.Body.Bytes()}, 422,
+		`"name" must be valid UTF-8 text without NUL characters`)
+	// a missing body is not JSON
+	req = httptest.NewRequest("POST", "/api_keys", nil)
+	req.Header.Set("X-Api-Key", e.keyA)
+	expectError(t, e.doRequest(req, ""), 400, "Invalid JSON body")
+	// too large
+	huge := `{"name":"x","pad":"` + strings.Repeat("a", 1<<20) + `"}`
+	expectError(t, e.do("POST", "/api_keys", e.keyA, huge), 413, "Request body too large")
+	// another content type
+	req = httptest.NewRequest("POST", "/api_keys", strings.NewReader("name=x"))
+	req.Header.Set("X-Api-Key", e.keyA)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	expectError(t, e.doRequest(req, "name=x"), 415, "Content-Type must be application/json")
+	// 2 setup keys + the accepted ones, nothing else
+	if n := e.count("api_keys"); n != 2+created {
+		t.Fatalf("%d api keys stored, want %d", n, 2+created)
+	}
+
+	// routing is the same as elsewhere
+	r := e.do("PUT", "/api_keys", e.keyA, `{}`)
+	expectError(t, r, 405, "Method not allowed")
+	if allow := r.header.Get("Allow"); !strings.Contains(allow, "GET") || !strings.Contains(allow, "POST") || strings.Contains(allow, "DELETE") {
+		t.Fatalf("Allow = %q", allow)
+	}
+	r = e.do("PATCH", "/api_keys/"+uuid.NewString(), e.keyA, `{}`)
+	expectError(t, r, 405, "Method not allowed")
+	if allow := r.header.Get("Allow"); allow != "DELETE" {
+		t.Fatalf("Allow = %q", allow)
+	}
+	expectError(t, e.do("DELETE", "/api_keys", e.keyA, ""), 405, "Method not allowed")
+	expectError(t, e.do("GET", "/api_keys/a/b", e.keyA, ""), 404, "Not found")
+	expectError(t, e.do("GET", "/api_keys", "", ""), 401, "x-api-key header required")
+	expectError(t, e.do("POST", "/api_keys", "crt_pk_bad", `{}`), 401, "Invalid or revoked API key")
+}
+
+// TestAPIKeyRateLimit: the key operations count against the calling key's limit like every
+// operation, and a refused call has no effect.
+func TestAPIKeyRateLimit(t *testing.T) {
+	lim := ratelimit.NewMemory(3, time.Minute)
+	t.Cleanup(lim.Close)
+	e := newEnv(t, func(o *managementapi.Options) { o.Limiter = lim })
+	victim, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "victim", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct{ method, path, body string }{
+		{"POST", "/api_keys", `{"name":"one"}`},
+		{"GET", "/api_keys", ""},
+		{"DELETE", "/api_keys/" + victim.ID.String(), ""},
+	}
+	for i, s := range steps {
+		r := e.do(s.method, s.path, e.keyA, s.body)
+		if r.status >= 300 || r.header.Get("RateLimit-Limit") != "3" || r.header.Get("RateLimit-Remaining") != fmt.Sprint(2-i) ||
+			r.header.Get("RateLimit-Reset") == "" {
+			t.Fatalf("%s %s: %d %v", s.method, s.path, r.status, r.header)
+		}
+	}
+	n := e.count("api_keys")
+	other, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "other", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []struct{ method, path, body string }{
+		{"POST", "/api_keys", `{"name":"two"}`},
+		{"GET", "/api_keys", ""},
+		{"DELETE", "/api_keys/" + other.ID.String(), ""},
+	} {
+		r := e.do(s.method, s.path, e.keyA, s.body)
+		expectError(t, r, 429, "Rate limit exceeded")
+		if r.header.Get("Retry-After") == "" {
+			t.Fatalf("%s %s: 429 without Retry-After", s.method, s.path)
+		}
+	}
+	if got := e.count("api_keys"); got != n+1 {
+		t.Fatalf("a rate-limited create was executed: %d keys, want %d", got, n+1)
+	}
+	if k, err := e.store.ActiveAPIKey(context.Background(), other.ID); err != nil || k.RevokedAt != nil {
+		t.Fatalf("a rate-limited revoke was executed: %v", err)
+	}
+	// other keys have their own limit
+	if r := e.do("GET", "/api_keys", e.keyB, ""); r.status != 200 {
+		t.Fatalf("other key: %d", r.status)
+	}
+}
+
+// TestServeAuthenticated: a request served on behalf of a key record gets exactly ServeHTTP's
+// answer for that key, without x-api-key, counted against the same rate limit.
+func TestServeAuthenticated(t *testing.T) {
+	lim := ratelimit.NewMemory(100, time.Minute)
+	t.Cleanup(lim.Close)
+	var seen []uuid.UUID
+	e := newEnv(t, func(o *managementapi.Options) {
+		o.Limiter = lim
+		o.OnAuthenticated = func(_ *http.Request, k store.APIKey) { seen = append(seen, k.ID) }
+		o.AuthGuard = authguard.New(1, time.Minute, 100)
+	})
+	h := e.handler.(*managementapi.Handler)
+	ctx := context.Background()
+	keyA, err := e.store.AuthenticateAPIKey(ctx, e.keyA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k, err := e.store.ActiveAPIKey(ctx, keyA.ID); err != nil || k.ID != keyA.ID || k.OrgID != e.orgA {
+		t.Fatalf("ActiveAPIKey = %+v %v", k, err)
+	}
+	// on behalf: header is not read (absent, another org's key, or garbage)
+	served := func(method, path, header, body string) response {
+		t.Helper()
+		req := e.newRequest(method, path, header, body)
+		rec := httptest.NewRecorder()
+		h.ServeAuthenticated(rec, req, keyA)
+		resp := response{status: rec.Code, header: rec.Header(), body: rec.Body.Bytes()}
+		e.spec.Check(t, req.Clone(ctx), []byte(body), resp.status, resp.header, resp.body)
+		return resp
+	}
+	chA := e.createChannel(e.keyA, "A's")
+	chB := e.createChannel(e.keyB, "B's")
+	whA := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["messages"]}`)
+
+	// the same requests through both paths get the same status, body and headers
+	seen = nil
+	cases := []struct{ method, path, body string }{
+		{"GET", "/channels", ""},
+		{"GET", "/channels/" + chA.ID.String(), ""},
+		{"GET", "/channels/" + chB.ID.String(), ""},
+		{"GET", "/channels/nope", ""},
+		{"DELETE", "/channels/" + chB.ID.String(), ""},
+		{"POST", "/channels", `{"name":42}`},
+		{"POST", "/channels", `{"name":`},
+		{"PUT", "/channels", `{}`},
+		{"GET", "/webhooks/" + whA.ID, ""},
+		{"PATCH", "/webhooks/" + whA.ID, `{"status":"bogus"}`},
+		{"GET", "/webhooks/" + whA.ID + "/deliveries?limit=0", ""},
+		{"POST", "/api_keys", `{"expires_in":"-1h"}`},
+		{"DELETE", "/api_keys/" + uuid.NewString(), ""},
+		{"GET", "/nope", ""},
+		{"GET", "/", ""},
+		{"GET", "/health", ""},
+	}
+	for _, tc := range cases {
+		want := e.do(tc.method, tc.path, e.keyA, tc.body)
+		for _, header := range []string{"", e.keyB, "garbage"} {
+			got := served(tc.method, tc.path, header, tc.body)
+			if got.status != want.status || !bytes.Equal(got.body, want.body) ||
+				got.header.Get("Allow") != want.header.Get("Allow") || got.header.Get("Content-Type") != want.header.Get("Content-Type") ||
+				got.header.Get("RateLimit-Limit") != want.header.Get("RateLimit-Limit") {
+				t.Fatalf("%s %s (x-api-key %q): ServeAuthenticated %d %v %s, ServeHTTP %d %v %s", tc.method, tc.path, header,
+					got.status, got.header, got.body, want.status, want.header, want.body)
+			}
+		}
+	}
+	// every call but /health went through the hook with A's key
+	if len(seen) != 4*(len(cases)-1) {
+		t.Fatalf("OnAuthenticated called %d times, want %d", len(seen), 4*(len(cases)-1))
+	}
+	for _, id := range seen {
+		if id != keyA.ID {
+			t.Fatalf("OnAuthenticated got key %s, want %s", id, keyA.ID)
+		}
+	}
+
+	// writes act in the key's org
+	r := served("POST", "/channels", e.keyB, `{"name":"made on behalf"}`)
+	var c managementapi.Channel
+	r.json(t, &c)
+	if r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	if _, err := e.store.GetChannel(ctx, e.orgA, c.ID); err != nil {
+		t.Fatalf("channel not in the key's org: %v", err)
+	}
+	made := apiKeyJSON{}
+	r = served("POST", "/api_keys", "", `{"name":"dash"}`)
+	r.json(t, &made)
+	if r.status != 201 || made.Key == nil {
+		t.Fatalf("create key: %d %s", r.status, r.body)
+	}
+	if k, err := e.store.AuthenticateAPIKey(ctx, *made.Key); err != nil || k.OrgID != e.orgA {
+		t.Fatalf("key made on behalf: %+v %v", k, err)
+	}
+
+	// the authentication guard is not consulted: an address locked out for bad keys is served
+	bad := e.newRequest("GET", "/channels", "crt_pk_"+strings.Repeat("A", 44), "")
+	bad.RemoteAddr = "198.51.100.9:1"
+	e.doRequest(bad, "")
+	locked := e.newRequest("GET", "/channels", e.keyA, "")
+	locked.RemoteAddr = "198.51.100.9:1"
+	expectError(t, e.doRequest(locked, ""), 429, "Rate limit exceeded")
+	locked = e.newRequest("GET", "/channels", "", "")
+	locked.RemoteAddr = "198.51.100.9:1"
+	rec := httptest.NewRecorder()
+	h.ServeAuthenticated(rec, locked, keyA)
+	if rec.Code != 200 {
+		t.Fatalf("locked-out address on behalf of a key: %d %s", rec.Code, rec.Body)
+	}
+
+	// one rate limit per key, whichever path the calls take
+	for i := 0; ; i++ {
+		var resp response
+		if i%2 == 0 {
+			resp = served("GET", "/api_keys", "", "")
+		} else {
+			resp = e.do("GET", "/api_keys", e.keyA, "")
+		}
+		if resp.status == 429 {
+			expectError(t, resp, 429, "Rate limit exceeded")
+			break
+		}
+		if resp.status != 200 || resp.header.Get("RateLimit-Limit") != "100" || i > 100 {
+			t.Fatalf("call %d: %d %v", i, resp.status, resp.header)
+		}
+	}
+	expectError(t, served("GET", "/channels", "", ""), 429, "Rate limit exceeded")
+	expectError(t, e.do("GET", "/channels", e.keyA, ""), 429, "Rate limit exceeded")
+	if r := served("GET", "/health", "", ""); r.status != 200 {
+		t.Fatalf("health is not limited: %d", r.status)
+	}
+	// B's key has its own budget
+	keyB, err := e.store.AuthenticateAPIKey(ctx, e.keyB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec = httptest.NewRecorder()
+	h.ServeAuthenticated(rec, e.newRequest("GET", "/channels", "", ""), keyB)
+	if rec.Code != 200 || strings.Contains(rec.Body.String(), chA.ID.String()) || !strings.Contains(rec.Body.String(), chB.ID.String()) {
+		t.Fatalf("on behalf of B: %d %s", rec.Code, rec.Body)
+	}
+}
