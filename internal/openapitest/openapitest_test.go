@@ -115,11 +115,14 @@ func TestDocumentValidates(t *testing.T) {
 
 func TestOperations(t *testing.T) {
 	v := Load(t)
-	// The channel (with reconnect) and webhook operations plus GET /health, sorted.
+	// The channel (with reconnect), webhook, delivery and API key operations plus GET /health,
+	// sorted.
 	want := []string{
+		"DELETE /api_keys/{id}",
 		"DELETE /channels/{id}",
 		"DELETE /webhooks/{id}",
 		"DELETE /webhooks/{wid}/channels/{cid}",
+		"GET /api_keys",
 		"GET /channels",
 		"GET /channels/{id}",
 		"GET /health",
@@ -127,6 +130,7 @@ func TestOperations(t *testing.T) {
 		"GET /webhooks/{id}",
 		"GET /webhooks/{id}/deliveries",
 		"PATCH /webhooks/{id}",
+		"POST /api_keys",
 		"POST /channels",
 		"POST /channels/{id}/reconnect",
 		"POST /webhooks",
