@@ -54,29 +54,34 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	logger := ctx.Logger()
-	h.handler = managementapi.New(managementapi.Options{
-		Store:          app.store,
-		Limiter:        app.mgmtLimiter.Limiter,
-		Health:         app.Health,
-		ConnectBase:    app.ConnectBase,
-		ConnectLinkTTL: time.Duration(app.ConnectLinkTTL),
+	h.handler = app.managementHandler(ctx.Logger())
+	return nil
+}
+
+// managementHandler returns the management API handler over the app's store, limiter and
+// settings; the API module serves it, the dashboard makes its changes through it.
+func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
+	return managementapi.New(managementapi.Options{
+		Store:          a.store,
+		Limiter:        a.mgmtLimiter.Limiter,
+		Health:         a.Health,
+		ConnectBase:    a.ConnectBase,
+		ConnectLinkTTL: time.Duration(a.ConnectLinkTTL),
 		Logger:         logger,
 		AfterChannelDeleted: func(d store.DeletedChannel) {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			if err := graph.New(app.Upstream, nil).UnsubscribeApp(ctx, d.UpstreamToken, d.WabaID); err != nil {
+			if err := graph.New(a.Upstream, nil).UnsubscribeApp(ctx, d.UpstreamToken, d.WabaID); err != nil {
 				logger.Warn("unsubscribing a deleted channel's business account failed", zap.String("waba_id", d.WabaID), zap.Error(err))
 			}
 		},
-		AuthGuard: app.authGuard,
+		AuthGuard: a.authGuard,
 		OnAuthenticated: func(r *http.Request, key store.APIKey) {
 			if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
 				repl.Set("http.auth.user.id", key.ID.String())
 			}
 		},
 	})
-	return nil
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.

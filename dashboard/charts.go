@@ -1,0 +1,143 @@
+package dashboard
+
+import (
+	"fmt"
+	"html/template"
+	"strings"
+	"time"
+
+	"github.com/skip2/go-qrcode"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// chartBucket is the width of one latency point.
+const chartBucket = 15 * time.Minute
+
+// charts are a webhook's last 24 h as server-rendered SVG, with a text summary for readers
+// that do not see them.
+type charts struct {
+	Outcomes  template.HTML
+	Latency   template.HTML
+	Succeeded int
+	Failed    int
+	P50, P99  string
+}
+
+// Chart geometry: a viewBox the page scales to its width.
+const (
+	chartW, chartH = 720.0, 160.0
+	chartPad       = 4.0
+)
+
+// renderCharts draws attempts per minute by outcome and latency p50/p99 per bucket over the 24 h
+// ending at now.
+func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store.LatencyBucket) charts {
+	start := now.Add(-24 * time.Hour).Truncate(time.Minute)
+	const n = 24 * 60
+	ok, bad := make([]float64, n), make([]float64, n)
+	var c charts
+	max := 1.0
+	for _, m := range minutes {
+		i := int(m.Minute.Sub(start) / time.Minute)
+		if i < 0 || i >= n {
+			continue
+		}
+		ok[i], bad[i] = float64(m.Succeeded), float64(m.Failed)
+		c.Succeeded += m.Succeeded
+		c.Failed += m.Failed
+		max = maxf(max, ok[i], bad[i])
+	}
+	c.Outcomes = svgChart("Delivery attempts per minute, last 24 hours", fmt.Sprintf("peak %.0f/min", max), max,
+		series{"ok", "succeeded (2xx)", ok}, series{"bad", "failed", bad})
+
+	nb := int(24 * time.Hour / chartBucket)
+	p50, p99 := make([]float64, nb), make([]float64, nb)
+	lmax := 1.0
+	var total, weighted50, worst99 float64
+	for _, b := range buckets {
+		i := int(b.Start.Sub(start) / chartBucket)
+		if i < 0 || i >= nb {
+			continue
+		}
+		p50[i], p99[i] = b.P50MS, b.P99MS
+		lmax = maxf(lmax, b.P99MS)
+		total += float64(b.Attempts)
+		weighted50 += b.P50MS * float64(b.Attempts)
+		worst99 = maxf(worst99, b.P99MS)
+	}
+	c.Latency = svgChart("Attempt latency per 15 minutes (p50 and p99), last 24 hours", fmt.Sprintf("max %.0f ms", lmax), lmax,
+		series{"p50", "p50", p50}, series{"p99", "p99", p99})
+	c.P50, c.P99 = "—", "—"
+	if total > 0 {
+		c.P50 = fmt.Sprintf("%.0f ms", weighted50/total)
+		c.P99 = fmt.Sprintf("%.0f ms", worst99)
+	}
+	return c
+}
+
+type series struct {
+	class, label string
+	values       []float64
+}
+
+// svgChart draws series as polylines on a shared scale. Everything in it is numbers or fixed
+// text, escaped, so it is safe HTML.
+func svgChart(title, scale string, max float64, ss ...series) template.HTML {
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s" preserveAspectRatio="none">`,
+		chartW, chartH+16, template.HTMLEscapeString(title))
+	fmt.Fprintf(&b, `<title>%s</title>`, template.HTMLEscapeString(title))
+	fmt.Fprintf(&b, `<line class="axis" x1="0" y1="%.1f" x2="%.0f" y2="%.1f"/>`, chartH, chartW, chartH)
+	for _, s := range ss {
+		n := len(s.values)
+		fmt.Fprintf(&b, `<polyline class="line %s" points="`, s.class)
+		for i, v := range s.values {
+			x := float64(i) * chartW / float64(n-1)
+			y := chartH - chartPad - v/max*(chartH-2*chartPad)
+			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+		}
+		b.WriteString(`"/>`)
+	}
+	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="%.0f" y="%.0f" text-anchor="end">now</text>`, chartW-2, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
+	x := chartW / 2
+	for _, s := range ss {
+		fmt.Fprintf(&b, `<text class="legend %s" x="%.0f" y="12">■ %s</text>`, s.class, x, template.HTMLEscapeString(s.label))
+		x += 110
+	}
+	b.WriteString(`</svg>`)
+	return template.HTML(b.String())
+}
+
+func maxf(a float64, bs ...float64) float64 {
+	for _, b := range bs {
+		if b > a {
+			a = b
+		}
+	}
+	return a
+}
+
+// qrSVG draws content as a QR code in SVG (one path of dark modules), or nothing if it does
+// not fit a QR code.
+func qrSVG(content, label string) template.HTML {
+	q, err := qrcode.New(content, qrcode.Medium)
+	if err != nil {
+		return ""
+	}
+	bm := q.Bitmap() // includes the quiet zone
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg class="qr" viewBox="0 0 %d %d" role="img" aria-label="%s" shape-rendering="crispEdges"><path d="`,
+		len(bm), len(bm), template.HTMLEscapeString(label))
+	for y, row := range bm {
+		for x, dark := range row {
+			if dark {
+				fmt.Fprintf(&b, "M%d %dh1v1h-1z", x, y)
+			}
+		}
+	}
+	b.WriteString(`"/></svg>`)
+	return template.HTML(b.String())
+}

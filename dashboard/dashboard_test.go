@@ -1,0 +1,468 @@
+package dashboard_test
+
+import (
+	"context"
+	"crypto/rand"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"net/url"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/dashboard"
+	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// env is a dashboard over a fresh database, served by an httptest server, with one org and key.
+type env struct {
+	t      *testing.T
+	st     *store.Store
+	pool   *pgxpool.Pool
+	srv    *httptest.Server
+	org    store.Org
+	key    string
+	keyRec store.APIKey
+}
+
+// envOptions adjust the dashboard before it starts.
+type envOption func(*dashboard.Options)
+
+func newEnv(t *testing.T, opts ...envOption) *env {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	k := make([]byte, secretbox.KeySize)
+	_, _ = rand.Read(k)
+	box, err := secretbox.New(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := store.New(pool, box)
+	e := &env{t: t, st: st, pool: pool}
+	e.org, err = st.CreateOrg(ctx, "Acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.keyRec, e.key, err = st.CreateAPIKey(ctx, e.org.ID, "ops", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api := managementapi.New(managementapi.Options{Store: st})
+	opt := dashboard.Options{Store: st, API: api}
+	for _, o := range opts {
+		o(&opt)
+	}
+	var h http.Handler
+	mux := http.NewServeMux()
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { h.ServeHTTP(w, r) })
+	e.srv = httptest.NewServer(mux)
+	t.Cleanup(e.srv.Close)
+	d, err := dashboard.New(opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h = d
+	return e
+}
+
+// client is a browser-like client: a cookie jar, redirects followed.
+type client struct {
+	e    *env
+	http *http.Client
+	csrf string
+}
+
+func (e *env) client() *client {
+	jar, _ := cookiejar.New(nil)
+	return &client{e: e, http: &http.Client{Jar: jar, Timeout: 30 * time.Second}}
+}
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+	url    string
+}
+
+var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+
+func (c *client) do(req *http.Request) answer {
+	c.e.t.Helper()
+	resp, err := c.http.Do(req)
+	if err != nil {
+		c.e.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		c.e.t.Fatal(err)
+	}
+	a := answer{status: resp.StatusCode, header: resp.Header, body: string(b), url: resp.Request.URL.Path}
+	if m := csrfRe.FindStringSubmatch(a.body); m != nil {
+		c.csrf = m[1]
+	}
+	return a
+}
+
+func (c *client) get(path string) answer {
+	c.e.t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, c.e.srv.URL+path, nil)
+	return c.do(req)
+}
+
+// post submits a form with the client's current CSRF token (unless the form sets its own).
+func (c *client) post(path string, form url.Values) answer {
+	c.e.t.Helper()
+	if form == nil {
+		form = url.Values{}
+	}
+	if _, ok := form["csrf"]; !ok {
+		form.Set("csrf", c.csrf)
+	}
+	req, _ := http.NewRequest(http.MethodPost, c.e.srv.URL+path, strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	return c.do(req)
+}
+
+func (c *client) signIn(key string) answer {
+	c.e.t.Helper()
+	c.get("/dashboard/login")
+	return c.post("/dashboard/login", url.Values{"api_key": {key}})
+}
+
+func wantStatus(t *testing.T, a answer, status int, contains ...string) {
+	t.Helper()
+	if a.status != status {
+		t.Fatalf("%s: status %d, want %d; body:\n%s", a.url, a.status, status, a.body)
+	}
+	for _, s := range contains {
+		if !strings.Contains(a.body, s) {
+			t.Fatalf("%s: body lacks %q:\n%s", a.url, s, a.body)
+		}
+	}
+}
+
+func TestSignInAndOut(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	a := c.get("/dashboard/")
+	wantStatus(t, a, http.StatusOK, "API key of your organization")
+	if a.url != "/dashboard/login" {
+		t.Fatalf("anonymous / went to %s", a.url)
+	}
+	if csp := a.header.Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'self'") || strings.Contains(csp, "unsafe-inline") {
+		t.Fatalf("CSP = %q", csp)
+	}
+
+	wantStatus(t, c.signIn("crt_pk_nope"), http.StatusUnauthorized, managementapi.MsgKeyInvalid)
+
+	// The session cookie's attributes, read off the raw answer.
+	c.get("/dashboard/login")
+	form := url.Values{"api_key": {e.key}, "csrf": {c.csrf}}
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/login", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	for _, ck := range c.http.Jar.Cookies(req.URL) {
+		req.AddCookie(ck)
+	}
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-in: %d", resp.StatusCode)
+	}
+	var session *http.Cookie
+	for _, ck := range resp.Cookies() {
+		if ck.Name == "wabarelay_dashboard" {
+			session = ck
+		}
+	}
+	if session == nil || !session.HttpOnly || session.SameSite != http.SameSiteStrictMode || session.Path != "/dashboard" || session.Secure {
+		t.Fatalf("session cookie = %+v", session)
+	}
+	if strings.Contains(session.Value, e.key) {
+		t.Fatal("the cookie carries the API key")
+	}
+
+	a = c.post("/dashboard/login", url.Values{"api_key": {e.key}})
+	wantStatus(t, a, http.StatusOK, "New channel", "ops")
+	if a.url != "/dashboard/channels" {
+		t.Fatalf("after sign-in: %s", a.url)
+	}
+	var live string
+	u, _ := url.Parse(e.srv.URL + "/dashboard/")
+	for _, ck := range c.http.Jar.Cookies(u) {
+		if ck.Name == "wabarelay_dashboard" {
+			live = ck.Value
+		}
+	}
+	if _, err := e.st.DashboardSession(context.Background(), live); err != nil {
+		t.Fatalf("live session: %v", err)
+	}
+	a = c.post("/dashboard/logout", nil)
+	wantStatus(t, a, http.StatusOK, "Signed out.")
+	a = c.get("/dashboard/channels")
+	if a.url != "/dashboard/login" {
+		t.Fatalf("after sign-out /channels went to %s", a.url)
+	}
+	// The signed-out cookie value is dead on the server too (a replayed cookie gets nothing).
+	if _, err := e.st.DashboardSession(context.Background(), live); err != store.ErrNoSession {
+		t.Fatalf("session after sign-out: %v", err)
+	}
+}
+
+func TestRevokedKeyEndsSession(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel")
+	if _, err := e.st.RevokeAPIKey(context.Background(), e.keyRec.ID); err != nil {
+		t.Fatal(err)
+	}
+	a := c.get("/dashboard/channels")
+	if a.url != "/dashboard/login" {
+		t.Fatalf("with a revoked key /channels served %s", a.url)
+	}
+	// An expired key ends its sessions too.
+	ctx := context.Background()
+	k, key, err := e.st.CreateAPIKey(ctx, e.org.ID, "short", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := e.client()
+	wantStatus(t, c2.signIn(key), http.StatusOK, "New channel")
+	if _, err := e.pool.Exec(ctx, `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, k.ID); err != nil {
+		t.Fatal(err)
+	}
+	if a := c2.get("/dashboard/webhooks"); a.url != "/dashboard/login" {
+		t.Fatalf("with an expired key /webhooks served %s", a.url)
+	}
+}
+
+func TestCSRFRefused(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	c.signIn(e.key)
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"A"}, "csrf": {"forged"}}), http.StatusForbidden, "security token")
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"B"}, "csrf": {""}}), http.StatusForbidden)
+	// Right token, foreign origin.
+	form := url.Values{"name": {"C"}, "csrf": {c.csrf}}
+	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/channels", strings.NewReader(form.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "https://evil.example")
+	wantStatus(t, c.do(req), http.StatusForbidden)
+	// Sign-in without the sign-in token.
+	c2 := e.client()
+	wantStatus(t, c2.post("/dashboard/login", url.Values{"api_key": {e.key}, "csrf": {"x"}}), http.StatusForbidden)
+	chans, err := e.st.ListChannels(context.Background(), e.org.ID)
+	if err != nil || len(chans) != 0 {
+		t.Fatalf("channels after refused forms: %v %v", chans, err)
+	}
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"D"}}), http.StatusOK, "Channel created")
+}
+
+func TestChannelsPage(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	c.signIn(e.key)
+	a := c.post("/dashboard/channels", url.Values{"name": {"Support line"}})
+	wantStatus(t, a, http.StatusOK, "Channel created", "Support line", "/connect/", `<svg class="qr"`, "Copy link")
+	// The API's own checks and messages.
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"bad\x00name"}}), http.StatusUnprocessableEntity,
+		"must be valid UTF-8 text without NUL characters")
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {""}}), http.StatusUnprocessableEntity)
+
+	// An active channel needs a confirmation to be deleted.
+	ctx := context.Background()
+	chans, _ := e.st.ListChannels(ctx, e.org.ID)
+	ch := chans[0]
+	if _, err := e.pool.Exec(ctx, `UPDATE channels SET status = 'active', phone_number_id = '1001', waba_id = '2001',
+		display_phone_number = '+1 555 0100', connected_at = now(), token_expires_at = NULL WHERE id = $1`, ch.ID); err != nil {
+		t.Fatal(err)
+	}
+	a = c.post("/dashboard/channels/"+ch.ID.String()+"/delete", nil)
+	wantStatus(t, a, http.StatusConflict, managementapi.MsgChannelActive, "Delete it anyway")
+	a = c.post("/dashboard/channels/"+ch.ID.String()+"/delete", url.Values{"force": {"true"}})
+	wantStatus(t, a, http.StatusOK, "Channel deleted.")
+	if chans, _ := e.st.ListChannels(ctx, e.org.ID); len(chans) != 0 {
+		t.Fatalf("channels left: %d", len(chans))
+	}
+	// Another org's channel is not found.
+	other, _ := e.st.CreateOrg(ctx, "Other")
+	och, err := e.st.CreateChannel(ctx, other.ID, "theirs", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.post("/dashboard/channels/"+och.ID.String()+"/delete", nil), http.StatusNotFound, managementapi.MsgChannelNotFound)
+	if strings.Contains(c.get("/dashboard/channels").body, "theirs") {
+		t.Fatal("another org's channel is listed")
+	}
+}
+
+func TestWebhooksAndDeliveryLog(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	c.signIn(e.key)
+	ctx := context.Background()
+	a := c.post("/dashboard/webhooks", url.Values{"name": {"CRM"}, "url": {"https://crm.example.com/hook"}, "events": {"messages"}})
+	wantStatus(t, a, http.StatusCreated, "Signing secret of", store.SecretPrefix)
+	secret := regexp.MustCompile(`value="(whsec_[^"]+)"`).FindStringSubmatch(a.body)
+	if secret == nil {
+		t.Fatal("no secret shown")
+	}
+	if strings.Contains(c.get("/dashboard/webhooks").body, secret[1]) {
+		t.Fatal("the secret is shown again")
+	}
+	wantStatus(t, c.post("/dashboard/webhooks", url.Values{"name": {"x"}, "url": {"http://plain.example"}, "events": {"messages"}}),
+		http.StatusUnprocessableEntity, "must start with https://")
+
+	hooks, _ := e.st.ListWebhooks(ctx, e.org.ID)
+	wh := hooks[0]
+	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/status", url.Values{"status": {"paused"}}), http.StatusOK, "Webhook updated.")
+	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "paused" {
+		t.Fatalf("status = %s", got.Status)
+	}
+
+	// A failed delivery with an attempt: listed with its attempt, retried from the page.
+	ch, err := e.st.CreateChannel(ctx, e.org.ID, "Line", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evID, delID, attID := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	if _, err := e.pool.Exec(ctx, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload)
+		VALUES ($1, $2, $3, 'messages', 'k1', '{}')`, evID, e.org.ID, ch.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code)
+		VALUES ($1, $2, $3, 'failed', 1, 500)`, delID, evID, wh.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)
+		VALUES ($1, $2, 1, now() - interval '5 minutes', 42, 500, 'receiver exploded')`, attID, delID); err != nil {
+		t.Fatal(err)
+	}
+	a = c.get("/dashboard/webhooks/" + wh.ID.String())
+	wantStatus(t, a, http.StatusOK, delID.String(), "receiver exploded", "42 ms", "0 attempts succeeded, 1 failed", `<svg class="chart"`)
+	wantStatus(t, c.get("/dashboard/webhooks/"+wh.ID.String()+"?status=delivered"), http.StatusOK, "No deliveries match.")
+	wantStatus(t, c.get("/dashboard/webhooks/"+wh.ID.String()+"?status=bogus"), http.StatusUnprocessableEntity)
+	future := time.Now().UTC().Add(time.Hour).Format("2006-01-02T15:04")
+	wantStatus(t, c.get("/dashboard/webhooks/"+wh.ID.String()+"?since="+future), http.StatusOK, "No deliveries match.")
+
+	a = c.post("/dashboard/webhooks/"+wh.ID.String()+"/deliveries/"+delID.String()+"/retry", nil)
+	wantStatus(t, a, http.StatusOK, "Delivery queued")
+	var status string
+	if err := e.pool.QueryRow(ctx, `SELECT status FROM deliveries WHERE id = $1`, delID).Scan(&status); err != nil || status != "pending" {
+		t.Fatalf("after retry: %q %v", status, err)
+	}
+	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/deliveries/"+delID.String()+"/retry", nil),
+		http.StatusConflict, managementapi.MsgDeliveryNotFailed)
+
+	// Another org's webhook page is not found.
+	other, _ := e.st.CreateOrg(ctx, "Other")
+	owh, _, err := e.st.CreateWebhook(ctx, other.ID, store.NewWebhook{Name: "theirs", URL: "https://x.example", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, c.get("/dashboard/webhooks/"+owh.ID.String()), http.StatusNotFound)
+	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/delete", nil), http.StatusOK, "Webhook deleted.")
+}
+
+func TestAPIKeysPage(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	c.signIn(e.key)
+	a := c.post("/dashboard/api-keys", url.Values{"name": {"ci"}, "expires_in": {"720h"}})
+	wantStatus(t, a, http.StatusCreated, "New API key", "crt_pk_")
+	key := regexp.MustCompile(`value="(crt_pk_[^"]+)"`).FindStringSubmatch(a.body)
+	if key == nil {
+		t.Fatal("no key shown")
+	}
+	a = c.get("/dashboard/api-keys")
+	if strings.Contains(a.body, key[1]) {
+		t.Fatal("the key is shown again")
+	}
+	wantStatus(t, a, http.StatusOK, key[1][:12], "(this session)")
+	ks, _ := e.st.ListAPIKeys(context.Background(), e.org.ID)
+	var ci store.APIKey
+	for _, k := range ks {
+		if k.Name == "ci" {
+			ci = k
+		}
+	}
+	wantStatus(t, c.post("/dashboard/api-keys/"+ci.ID.String()+"/revoke", nil), http.StatusOK, "API key revoked.")
+	if _, err := e.st.AuthenticateAPIKey(context.Background(), key[1]); err == nil {
+		t.Fatal("revoked key still authenticates")
+	}
+	// Revoking the session's own key ends the session.
+	a = c.post("/dashboard/api-keys/"+e.keyRec.ID.String()+"/revoke", nil)
+	if a.url != "/dashboard/login" {
+		t.Fatalf("after revoking its own key: %s", a.url)
+	}
+}
+
+func TestDemoReceiverVerifies(t *testing.T) {
+	e := newEnv(t, func(o *dashboard.Options) {
+		o.Demo = &dashboard.Demo{FakeUpstream: "http://127.0.0.1:1", ReceiverBase: "https://localhost:8443"}
+	})
+	c := e.client()
+	c.signIn(e.key)
+	wantStatus(t, c.get("/dashboard/demo"), http.StatusOK, "Create the demo webhook")
+	wantStatus(t, c.post("/dashboard/demo/webhook", nil), http.StatusCreated, "Demo webhook created")
+	hooks, _ := e.st.ListWebhooks(context.Background(), e.org.ID)
+	secret, err := e.st.WebhookSecret(context.Background(), hooks[0].ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := []byte(`{"id":"e1","type":"messages"}`)
+	post := func(header string) int {
+		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/demo/receiver/"+e.org.ID.String(), strings.NewReader(string(body)))
+		req.Header.Set("X-Svc-Signature", header)
+		req.Header.Set("webhook-id", "e1")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	evID := uuid.Must(uuid.NewV7())
+	good, _, _, _ := dispatcher.Sign(secret, evID, time.Now(), body)
+	if got := post(good); got != http.StatusOK {
+		t.Fatalf("signed delivery: %d", got)
+	}
+	bad, _, _, _ := dispatcher.Sign("whsec_other", evID, time.Now(), body)
+	if got := post(bad); got != http.StatusUnauthorized {
+		t.Fatalf("wrongly signed delivery: %d", got)
+	}
+	a := c.get("/dashboard/demo")
+	wantStatus(t, a, http.StatusOK, "signature verified", "not verified: signature mismatch")
+	// The emit button reaches the fake upstream only for the org's own connected numbers.
+	wantStatus(t, c.post("/dashboard/demo/emit", url.Values{"phone_number_id": {"999"}}), http.StatusUnprocessableEntity)
+	// Without demo mode the receiver does not exist.
+	e2 := newEnv(t)
+	resp, err := http.Post(e2.srv.URL+"/dashboard/demo/receiver/"+e2.org.ID.String(), "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		t.Fatal("demo receiver served without demo mode")
+	}
+}

@@ -1,0 +1,505 @@
+package dashboard
+
+import (
+	"encoding/json"
+	"errors"
+	"html/template"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/httpx"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// ---- sign-in ----------------------------------------------------------------------------
+
+// login shows the sign-in form (GET) or signs in with an API key (POST).
+func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
+	switch r.Method {
+	case http.MethodGet:
+		h.loginForm(w, r, http.StatusOK, "")
+	case http.MethodPost:
+		c, err := r.Cookie(signInCookie)
+		if err != nil || r.PostFormValue("csrf") == "" || !h.checkCSRF(r, c.Value) {
+			h.loginForm(w, r, http.StatusForbidden, "The sign-in form was stale. Try again.")
+			return
+		}
+		addr := httpx.ClientAddr(r)
+		if g := h.opt.AuthGuard; g != nil {
+			if wait, ok := g.Check(addr); !ok {
+				w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+				h.loginForm(w, r, http.StatusTooManyRequests, "Too many failed sign-ins from your address. Wait a minute and try again.")
+				return
+			}
+		}
+		key, err := h.opt.Store.AuthenticateAPIKey(r.Context(), strings.TrimSpace(r.PostFormValue("api_key")))
+		switch {
+		case errors.Is(err, store.ErrInvalidAPIKey), errors.Is(err, store.ErrAPIKeyExpired):
+			if g := h.opt.AuthGuard; g != nil {
+				g.Fail(addr)
+			}
+			msg := managementapi.MsgKeyInvalid
+			if errors.Is(err, store.ErrAPIKeyExpired) {
+				msg = managementapi.MsgKeyExpired
+			}
+			h.loginForm(w, r, http.StatusUnauthorized, msg)
+			return
+		case err != nil:
+			h.serverError(w, r, err)
+			return
+		}
+		token, _, err := h.opt.Store.CreateDashboardSession(r.Context(), key, h.opt.SessionTTL)
+		if err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		h.setCookie(w, r, signInCookie, "", -1)
+		h.setCookie(w, r, sessionCookie, token, 0)
+		h.redirect(w, r, "/channels", "")
+	default:
+		w.Header().Set("Allow", "GET, POST")
+		h.render(w, r, http.StatusMethodNotAllowed, "error", page{Title: "Method not allowed", Error: "Method not allowed"})
+	}
+}
+
+// loginForm renders the sign-in form with a fresh sign-in token in its cookie and field.
+func (h *Handler) loginForm(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	token := store.NewChannelToken() // 32 random bytes, base64url
+	h.setCookie(w, r, signInCookie, token, 3600)
+	notice := ""
+	if r.URL.Query().Get("done") == "signed-out" {
+		notice = notices["signed-out"]
+	}
+	h.render(w, r, status, "login", page{Title: "Sign in", CSRF: token, Error: msg, Notice: notice})
+}
+
+// logout ends the session.
+func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
+	if c, err := r.Cookie(sessionCookie); err == nil {
+		if err := h.opt.Store.DeleteDashboardSession(r.Context(), c.Value); err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+	}
+	h.setCookie(w, r, sessionCookie, "", -1)
+	h.redirect(w, r, "/login", "signed-out")
+}
+
+// ---- channels ---------------------------------------------------------------------------
+
+type channelRow struct {
+	managementapi.Channel
+	Connected bool
+	LinkOpen  bool
+	QR        template.HTML
+}
+
+type channelsData struct {
+	Channels []channelRow
+	// ConfirmDelete is the channel whose deletion awaits confirmation (it is active).
+	ConfirmDelete *managementapi.Channel
+	Name          string
+}
+
+func (h *Handler) connectBase(r *http.Request) string {
+	if h.opt.ConnectBase != "" {
+		return h.opt.ConnectBase
+	}
+	return httpx.Origin(r)
+}
+
+func (h *Handler) channels(w http.ResponseWriter, r *http.Request, s *session) {
+	h.channelsPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, channelsData{})
+}
+
+func (h *Handler) channelsPage(w http.ResponseWriter, r *http.Request, p page, status int, d channelsData) {
+	list, err := h.opt.Store.ListChannels(r.Context(), p.Session.Key.OrgID)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	base := h.connectBase(r)
+	now := time.Now()
+	for _, c := range list {
+		row := channelRow{Channel: managementapi.NewChannel(c, base), Connected: c.Status == store.ChannelActive && c.UpstreamDisconnectedAt == nil}
+		row.LinkOpen = c.TokenExpiresAt != nil && c.TokenExpiresAt.After(now)
+		if row.LinkOpen {
+			row.QR = qrSVG(row.ConnectURL, "Connect link of "+c.Name)
+		}
+		d.Channels = append(d.Channels, row)
+	}
+	p.Title, p.Nav, p.Data = "Channels", "channels", d
+	h.render(w, r, status, "channels", p)
+}
+
+func (h *Handler) createChannel(w http.ResponseWriter, r *http.Request, s *session) {
+	name := r.PostFormValue("name")
+	res := h.call(r, s, http.MethodPost, "/channels", map[string]any{"name": name})
+	if msg := res.Err(); msg != "" {
+		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{Name: name})
+		return
+	}
+	h.redirect(w, r, "/channels", "channel-created")
+}
+
+func (h *Handler) reconnectChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	res := h.call(r, s, http.MethodPost, "/channels/"+url.PathEscape(id)+"/reconnect", nil)
+	if msg := res.Err(); msg != "" {
+		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{})
+		return
+	}
+	h.redirect(w, r, "/channels", "reconnected")
+}
+
+// deleteChannel deletes a channel; an active channel needs the confirmation the API asks for
+// (force), which the page shows when the API refuses without it.
+func (h *Handler) deleteChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	path := "/channels/" + url.PathEscape(id)
+	if r.PostFormValue("force") == "true" {
+		path += "?force=true"
+	}
+	res := h.call(r, s, http.MethodDelete, path, nil)
+	if res.Status == http.StatusConflict && !strings.Contains(path, "force") {
+		var d channelsData
+		if u, err := uuid.Parse(id); err == nil {
+			if c, err := h.opt.Store.GetChannel(r.Context(), s.Key.OrgID, u); err == nil {
+				ch := managementapi.NewChannel(c, h.connectBase(r))
+				d.ConfirmDelete = &ch
+			}
+		}
+		h.channelsPage(w, r, page{Session: s, Error: res.Err()}, res.Status, d)
+		return
+	}
+	if msg := res.Err(); msg != "" {
+		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{})
+		return
+	}
+	h.redirect(w, r, "/channels", "channel-deleted")
+}
+
+// ---- webhooks ---------------------------------------------------------------------------
+
+type webhookRow struct {
+	managementapi.Webhook
+	Channels []string // names of assigned channels
+}
+
+type webhooksData struct {
+	Webhooks []webhookRow
+	Channels []store.Channel
+	// Created is the webhook just created, with its secret (shown this once).
+	Created *managementapi.Webhook
+	Form    webhookForm
+}
+
+type webhookForm struct {
+	Name, URL  string
+	Events     map[string]bool
+	ChannelIDs map[string]bool
+}
+
+// Events lists the event types a webhook can take.
+var eventTypes = []string{"messages", "message_status"}
+
+func (h *Handler) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
+	h.webhooksPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK,
+		webhooksData{Form: webhookForm{Events: map[string]bool{"messages": true, "message_status": true}}})
+}
+
+func (h *Handler) webhooksPage(w http.ResponseWriter, r *http.Request, p page, status int, d webhooksData) {
+	hooks, err := h.opt.Store.ListWebhooks(r.Context(), p.Session.Key.OrgID)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	if d.Channels, err = h.opt.Store.ListChannels(r.Context(), p.Session.Key.OrgID); err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	names := map[uuid.UUID]string{}
+	for _, c := range d.Channels {
+		names[c.ID] = c.Name
+	}
+	for _, wh := range hooks {
+		row := webhookRow{Webhook: managementapi.NewWebhook(wh)}
+		for _, id := range wh.ChannelIDs {
+			row.Channels = append(row.Channels, names[id])
+		}
+		d.Webhooks = append(d.Webhooks, row)
+	}
+	p.Title, p.Nav, p.Data = "Webhooks", "webhooks", d
+	h.render(w, r, status, "webhooks", p)
+}
+
+func (h *Handler) createWebhook(w http.ResponseWriter, r *http.Request, s *session) {
+	if err := r.ParseForm(); err != nil {
+		h.webhooksPage(w, r, page{Session: s, Error: "Invalid form"}, http.StatusBadRequest, webhooksData{})
+		return
+	}
+	f := webhookForm{Name: r.PostForm.Get("name"), URL: r.PostForm.Get("url"), Events: map[string]bool{}, ChannelIDs: map[string]bool{}}
+	events, ids := r.PostForm["events"], r.PostForm["channel_ids"]
+	for _, e := range events {
+		f.Events[e] = true
+	}
+	for _, id := range ids {
+		f.ChannelIDs[id] = true
+	}
+	body := map[string]any{"name": f.Name, "url": f.URL, "events": nonNil(events), "channel_ids": nonNil(ids)}
+	res := h.call(r, s, http.MethodPost, "/webhooks", body)
+	if msg := res.Err(); msg != "" {
+		h.webhooksPage(w, r, page{Session: s, Error: msg}, res.Status, webhooksData{Form: f})
+		return
+	}
+	var created managementapi.Webhook
+	if err := json.Unmarshal(res.Body, &created); err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	h.webhooksPage(w, r, page{Session: s, Notice: "Webhook created. Copy its signing secret now: it is not shown again."},
+		http.StatusCreated, webhooksData{Created: &created, Form: webhookForm{Events: map[string]bool{"messages": true, "message_status": true}}})
+}
+
+func nonNil(v []string) []string {
+	if v == nil {
+		return []string{}
+	}
+	return v
+}
+
+func (h *Handler) setWebhookStatus(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	res := h.call(r, s, http.MethodPatch, "/webhooks/"+url.PathEscape(id), map[string]any{"status": r.PostFormValue("status")})
+	h.afterWebhookChange(w, r, s, res, "webhook-updated", r.PostFormValue("back") == "webhook", id)
+}
+
+func (h *Handler) deleteWebhook(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	res := h.call(r, s, http.MethodDelete, "/webhooks/"+url.PathEscape(id), nil)
+	h.afterWebhookChange(w, r, s, res, "webhook-deleted", false, id)
+}
+
+// assignChannel assigns (op=assign) or removes (op=remove) a channel.
+func (h *Handler) assignChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	method := http.MethodPost
+	if r.PostFormValue("op") == "remove" {
+		method = http.MethodDelete
+	}
+	res := h.call(r, s, method, "/webhooks/"+url.PathEscape(id)+"/channels/"+url.PathEscape(r.PostFormValue("channel_id")), nil)
+	h.afterWebhookChange(w, r, s, res, "assigned", false, id)
+}
+
+func (h *Handler) afterWebhookChange(w http.ResponseWriter, r *http.Request, s *session, res apiResult, notice string, toWebhook bool, id string) {
+	if msg := res.Err(); msg != "" {
+		h.webhooksPage(w, r, page{Session: s, Error: msg}, res.Status, webhooksData{Form: webhookForm{Events: map[string]bool{"messages": true}}})
+		return
+	}
+	if toWebhook {
+		h.redirect(w, r, "/webhooks/"+url.PathEscape(id), notice)
+		return
+	}
+	h.redirect(w, r, "/webhooks", notice)
+}
+
+// ---- a webhook's delivery log -----------------------------------------------------------
+
+type webhookData struct {
+	Webhook    managementapi.Webhook
+	Deliveries []store.Delivery
+	Filter     deliveryFilter
+	NextURL    string
+	Charts     charts
+	Statuses   []string
+}
+
+type deliveryFilter struct {
+	Status, Since, Until string
+}
+
+// formTime is the layout of the time filters (an <input type="datetime-local">, read as UTC).
+const formTime = "2006-01-02T15:04"
+
+func parseFormTime(v string) (*time.Time, bool) {
+	if v == "" {
+		return nil, true
+	}
+	t, err := time.ParseInLocation(formTime, v, time.UTC)
+	if err != nil {
+		if t, err = time.Parse(time.RFC3339, v); err != nil {
+			return nil, false
+		}
+	}
+	return &t, true
+}
+
+func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	h.webhookPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, id)
+}
+
+func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, status int, id string) {
+	wid, err := uuid.Parse(id)
+	if err != nil {
+		h.notFound(w, r, p.Session)
+		return
+	}
+	org := p.Session.Key.OrgID
+	wh, err := h.opt.Store.GetWebhook(r.Context(), org, wid)
+	if errors.Is(err, store.ErrWebhookNotFound) {
+		h.notFound(w, r, p.Session)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	d := webhookData{Webhook: managementapi.NewWebhook(wh), Statuses: []string{"pending", "in_flight", "delivered", "failed"},
+		Filter: deliveryFilter{Status: q.Get("status"), Since: q.Get("since"), Until: q.Get("until")}}
+	pg := store.DeliveryPage{Status: d.Filter.Status, Limit: 50}
+	valid := d.Filter.Status == ""
+	for _, st := range d.Statuses {
+		valid = valid || st == d.Filter.Status
+	}
+	var ok1, ok2 bool
+	pg.Since, ok1 = parseFormTime(d.Filter.Since)
+	pg.Until, ok2 = parseFormTime(d.Filter.Until)
+	if !valid || !ok1 || !ok2 {
+		p.Error, status = "The filter is not valid: pick a status from the list and times as YYYY-MM-DDTHH:MM (UTC).", http.StatusUnprocessableEntity
+		pg = store.DeliveryPage{Limit: 50}
+		d.Filter = deliveryFilter{}
+	}
+	if after := q.Get("after"); after != "" {
+		if u, err := uuid.Parse(after); err == nil {
+			pg.After = &u
+		}
+	}
+	list, more, err := h.opt.Store.ListDeliveries(r.Context(), org, wid, pg)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	d.Deliveries = list
+	if more && len(list) > 0 {
+		nq := url.Values{}
+		for k, v := range map[string]string{"status": d.Filter.Status, "since": d.Filter.Since, "until": d.Filter.Until} {
+			if v != "" {
+				nq.Set(k, v)
+			}
+		}
+		nq.Set("after", list[len(list)-1].ID.String())
+		d.NextURL = h.opt.BasePath + "/webhooks/" + wid.String() + "?" + nq.Encode()
+	}
+	now := time.Now().UTC()
+	minutes, buckets, err := h.opt.Store.DeliveryStats(r.Context(), org, wid, now.Add(-24*time.Hour), chartBucket)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	d.Charts = renderCharts(now, minutes, buckets)
+	p.Title, p.Nav, p.Data = "Webhook "+wh.Name, "webhooks", d
+	h.render(w, r, status, "webhook", p)
+}
+
+func (h *Handler) retryDelivery(w http.ResponseWriter, r *http.Request, s *session, id, did string) {
+	res := h.call(r, s, http.MethodPost, "/webhooks/"+url.PathEscape(id)+"/deliveries/"+url.PathEscape(did)+"/retry", nil)
+	if msg := res.Err(); msg != "" {
+		h.webhookPage(w, r, page{Session: s, Error: msg}, res.Status, id)
+		return
+	}
+	h.redirect(w, r, "/webhooks/"+url.PathEscape(id), "retried")
+}
+
+func (h *Handler) recoverDeliveries(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	since, ok := parseFormTime(r.PostFormValue("since"))
+	if !ok || since == nil {
+		h.webhookPage(w, r, page{Session: s, Error: `"since" must be a time such as 2026-11-20T00:00 (UTC)`}, http.StatusUnprocessableEntity, id)
+		return
+	}
+	res := h.call(r, s, http.MethodPost, "/webhooks/"+url.PathEscape(id)+"/recover", map[string]any{"since": since.UTC().Format(time.RFC3339)})
+	if msg := res.Err(); msg != "" {
+		h.webhookPage(w, r, page{Session: s, Error: msg}, res.Status, id)
+		return
+	}
+	var out struct {
+		Requeued int `json:"requeued"`
+	}
+	_ = json.Unmarshal(res.Body, &out)
+	h.webhookPage(w, r, page{Session: s, Notice: strconv.Itoa(out.Requeued) + " failed deliveries queued again."}, http.StatusOK, id)
+}
+
+// ---- API keys ---------------------------------------------------------------------------
+
+// apiKey is an API key as GET /api_keys lists it.
+type apiKey struct {
+	ID         string     `json:"id"`
+	Name       string     `json:"name"`
+	Prefix     string     `json:"prefix"`
+	CreatedAt  time.Time  `json:"created_at"`
+	ExpiresAt  *time.Time `json:"expires_at"`
+	RevokedAt  *time.Time `json:"revoked_at"`
+	LastUsedAt *time.Time `json:"last_used_at"`
+	Key        string     `json:"key"`
+}
+
+type apiKeysData struct {
+	Keys    []apiKey
+	Created *apiKey
+	Current string // the id of the key this session signed in with
+	Name    string
+	Expires string
+}
+
+func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request, s *session) {
+	h.apiKeysPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, apiKeysData{})
+}
+
+func (h *Handler) apiKeysPage(w http.ResponseWriter, r *http.Request, p page, status int, d apiKeysData) {
+	res := h.call(r, p.Session, http.MethodGet, "/api_keys", nil)
+	if msg := res.Err(); msg != "" {
+		if res.Status >= 500 {
+			w.Header().Set("Retry-After", "5")
+		}
+		p.Error, status = msg, res.Status
+	} else if err := json.Unmarshal(res.Body, &d.Keys); err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	d.Current = p.Session.Key.ID.String()
+	p.Title, p.Nav, p.Data = "API keys", "api-keys", d
+	h.render(w, r, status, "apikeys", p)
+}
+
+func (h *Handler) createAPIKey(w http.ResponseWriter, r *http.Request, s *session) {
+	d := apiKeysData{Name: r.PostFormValue("name"), Expires: r.PostFormValue("expires_in")}
+	body := map[string]any{"name": d.Name}
+	if d.Expires != "" {
+		body["expires_in"] = d.Expires
+	}
+	res := h.call(r, s, http.MethodPost, "/api_keys", body)
+	if msg := res.Err(); msg != "" {
+		h.apiKeysPage(w, r, page{Session: s, Error: msg}, res.Status, d)
+		return
+	}
+	var k apiKey
+	if err := json.Unmarshal(res.Body, &k); err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	h.apiKeysPage(w, r, page{Session: s, Notice: "API key created. Copy it now: it is not shown again."}, http.StatusCreated, apiKeysData{Created: &k})
+}
+
+func (h *Handler) revokeAPIKey(w http.ResponseWriter, r *http.Request, s *session, id string) {
+	res := h.call(r, s, http.MethodDelete, "/api_keys/"+url.PathEscape(id), nil)
+	if msg := res.Err(); msg != "" {
+		h.apiKeysPage(w, r, page{Session: s, Error: msg}, res.Status, apiKeysData{})
+		return
+	}
+	if id == s.Key.ID.String() { // this session's own key: the session has ended with it
+		h.setCookie(w, r, sessionCookie, "", -1)
+		h.redirect(w, r, "/login", "signed-out")
+		return
+	}
+	h.redirect(w, r, "/api-keys", "key-revoked")
+}
