@@ -33,12 +33,44 @@
 //
 // Through the relay (upstream <base>/v26.0), the same with a channel token against {proxy_url}:
 // the media object's url is then {proxy_url}/<id>/download.
+//
+// The demo (`make run` without a Meta app starts it so) adds what the real upstream does outside
+// its API:
+//
+//   - Embedded Signup (-demo-sdk, on by default): GET /sdk.js is a stand-in for Meta's JS SDK;
+//     point the connect page's `meta { sdk_url }` at it (and `wabarelay_connect { origin_suffix
+//     localhost }`, as the stand-in posts its messages from the page itself). Each fetch makes up
+//     a phone number ("+1 555 0101", "+1 555 0102", ...) of a new business account and a one-time
+//     code, valid -signup-code-ttl, that exchanges (with -app-id and -app-secret) for a token
+//     allowed to use them; "Connect WhatsApp" on the page shows a small demo dialog instead of
+//     Meta's window. POST /_fake/signup makes up the same as JSON, for a completion without a
+//     browser:
+//
+//     curl -s -X POST http://127.0.0.1:8090/_fake/signup |
+//     curl -s -X POST http://localhost:8080/connect/$CHANNEL_TOKEN -H 'Content-Type: application/json' -d @-
+//
+//   - Webhooks (-callback, the app's callback URL, e.g. http://localhost:8080/webhooks/upstream):
+//     POST /_fake/inbound sends an incoming message there, as the upstream's "messages" webhook
+//     signed with -app-secret, and answers with the callback's status. JSON body, every member
+//     optional: phone_number_id (default: the number of the last signup completed), from (the
+//     sender's digits), name, text (default "Hello"), type ("text" or "image": a small PNG the
+//     business can download through the relay, text as its caption). Every message sent through
+//     the fake is also followed by its "sent" and "delivered" status webhooks.
+//
+//     curl -s http://127.0.0.1:8090/_fake/inbound -d '{"text":"Hello"}'
+//
+//   - A webhook receiver (-receiver 127.0.0.1:8091): HTTPS, any path, with a certificate from a
+//     CA made up at start and written to -receiver-ca (give that file to Caddy's `delivery {
+//     root_ca }`, and `allow_private_targets`). It logs every delivery to stderr, answers 204,
+//     and GET lists the last 50. It does not verify signatures.
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -46,6 +78,23 @@ import (
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 )
+
+// demoTemplates are the templates of the seeded business account and of every signup's.
+var demoTemplates = []fakegraph.Template{
+	{Name: "hello_world", Language: "en_US", Status: "APPROVED", Category: "UTILITY",
+		Components: []any{
+			map[string]any{"type": "HEADER", "format": "TEXT", "text": "Hello World"},
+			map[string]any{"type": "BODY", "text": "Welcome and congratulations!! This message demonstrates your ability to send a WhatsApp message notification from the Cloud API, hosted by Meta. Thank you for taking the time to test with us."},
+			map[string]any{"type": "FOOTER", "text": "WhatsApp Business Platform sample message"},
+		}},
+	{Name: "order_update", Language: "en_US", Status: "APPROVED", Category: "UTILITY",
+		Components: []any{
+			map[string]any{"type": "BODY", "text": "Hi {{1}}, your order {{2}} has shipped.",
+				"example": map[string]any{"body_text": [][]string{{"Ana", "A-1042"}}}},
+		}},
+	{Name: "seasonal_promo", Language: "en_US", Status: "PENDING", Category: "MARKETING",
+		Components: []any{map[string]any{"type": "BODY", "text": "Our sale starts {{1}}!"}}},
+}
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:8090", "listen address")
@@ -56,14 +105,31 @@ func main() {
 	display := flag.String("display", "+1 555 0100", "display phone number")
 	name := flag.String("name", "Wabarelay Demo", "verified name of the number")
 	appID := flag.String("app-id", "", "app id checked as client_id by oauth/access_token (empty: any)")
-	appSecret := flag.String("app-secret", "", "app secret checked as client_secret (empty: any)")
+	appSecret := flag.String("app-secret", "", "app secret checked as client_secret, and signing webhooks (empty: any; no webhooks)")
 	code := flag.String("code", "", "an Embedded Signup code to accept once (exchanged for -token)")
 	codeTTL := flag.Duration("code-ttl", time.Hour, "lifetime of -code")
+	demoSDK := flag.Bool("demo-sdk", true, "serve the demo Embedded Signup: GET /sdk.js and POST /_fake/signup")
+	signupTTL := flag.Duration("signup-code-ttl", fakegraph.DefaultSignupCodeTTL, "lifetime of the codes /sdk.js and /_fake/signup make up")
+	callback := flag.String("callback", "", "the app's callback URL: enables POST /_fake/inbound and status webhooks (needs -app-secret)")
+	receiverAddr := flag.String("receiver", "", "also serve a webhook receiver over HTTPS on this address, e.g. 127.0.0.1:8091")
+	receiverCA := flag.String("receiver-ca", "", "write the receiver's CA certificate (PEM) to this file")
+	logFile := flag.String("log", "", "write the request log to this file instead of stderr")
 	latency := flag.Duration("latency", 0, "delay added to every response")
 	quiet := flag.Bool("quiet", false, "do not log requests")
 	flag.Parse()
 
+	if *callback != "" && *appSecret == "" {
+		fail(errors.New("-callback needs -app-secret (webhooks are signed with it)"))
+	}
 	var logw io.Writer = os.Stderr
+	if *logFile != "" {
+		f, err := os.OpenFile(*logFile, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			fail(err)
+		}
+		defer f.Close()
+		logw = f
+	}
 	if *quiet {
 		logw = nil
 	}
@@ -77,39 +143,55 @@ func main() {
 	if *appSecret != "" {
 		opts = append(opts, fakegraph.WithAppSecret(*appSecret))
 	}
+	if *demoSDK {
+		opts = append(opts, fakegraph.WithDemoSDK(*signupTTL, demoTemplates...))
+	}
+	if *callback != "" {
+		opts = append(opts, fakegraph.WithCallback(*callback))
+	}
 	g := fakegraph.New(opts...)
 	g.AddNumber(*pnid, *waba, *display, *name)
 	g.AddToken(*token, []string{*pnid}, []string{*waba})
-	g.AddTemplates(*waba,
-		fakegraph.Template{Name: "hello_world", Language: "en_US", Status: "APPROVED", Category: "UTILITY",
-			Components: []any{
-				map[string]any{"type": "HEADER", "format": "TEXT", "text": "Hello World"},
-				map[string]any{"type": "BODY", "text": "Welcome and congratulations!! This message demonstrates your ability to send a WhatsApp message notification from the Cloud API, hosted by Meta. Thank you for taking the time to test with us."},
-				map[string]any{"type": "FOOTER", "text": "WhatsApp Business Platform sample message"},
-			}},
-		fakegraph.Template{Name: "order_update", Language: "en_US", Status: "APPROVED", Category: "UTILITY",
-			Components: []any{
-				map[string]any{"type": "BODY", "text": "Hi {{1}}, your order {{2}} has shipped.",
-					"example": map[string]any{"body_text": [][]string{{"Ana", "A-1042"}}}},
-			}},
-		fakegraph.Template{Name: "seasonal_promo", Language: "en_US", Status: "PENDING", Category: "MARKETING",
-			Components: []any{map[string]any{"type": "BODY", "text": "Our sale starts {{1}}!"}}},
-	)
+	g.AddTemplates(*waba, demoTemplates...)
 	if *code != "" {
 		g.AddCode(*code, *token, *codeTTL)
 	}
 	g.SetLatency(*latency)
 
+	var recv *http.Server
+	recvURL := ""
+	if *receiverAddr != "" {
+		var err error
+		if recvURL, recv, err = listenTLS(*receiverAddr, *receiverCA, &receiver{log: os.Stderr}); err != nil {
+			fail(err)
+		}
+	}
 	base, err := g.Listen(*addr)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fakegraph:", err)
-		os.Exit(1)
+		fail(err)
 	}
 	fmt.Println(base)
 	fmt.Fprintf(os.Stderr, "fakegraph: serving %s/%s (token %q, phone number %s, WABA %s)\n", base, *version, *token, *pnid, *waba)
+	if *demoSDK {
+		fmt.Fprintf(os.Stderr, "fakegraph: demo Embedded Signup SDK at %s/sdk.js (each fetch makes up a number; codes live %s)\n", base, *signupTTL)
+	}
+	if *callback != "" {
+		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/inbound sends an incoming message to %s\n", base, *callback)
+	}
+	if recvURL != "" {
+		fmt.Fprintf(os.Stderr, "fakegraph: webhook receiver at %s/ (CA certificate: %s)\n", recvURL, *receiverCA)
+	}
 
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	<-sig
 	g.Close()
+	if recv != nil {
+		recv.Close()
+	}
+}
+
+func fail(err error) {
+	fmt.Fprintln(os.Stderr, "fakegraph:", err)
+	os.Exit(1)
 }

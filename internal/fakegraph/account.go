@@ -89,6 +89,9 @@ func (s *Server) handleOAuth(rc *reqCtx) {
 		e = &gerr{status: 400, code: 100, subcode: 36007, typ: "OAuthException", kind: "invalid_code", msg: "This authorization code has expired."}
 	default:
 		c.used = true
+		if c.pnid != "" {
+			s.lastSignup = c.pnid
+		}
 		if s.tokens[c.token] == nil {
 			s.tokens[c.token] = &tokenState{pnids: map[string]bool{}, wabas: map[string]bool{}, issuedAt: time.Now()}
 		}

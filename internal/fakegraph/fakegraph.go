@@ -1,8 +1,12 @@
 // Package fakegraph is a faithful fake of the upstream Graph API (WhatsApp Cloud API) for tests,
 // benchmarks and the local demo (cmd/fakegraph). The real upstream cannot be reached from test
 // machines, so everything the service exchanges with graph.facebook.com is reproduced here with
-// the JSON shapes, error envelopes, status codes and headers documented in
-// /work/shared/research/whatsapp.md (cited below as §n).
+// the JSON shapes, error envelopes, status codes and headers that Meta's WhatsApp Cloud API and
+// Graph API documentation gives. Comments cite the topics as §n: §1 sending messages (§1.5
+// response headers, §1.6 the error envelope, §1.7 codes and their HTTP statuses), §2 template
+// listing, §3 webhooks (§3.3 incoming messages, §3.4 statuses), §4 Embedded Signup (§4.3 code
+// lifetime, §4.4 code exchange, §4.5 subscribed_apps, §4.6 register, §4.7 reading a number),
+// §5 versions and rate limits, §7.3 token states (valid, malformed, expired).
 //
 // A Server is an http.Handler. New returns it unstarted (mount it anywhere, or call ServeHTTP
 // directly); Start runs it on 127.0.0.1:0 like httptest.NewServer and returns the base URL, for
@@ -52,6 +56,12 @@
 // fbtrace_id equal to the x-fb-request-id header, and WWW-Authenticate: OAuth "Facebook Platform"
 // "<invalid_token|invalid_request|insufficient_scope|invalid_code>" "<message>".
 //
+// Demo endpoints outside the version segment (demo.go): GET /sdk.js and POST /_fake/signup
+// (WithDemoSDK: a stand-in for Meta's JS SDK whose Embedded Signup connects a number made up for
+// it), POST /_fake/inbound (WithCallback: an incoming message sent signed to the app's callback,
+// also Emit and EmitMessage); with WithCallback every accepted message is followed by its "sent"
+// and "delivered" status webhooks.
+//
 // Bodies are written like Graph writes them: "/" escaped as "\/", non-ASCII as \uXXXX
 // (WithPlainJSON turns that off), and gzipped when the request accepts gzip (WithoutGzip).
 package fakegraph
@@ -59,6 +69,7 @@ package fakegraph
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -164,6 +175,15 @@ type Server struct {
 	plainJSON     bool
 	noGzip        bool
 
+	// demo (demo.go)
+	demoSDK         bool
+	signupTTL       time.Duration
+	signupTemplates []Template
+	callback        string
+	signupSeq       atomic.Uint64
+	bg              context.Context // status webhooks; cancelled by Close
+	stopBG          context.CancelFunc
+
 	mu        sync.RWMutex
 	tokens    map[string]*tokenState
 	numbers   map[string]*numberState
@@ -171,6 +191,8 @@ type Server struct {
 	templates map[string]*tmpl // by template id
 	codes     map[string]*codeState
 	media     map[string]*mediaState
+	// lastSignup is the phone number id of the last MintSignup whose code was exchanged.
+	lastSignup string
 
 	failMu sync.Mutex
 	fails  []*failRule
@@ -227,6 +249,7 @@ type codeState struct {
 	token   string
 	expires time.Time
 	used    bool
+	pnid    string // the number a MintSignup code connects
 }
 
 type mediaState struct {
@@ -249,6 +272,7 @@ func New(opts ...Option) *Server {
 	for _, o := range opts {
 		o(s)
 	}
+	s.bg, s.stopBG = context.WithCancel(context.Background())
 	_, _ = rand.Read(s.salt[:])
 	dbg := make([]byte, 66)
 	_, _ = rand.Read(dbg)
@@ -297,8 +321,10 @@ func (s *Server) URL() string {
 	return s.url
 }
 
-// Close stops the server and drops its connections (requests sleeping in SetLatency are released).
+// Close stops the server and drops its connections (requests sleeping in SetLatency are released)
+// and its status webhooks under way.
 func (s *Server) Close() {
+	s.stopBG()
 	s.srvMu.Lock()
 	hs := s.hs
 	s.srvMu.Unlock()
@@ -693,6 +719,15 @@ type reqCtx struct {
 // ServeHTTP serves one Graph API request.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if (s.demoSDK || s.callback != "") && (r.URL.Path == "/sdk.js" || strings.HasPrefix(r.URL.Path, "/_fake/")) {
+		sw := &statusWriter{ResponseWriter: w}
+		if s.serveDemo(sw, r) {
+			if s.logw != nil {
+				fmt.Fprintf(s.logw, "%s %s %s %d %s\n", start.Format(time.RFC3339), r.Method, r.URL.RequestURI(), sw.status, time.Since(start).Round(time.Microsecond))
+			}
+			return
+		}
+	}
 	var body []byte
 	if r.Body != nil {
 		body, _ = io.ReadAll(io.LimitReader(r.Body, maxBody))

@@ -136,12 +136,16 @@ func (s *Server) handleMessages(rc *reqCtx, pnid string) {
 		b = appendJSONString(b, userID)
 	}
 	b = append(b, `}],"messages":[{"id":`...)
-	b = appendJSONString(b, s.newWAMID(waID))
+	wamid := s.newWAMID(waID)
+	b = appendJSONString(b, wamid)
 	if isTemplate {
 		b = append(b, `,"message_status":"accepted"`...)
 	}
 	b = append(b, `}]}`...)
 	s.ok(rc, b)
+	if s.callback != "" && s.appSecret != "" && waID != "" {
+		go s.reportStatuses(pnid, wamid, waID, isTemplate)
+	}
 }
 
 func validateText(raw json.RawMessage) *gerr {
