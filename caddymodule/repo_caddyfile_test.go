@@ -16,9 +16,10 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// TestRepoCaddyfileServesEverything: the repo's Caddyfile, as `make run` uses it (only its
-// port changed, and the upstream pointed at the fake), serves all four capabilities:
-// management API, relay, connect link and the upstream's webhook intake.
+// TestRepoCaddyfileServesEverything: the repo's Caddyfile, as `make run` uses it with a Meta app
+// (only its port changed, and the upstream pointed at the fake), serves all four capabilities:
+// management API, relay, connect link and the upstream's webhook intake. (Without a Meta app,
+// the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
 	raw, err := os.ReadFile("../Caddyfile")
 	if err != nil {
@@ -61,6 +62,16 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusSeeOther || len(resp.Cookies()) == 0 {
 		t.Fatalf("connect link: %d %v", resp.StatusCode, resp.Header)
+	}
+	// without the demo's settings (scripts/dev.sh sets them when no Meta app is configured) the
+	// page loads Meta's SDK and takes signup messages from facebook.com only
+	req, _ = http.NewRequest("GET", origin+"/connect/", nil)
+	req.AddCookie(resp.Cookies()[0])
+	r = do(t, req)
+	if r.status != 200 || !strings.Contains(string(r.body), `data-sdk-url="https://connect.facebook.net/en_US/sdk.js"`) ||
+		!strings.Contains(string(r.body), `data-origin-suffix="facebook.com"`) ||
+		!strings.Contains(r.header.Get("Content-Security-Policy"), "script-src 'self' https://connect.facebook.net;") {
+		t.Fatalf("connect page: %d %v\n%s", r.status, r.header, r.body)
 	}
 
 	// relay: once connected, a send goes through to the upstream

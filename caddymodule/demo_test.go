@@ -1,0 +1,295 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"io"
+	"net/http"
+	"net/http/cookiejar"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+)
+
+// The demo of `make run` without a Meta app (scripts/dev.sh): the repo's Caddyfile with these
+// settings, against the fake upstream with its demo SDK and callback.
+const (
+	demoAppID     = "demo-app"
+	demoAppSecret = "demo-app-secret"
+)
+
+// demoWorld is the repo's Caddyfile as the demo runs it, with a fake upstream and a receiver.
+type demoWorld struct {
+	*relayEnv
+	origin     string // Caddy, http://localhost:<port>
+	fake       *fakegraph.Server
+	apiKey     string
+	deliveries chan []byte // bodies the receiver got
+	receiver   string      // its URL
+}
+
+// startDemo runs the repo's Caddyfile (only its port changed) with the environment
+// scripts/dev.sh exports in demo mode.
+func startDemo(t *testing.T) *demoWorld {
+	t.Helper()
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &demoWorld{relayEnv: newRelayEnv(t, ""), deliveries: make(chan []byte, 64)}
+	port := testenv.FreePort(t)
+	host := "localhost:" + strconv.Itoa(port)
+	w.origin = "http://" + host
+
+	// the fake upstream as scripts/dev.sh starts it (cmd/fakegraph -app-id -app-secret -callback)
+	w.fake = fakegraph.New(fakegraph.WithAppID(demoAppID), fakegraph.WithAppSecret(demoAppSecret),
+		fakegraph.WithDemoSDK(0, fakegraph.Template{Name: "hello_world", Language: "en_US", Status: "APPROVED", Category: "UTILITY"}),
+		fakegraph.WithCallback(w.origin+"/webhooks/upstream"))
+	w.fake.Start()
+	t.Cleanup(w.fake.Close)
+
+	// a webhook receiver on loopback over HTTPS, its certificate given as root_ca
+	recv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		w.deliveries <- b
+		rw.WriteHeader(http.StatusNoContent)
+	}))
+	t.Cleanup(recv.Close)
+	w.receiver = recv.URL + "/receiver"
+	caFile := filepath.Join(t.TempDir(), "receiver-ca.pem")
+	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: recv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
+	w.caddyFile(cfg, port,
+		"WABARELAY_DATABASE_URL="+w.dsn, "WABARELAY_ENCRYPTION_KEY="+w.keyB64,
+		"WABARELAY_UPSTREAM="+w.fake.URL()+"/v26.0",
+		"META_APP_ID="+demoAppID, "META_APP_SECRET="+demoAppSecret, "META_CONFIG_ID=demo-config", "META_VERIFY_TOKEN=demo-verify",
+		"WABARELAY_SDK_URL="+w.fake.URL()+"/sdk.js",
+		"WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost",
+		"WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets",
+		"WABARELAY_DELIVERY_ROOT_CA="+caFile)
+	_, w.apiKey, err = w.store.CreateAPIKey(context.Background(), w.org, "demo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// api calls the management API with the demo key.
+func (w *demoWorld) api(method, path, body string) relayResp {
+	w.t.Helper()
+	req, _ := http.NewRequest(method, w.origin+"/v1"+path, strings.NewReader(body))
+	req.Header.Set("x-api-key", w.apiKey)
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return do(w.t, req)
+}
+
+type demoChannel struct {
+	ID                 string  `json:"id"`
+	Status             string  `json:"status"`
+	ChannelToken       string  `json:"channel_token"`
+	ConnectURL         string  `json:"connect_url"`
+	PhoneNumberID      *string `json:"phone_number_id"`
+	WabaID             *string `json:"waba_id"`
+	DisplayPhoneNumber *string `json:"display_phone_number"`
+}
+
+// sdkSignup loads the demo SDK as the connect page does and returns the signup written into it.
+func (w *demoWorld) sdkSignup(sdkURL string) fakegraph.Signup {
+	w.t.Helper()
+	r := call(w.t, "GET", sdkURL, "", "")
+	m := regexp.MustCompile(`var SIGNUP = (\{.*\});`).FindSubmatch(r.body)
+	var su fakegraph.Signup
+	if r.status != 200 || m == nil || json.Unmarshal(m[1], &su) != nil || su.Code == "" {
+		w.t.Fatalf("sdk.js: %d %.300s", r.status, r.body)
+	}
+	return su
+}
+
+// TestDemoRepoCaddyfile: the demo from end to end on the repo's Caddyfile, without a browser:
+// a channel created with the API, its connect link completed with what the demo SDK hands the
+// page, a send through the relay reaching the fake with the signup's token, and an incoming
+// message emitted by the fake stored and delivered to a webhook on this machine, with the
+// send's "sent" and "delivered" statuses.
+func TestDemoRepoCaddyfile(t *testing.T) {
+	w := startDemo(t)
+
+	r := w.api("POST", "/channels", `{"name":"Support line"}`)
+	var ch demoChannel
+	if r.status != 201 || json.Unmarshal(r.body, &ch) != nil || ch.Status != "pending" {
+		t.Fatalf("create channel: %d %s", r.status, r.body)
+	}
+
+	// the connect page loads the fake's SDK, and its policy lets it
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar}
+	resp, err := client.Get(ch.ConnectURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	csp := resp.Header.Get("Content-Security-Policy")
+	if resp.StatusCode != 200 || !strings.Contains(string(page), `data-sdk-url="`+w.fake.URL()+`/sdk.js"`) ||
+		!strings.Contains(string(page), `data-origin-suffix="localhost"`) || !strings.Contains(csp, "script-src 'self' "+w.fake.URL()+";") {
+		t.Fatalf("connect page: %d, CSP %q\n%s", resp.StatusCode, csp, page)
+	}
+
+	// completion with what the SDK hands the page (as the page posts it)
+	su := w.sdkSignup(w.fake.URL() + "/sdk.js")
+	r = call(t, "POST", w.origin+"/connect/"+ch.ChannelToken, "",
+		`{"code":"`+su.Code+`","phone_number_id":"`+su.PhoneNumberID+`","waba_id":"`+su.WabaID+`"}`)
+	if r.status != 200 || json.Unmarshal(r.body, &ch) != nil || ch.Status != "active" || ch.PhoneNumberID == nil ||
+		*ch.PhoneNumberID != su.PhoneNumberID || ch.DisplayPhoneNumber == nil || *ch.DisplayPhoneNumber != su.DisplayPhoneNumber {
+		t.Fatalf("completion: %d %s", r.status, r.body)
+	}
+	if sub, _ := w.fake.Subscribed(su.WabaID); !sub {
+		t.Fatal("the demo business account is not subscribed")
+	}
+
+	// a second channel connects its own number (a new fetch of the SDK)
+	r = w.api("POST", "/channels", `{"name":"Sales line"}`)
+	var ch2 demoChannel
+	json.Unmarshal(r.body, &ch2)
+	su2 := w.sdkSignup(w.fake.URL() + "/sdk.js")
+	r = call(t, "POST", w.origin+"/connect/"+ch2.ChannelToken, "",
+		`{"code":"`+su2.Code+`","phone_number_id":"`+su2.PhoneNumberID+`","waba_id":"`+su2.WabaID+`"}`)
+	if r.status != 200 || su2.PhoneNumberID == su.PhoneNumberID {
+		t.Fatalf("second completion: %d %s", r.status, r.body)
+	}
+
+	// a webhook to the receiver on this machine
+	r = w.api("POST", "/webhooks", `{"name":"demo receiver","url":"`+w.receiver+`","events":["messages","message_status"]}`)
+	if r.status != 201 {
+		t.Fatalf("create webhook: %d %s", r.status, r.body)
+	}
+
+	// a send through the relay reaches the fake with the upstream token of the first signup (the
+	// fake answers 200 only to a token allowed for that number)
+	r = call(t, "POST", w.origin+"/upstream-proxy/"+su.PhoneNumberID+"/messages", ch.ChannelToken,
+		`{"messaging_product":"whatsapp","to":"16505551234","type":"text","text":{"body":"Hello from wabarelay"}}`)
+	var sent struct {
+		Messages []struct{ ID string } `json:"messages"`
+	}
+	if r.status != 200 || json.Unmarshal(r.body, &sent) != nil || len(sent.Messages) != 1 {
+		t.Fatalf("relay send: %d %s", r.status, r.body)
+	}
+	got := w.fake.RequestsTo("POST", "/"+su.PhoneNumberID+"/messages")
+	if len(got) != 1 || !strings.HasPrefix(got[0].Header.Get("Authorization"), "Bearer EAAG") {
+		t.Fatalf("the fake got %d sends (%v)", len(got), got)
+	}
+	// and the other channel's number stays out of its reach
+	if r := call(t, "POST", w.origin+"/upstream-proxy/"+su2.PhoneNumberID+"/messages", ch.ChannelToken, `{}`); r.status != 403 {
+		t.Fatalf("send to the other number: %d %s", r.status, r.body)
+	}
+
+	// an incoming message for the last number connected: stored, then delivered
+	if err := w.fake.EmitMessage(context.Background(), w.origin+"/webhooks/upstream", demoAppSecret, su.PhoneNumberID, "", "Hello"); err != nil {
+		t.Fatal(err)
+	}
+	if n := w.countWhere("events", "type", "messages"); n != 1 {
+		t.Fatalf("%d message events stored", n)
+	}
+	want := map[string]bool{"messages": false, "sent": false, "delivered": false}
+	deadline := time.After(30 * time.Second)
+	for !want["messages"] || !want["sent"] || !want["delivered"] {
+		select {
+		case b := <-w.deliveries:
+			var ev struct {
+				Type      string `json:"type"`
+				ChannelID string `json:"channel_id"`
+				Data      struct {
+					Message struct {
+						Text struct{ Body string } `json:"text"`
+					} `json:"message"`
+					Status struct {
+						ID     string `json:"id"`
+						Status string `json:"status"`
+					} `json:"status"`
+				} `json:"data"`
+			}
+			if err := json.Unmarshal(b, &ev); err != nil || ev.ChannelID != ch.ID {
+				t.Fatalf("delivery %s", b)
+			}
+			switch {
+			case ev.Type == "messages" && ev.Data.Message.Text.Body == "Hello":
+				want["messages"] = true
+			case ev.Type == "message_status" && ev.Data.Status.ID == sent.Messages[0].ID:
+				want[ev.Data.Status.Status] = true
+			default:
+				t.Fatalf("unexpected delivery %s", b)
+			}
+		case <-deadline:
+			t.Fatalf("deliveries seen: %v", want)
+		}
+	}
+
+	// POST /_fake/inbound with no number names the last signup completed (the second one)
+	r = call(t, "POST", w.fake.URL()+"/_fake/inbound", "", `{"text":"Hi sales"}`)
+	if r.status != 200 || !strings.Contains(string(r.body), `"phone_number_id": "`+su2.PhoneNumberID+`"`) {
+		t.Fatalf("_fake/inbound: %d %s", r.status, r.body)
+	}
+	select {
+	case b := <-w.deliveries:
+		if !strings.Contains(string(b), `"channel_id":"`+ch2.ID+`"`) || !strings.Contains(string(b), "Hi sales") {
+			t.Fatalf("delivery %s", b)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no delivery of the second message")
+	}
+}
+
+// TestDemoCaddyfileDefaults: without the demo's variables the repo's Caddyfile keeps the
+// production settings (the real SDK, messages from facebook.com only, no private targets, no
+// extra CA); with them, the demo's.
+func TestDemoCaddyfileDefaults(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type parsed struct {
+		Apps struct {
+			Wabarelay *App `json:"wabarelay"`
+		} `json:"apps"`
+	}
+	read := func() (*App, string) {
+		cfg := adapt(t, string(raw))
+		var p parsed
+		if err := json.Unmarshal(cfg, &p); err != nil || p.Apps.Wabarelay == nil {
+			t.Fatalf("adapted: %v %s", err, cfg)
+		}
+		return p.Apps.Wabarelay, string(cfg)
+	}
+	for _, v := range []string{"WABARELAY_SDK_URL", "WABARELAY_CONNECT_ORIGIN_SUFFIX", "WABARELAY_ALLOW_PRIVATE_TARGETS", "WABARELAY_DELIVERY_ROOT_CA"} {
+		t.Setenv(v, "")
+		os.Unsetenv(v)
+	}
+	app, cfg := read()
+	if app.Meta == nil || app.Meta.SDKURL != DefaultSDKURL || app.Delivery == nil || app.Delivery.AllowPrivateTargets || app.Delivery.RootCA != "" ||
+		!strings.Contains(cfg, `"origin_suffix":"facebook.com"`) {
+		t.Fatalf("defaults: meta %+v delivery %+v\n%s", app.Meta, app.Delivery, cfg)
+	}
+
+	t.Setenv("WABARELAY_SDK_URL", "http://127.0.0.1:8090/sdk.js")
+	t.Setenv("WABARELAY_CONNECT_ORIGIN_SUFFIX", "localhost")
+	t.Setenv("WABARELAY_ALLOW_PRIVATE_TARGETS", "allow_private_targets")
+	t.Setenv("WABARELAY_DELIVERY_ROOT_CA", "/tmp/demo ca.pem")
+	app, cfg = read()
+	if app.Meta.SDKURL != "http://127.0.0.1:8090/sdk.js" || !app.Delivery.AllowPrivateTargets || app.Delivery.RootCA != "/tmp/demo ca.pem" ||
+		!strings.Contains(cfg, `"origin_suffix":"localhost"`) {
+		t.Fatalf("demo: meta %+v delivery %+v\n%s", app.Meta, app.Delivery, cfg)
+	}
+}
