@@ -9,12 +9,19 @@ import (
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	cdplog "github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -292,4 +299,169 @@ func TestDemoCaddyfileDefaults(t *testing.T) {
 		!strings.Contains(cfg, `"origin_suffix":"localhost"`) {
 		t.Fatalf("demo: meta %+v delivery %+v\n%s", app.Meta, app.Delivery, cfg)
 	}
+}
+
+// TestDemoBrowser: the demo's connect page in headless Chromium, served by the repo's Caddyfile
+// with the demo's settings: the page's policy lets the fake's SDK load, the demo notice and
+// dialog show the number made up for this page load, "Connect" connects it, "Cancel" cancels;
+// no console error and no policy violation. Screenshot: artifacts/demo-signup-dialog.png.
+func TestDemoBrowser(t *testing.T) {
+	chromium := demoChromium(t)
+	w := startDemo(t)
+
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium), chromedp.Headless,
+		chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun, chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.WindowSize(1000, 900))
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	t.Cleanup(cancelAlloc)
+	var mu sync.Mutex
+	var problems []string
+	ctx, cancelTab := chromedp.NewContext(allocCtx, chromedp.WithListener(func(ev any) {
+		var p string
+		switch ev := ev.(type) {
+		case *runtime.EventExceptionThrown:
+			p = "exception: " + ev.ExceptionDetails.Text
+			if ev.ExceptionDetails.Exception != nil {
+				p += " " + ev.ExceptionDetails.Exception.Description
+			}
+		case *runtime.EventConsoleAPICalled:
+			if ev.Type == runtime.ConsoleAPICalledTypeError || ev.Type == runtime.ConsoleAPICalledTypeWarning {
+				p = "console." + string(ev.Type)
+				for _, a := range ev.Args {
+					p += " " + string(a.Value) + a.Description
+				}
+			}
+		case *cdplog.EventEntryAdded:
+			if ev.Entry != nil && (ev.Entry.Level == cdplog.EntryLevelError || ev.Entry.Level == cdplog.EntryLevelWarning) {
+				p = "log: " + ev.Entry.Text + " " + ev.Entry.URL
+			}
+		}
+		if p != "" {
+			mu.Lock()
+			problems = append(problems, p)
+			mu.Unlock()
+		}
+	}))
+	t.Cleanup(cancelTab)
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	t.Cleanup(cancel)
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start %s: %v", chromium, err)
+	}
+	if _, err := chromedp.Call(ctx, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+		Source: `document.addEventListener('securitypolicyviolation', function (e) {
+	console.error('CSP violation: ' + e.violatedDirective + ' blocked ' + (e.blockedURI || 'inline'));
+});`}); err != nil {
+		t.Fatal(err)
+	}
+	check := func(what string, err error) {
+		t.Helper()
+		if err != nil {
+			mu.Lock()
+			defer mu.Unlock()
+			t.Fatalf("%s: %v (browser: %v)", what, err, problems)
+		}
+	}
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		check(what, chromedp.Do(ctx, steps...))
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(ctx, chromedp.Text(chromedp.CSS(sel)))
+		check("text of "+sel, err)
+		return s
+	}
+
+	newChannel := func(name string) demoChannel {
+		r := w.api("POST", "/channels", `{"name":"`+name+`"}`)
+		var ch demoChannel
+		if r.status != 201 || json.Unmarshal(r.body, &ch) != nil {
+			t.Fatalf("create channel: %d %s", r.status, r.body)
+		}
+		return ch
+	}
+
+	// Connect
+	ch := newChannel("Support line")
+	do("open the link", chromedp.Navigate(ch.ConnectURL), chromedp.WaitVisible(chromedp.CSS(`#demo-sdk-notice`)))
+	notice := text(`#demo-sdk-notice`)
+	do("click Connect WhatsApp", chromedp.Click(chromedp.CSS(`#connect-button`)), chromedp.WaitVisible(chromedp.CSS(`#demo-sdk-dialog`)))
+	dialog := text(`#demo-sdk-dialog`)
+	shot, err := chromedp.Run(ctx, chromedp.CaptureScreenshot())
+	check("screenshot", err)
+	do("click Connect in the dialog", chromedp.Click(chromedp.CSS(`#demo-sdk-connect`)),
+		chromedp.WaitVisible(chromedp.CSS(`#connect-app[data-state="success"]`)))
+	status := text(`#status`)
+	pnid := w.fake.LastSignup()
+	if !strings.Contains(notice, "+1 555 0101") || !strings.Contains(dialog, "Connecting +1 555 0101") ||
+		!strings.Contains(dialog, pnid) || !strings.Contains(status, "+1 555 0101 is now connected to Support line") {
+		t.Fatalf("notice %q\ndialog %q\nstatus %q", notice, dialog, status)
+	}
+	if dir := demoArtifacts(t); dir != "" {
+		os.WriteFile(filepath.Join(dir, "demo-signup-dialog.png"), shot, 0o644)
+	}
+	r := w.api("GET", "/channels/"+ch.ID, "")
+	if r.status != 200 || json.Unmarshal(r.body, &ch) != nil || ch.Status != "active" || ch.PhoneNumberID == nil || *ch.PhoneNumberID != pnid {
+		t.Fatalf("channel after the browser: %d %s", r.status, r.body)
+	}
+
+	// Cancel: a new page load makes up another number; cancelling leaves the channel pending
+	ch2 := newChannel("Sales line")
+	do("open the second link", chromedp.Navigate(ch2.ConnectURL), chromedp.WaitVisible(chromedp.CSS(`#demo-sdk-notice`)))
+	notice = text(`#demo-sdk-notice`)
+	do("cancel", chromedp.Click(chromedp.CSS(`#connect-button`)), chromedp.WaitVisible(chromedp.CSS(`#demo-sdk-cancel`)),
+		chromedp.Click(chromedp.CSS(`#demo-sdk-cancel`)), chromedp.WaitVisible(chromedp.CSS(`#connect-app[data-state="cancelled"]`)))
+	status = text(`#status`)
+	if !strings.Contains(notice, "+1 555 0102") || !strings.Contains(status, "Phone number setup") {
+		t.Fatalf("notice %q, status %q", notice, status)
+	}
+	if r := w.api("GET", "/channels/"+ch2.ID, ""); !strings.Contains(string(r.body), `"status":"pending"`) {
+		t.Fatalf("channel after cancel: %s", r.body)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, p := range problems {
+		// the page asks for no favicon.ico, but Chromium may
+		if !strings.Contains(p, "favicon.ico") {
+			t.Errorf("browser: %s", p)
+		}
+	}
+}
+
+// demoChromium finds Chromium like the connect page's browser tests: $WABARELAY_CHROMIUM,
+// /usr/bin/chromium or PATH; missing, the test fails unless WABARELAY_SKIP_BROWSER=1 (outside CI).
+func demoChromium(t *testing.T) string {
+	t.Helper()
+	inCI := os.Getenv("CI") != "" && os.Getenv("CI") != "false" && os.Getenv("CI") != "0"
+	if os.Getenv("WABARELAY_SKIP_BROWSER") == "1" && !inCI {
+		t.Skip("browser tests skipped: WABARELAY_SKIP_BROWSER=1")
+	}
+	candidates := []string{os.Getenv("WABARELAY_CHROMIUM"), "/usr/bin/chromium"}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			candidates = append(candidates, p)
+		}
+	}
+	for _, c := range candidates {
+		if fi, err := os.Stat(c); c != "" && err == nil && !fi.IsDir() {
+			return c
+		}
+	}
+	t.Fatal("Chromium not found ($WABARELAY_CHROMIUM, /usr/bin/chromium, PATH); set WABARELAY_SKIP_BROWSER=1 to skip")
+	return ""
+}
+
+// demoArtifacts is $WABARELAY_ARTIFACTS or <repo root>/artifacts ("" if it cannot be made).
+func demoArtifacts(t *testing.T) string {
+	dir := os.Getenv("WABARELAY_ARTIFACTS")
+	if dir == "" {
+		dir = filepath.Join("..", "artifacts")
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("artifacts: %v", err)
+		return ""
+	}
+	return dir
 }

@@ -1,13 +1,31 @@
 #!/usr/bin/env bash
 # Runs wabarelay locally: makes sure Postgres is up, creates the `wabarelay` database, migrates,
-# creates a demo org and API key (once; kept in .dev/), prints the key and a curl example, then
+# creates a demo org and API key (once; kept in .dev/), prints the key and what to try, then
 # starts Caddy with the repo's Caddyfile on http://localhost:8080.
+#
+# Without a Meta app (META_APP_ID unset) it runs the demo, which needs nothing from outside: it
+# also starts the fake upstream (cmd/fakegraph, built to bin/fakegraph) on 127.0.0.1:8090 and
+# points the service at it. The fake plays Meta's Embedded Signup on the connect page (each page
+# load makes up a phone number), answers the relay's calls, sends incoming messages and status
+# changes to the service's callback, and runs a webhook receiver on https://127.0.0.1:8091 that
+# logs what it gets here. It is stopped when this script ends; its request log is
+# .dev/fakegraph.log. With META_APP_ID, META_APP_SECRET, META_CONFIG_ID and META_VERIFY_TOKEN
+# set, the service runs against the real upstream (WABARELAY_UPSTREAM, default
+# https://graph.facebook.com/v26.0) and no fake is started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PGHOST_URL=${WABARELAY_PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}
 export WABARELAY_DATABASE_URL=${WABARELAY_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/wabarelay?sslmode=disable}
-export WABARELAY_UPSTREAM=${WABARELAY_UPSTREAM:-https://graph.facebook.com/v26.0}
+DEMO=
+[ -n "${META_APP_ID:-}" ] || DEMO=1
+FAKE_ADDR=127.0.0.1:8090
+RECEIVER_ADDR=127.0.0.1:8091
+if [ -n "$DEMO" ]; then
+	export WABARELAY_UPSTREAM=http://$FAKE_ADDR/v26.0
+else
+	export WABARELAY_UPSTREAM=${WABARELAY_UPSTREAM:-https://graph.facebook.com/v26.0}
+fi
 mkdir -p .dev
 
 # 1. Postgres: install and start it if this machine has none running.
@@ -32,6 +50,10 @@ WABARELAY_ENCRYPTION_KEY=$(cat .dev/encryption.key)
 # 3. Build, migrate, demo org and key.
 echo "Building bin/caddy..." >&2
 go build -o bin/caddy ./cmd/caddy
+if [ -n "$DEMO" ]; then
+	echo "Building bin/fakegraph..." >&2
+	go build -o bin/fakegraph ./cmd/fakegraph
+fi
 bin/caddy wabarelay migrate >&2
 if [ -s .dev/demo.env ]; then
 	# shellcheck disable=SC1091
@@ -49,11 +71,14 @@ fi
 # shellcheck disable=SC1091
 . .dev/demo.env
 
-cat <<MSG
+if [ -z "$DEMO" ]; then
+	cat <<MSG
 
-  wabarelay is starting on http://localhost:8080 (management API under /v1)
+  wabarelay is starting on http://localhost:8080 (management API under /v1), against
+  $WABARELAY_UPSTREAM with the Meta app $META_APP_ID
   demo org:     $DEMO_ORG_ID
   demo API key: $DEMO_API_KEY
+  dashboard:    http://localhost:8080/dashboard/
 
   Try, in another terminal:
     curl -s -X POST http://localhost:8080/v1/channels \\
@@ -62,4 +87,91 @@ cat <<MSG
     curl -s http://localhost:8080/v1/channels -H 'x-api-key: $DEMO_API_KEY'
 
 MSG
-exec bin/caddy run --config Caddyfile --adapter caddyfile
+	exec bin/caddy run --config Caddyfile --adapter caddyfile
+fi
+
+# 4. Demo: the fake upstream. Its app, made up for this run, is the service's Meta app; the
+# Caddyfile reads the other settings below (see its comments).
+rand() { head -c 18 /dev/urandom | base64 | tr '+/' '-_'; }
+export META_APP_ID=demo-app META_CONFIG_ID=demo-config
+export META_APP_SECRET META_VERIFY_TOKEN
+META_APP_SECRET=$(rand)
+META_VERIFY_TOKEN=$(rand)
+export WABARELAY_SDK_URL=http://$FAKE_ADDR/sdk.js
+export WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost
+export WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets
+export WABARELAY_DELIVERY_ROOT_CA=$PWD/.dev/demo-receiver-ca.pem
+
+pids=()
+stop() {
+	trap - EXIT INT TERM
+	[ ${#pids[@]} -eq 0 ] || kill "${pids[@]}" 2>/dev/null || true
+	wait 2>/dev/null || true
+}
+trap stop EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+rm -f .dev/fakegraph.url "$WABARELAY_DELIVERY_ROOT_CA"
+bin/fakegraph -addr "$FAKE_ADDR" -app-id "$META_APP_ID" -app-secret "$META_APP_SECRET" \
+	-callback http://localhost:8080/webhooks/upstream \
+	-receiver "$RECEIVER_ADDR" -receiver-ca "$WABARELAY_DELIVERY_ROOT_CA" \
+	-log .dev/fakegraph.log >.dev/fakegraph.url &
+pids+=($!)
+for _ in $(seq 1 100); do
+	[ -s .dev/fakegraph.url ] && break
+	if ! kill -0 "${pids[0]}" 2>/dev/null; then
+		echo "The fake upstream did not start (is $FAKE_ADDR or $RECEIVER_ADDR in use?)" >&2
+		exit 1
+	fi
+	sleep 0.1
+done
+
+K=$DEMO_API_KEY
+cat <<MSG
+
+  wabarelay DEMO on http://localhost:8080, against the fake upstream on http://$FAKE_ADDR
+  (no META_APP_ID set: nothing leaves this machine; set META_APP_ID, META_APP_SECRET,
+  META_CONFIG_ID and META_VERIFY_TOKEN to run against the real upstream)
+  demo org:     $DEMO_ORG_ID
+  demo API key: $K
+  dashboard:    http://localhost:8080/dashboard/
+
+  In another terminal:
+
+  1. Create a channel (or in the dashboard):
+       curl -s -X POST http://localhost:8080/v1/channels -H 'x-api-key: $K' \\
+         -H 'Content-Type: application/json' -d '{"name":"Support line"}'
+     and keep its token:  CHANNEL_TOKEN=<its channel_token>
+
+  2. Connect a number: open its connect_url in a browser and click "Connect WhatsApp"; a demo
+     signup (made up by the fake upstream, not Meta's) connects a number such as +1 555 0101.
+     Without a browser, the same in one line:
+       curl -s -X POST http://$FAKE_ADDR/_fake/signup | curl -s -X POST \\
+         http://localhost:8080/connect/\$CHANNEL_TOKEN -H 'Content-Type: application/json' -d @-
+     The channel is now active; its number:  PHONE_NUMBER_ID=<its phone_number_id>
+     (also in: curl -s http://localhost:8080/v1/channels -H 'x-api-key: $K')
+
+  3. Have its events delivered to the demo receiver, which logs them in this terminal:
+       curl -s -X POST http://localhost:8080/v1/webhooks -H 'x-api-key: $K' \\
+         -H 'Content-Type: application/json' -d '{"name":"Demo receiver",
+         "url":"https://$RECEIVER_ADDR/receiver","events":["messages","message_status"]}'
+
+  4. Send a message through the relay (its "sent" and "delivered" statuses follow):
+       curl -s http://localhost:8080/upstream-proxy/\$PHONE_NUMBER_ID/messages \\
+         -H "Authorization: Bearer \$CHANNEL_TOKEN" -H 'Content-Type: application/json' \\
+         -d '{"messaging_product":"whatsapp","to":"16505551234","type":"text","text":{"body":"Hello from wabarelay"}}'
+
+  5. A customer writes to the number last connected ("phone_number_id" picks another one,
+     "type":"image" sends a picture):
+       curl -s http://$FAKE_ADDR/_fake/inbound -d '{"text":"Hello"}'
+     The receiver prints the delivery here; the last 50:  curl -sk https://$RECEIVER_ADDR/receiver
+
+  The fake upstream keeps its numbers in memory only: after a restart of \`make run\`, channels
+  connected before it are unknown upstream (the relay answers 401, code 190, then
+  CHANNEL_DISCONNECTED); create new channels.
+
+MSG
+bin/caddy run --config Caddyfile --adapter caddyfile &
+pids+=($!)
+wait "${pids[1]}"

@@ -65,7 +65,8 @@
       return;
     }
     d.id = 'demo-sdk-dialog';
-    d.className = 'card';
+    d.className = 'card card-narrow'; // the connect page's own look
+    d.style.margin = 'auto'; // centred, as a modal dialog is by default
     d.setAttribute('aria-labelledby', 'demo-sdk-title');
     d.appendChild(el('h2', '', 'Demo signup'));
     d.firstChild.id = 'demo-sdk-title';
