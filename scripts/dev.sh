@@ -112,7 +112,7 @@ trap stop EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-rm -f .dev/fakegraph.url "$WABARELAY_DELIVERY_ROOT_CA"
+rm -f .dev/fakegraph.url .dev/fakegraph.log "$WABARELAY_DELIVERY_ROOT_CA"
 bin/fakegraph -addr "$FAKE_ADDR" -app-id "$META_APP_ID" -app-secret "$META_APP_SECRET" \
 	-callback http://localhost:8080/webhooks/upstream \
 	-receiver "$RECEIVER_ADDR" -receiver-ca "$WABARELAY_DELIVERY_ROOT_CA" \
@@ -165,10 +165,11 @@ cat <<MSG
   5. A customer writes to the number last connected ("phone_number_id" picks another one,
      "type":"image" sends a picture):
        curl -s http://$FAKE_ADDR/_fake/inbound -d '{"text":"Hello"}'
-     The receiver prints the delivery here; the last 50:  curl -sk https://$RECEIVER_ADDR/receiver
+     The receiver prints the delivery here; the last 50 deliveries:
+       curl -s --cacert $WABARELAY_DELIVERY_ROOT_CA https://$RECEIVER_ADDR/receiver
 
   The fake upstream keeps its numbers in memory only: after a restart of \`make run\`, channels
-  connected before it are unknown upstream (the relay answers 401, code 190, then
+  connected before it are unknown upstream (their tokens are refused, so the relay answers 503
   CHANNEL_DISCONNECTED); create new channels.
 
 MSG
