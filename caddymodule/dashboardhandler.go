@@ -1,7 +1,11 @@
 package caddymodule
 
 import (
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -39,9 +43,13 @@ type DashboardDemo struct {
 	// FakeUpstream is the fake upstream's base URL (scheme and host), whose POST /_fake/inbound
 	// sends the service an incoming message.
 	FakeUpstream string `json:"fake_upstream,omitempty"`
-	// ReceiverBase is the HTTPS origin serving this dashboard for the demo receiver, e.g.
-	// https://localhost:8443 (webhook URLs must be https).
-	ReceiverBase string `json:"receiver_base,omitempty"`
+	// Receiver is the base URL of the fake's HTTPS webhook receiver, e.g.
+	// https://127.0.0.1:8091: the org's demo webhook points under it, and the demo page reads
+	// and verifies what it received.
+	Receiver string `json:"receiver,omitempty"`
+	// ReceiverCA is a PEM file of the CA that issued the receiver's certificate (trusted, in
+	// addition to the system's, for the demo page's calls).
+	ReceiverCA string `json:"receiver_ca,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -66,16 +74,45 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
-		recv, err := resolveSecret(repl, "demo receiver_base", h.Demo.ReceiverBase, false)
+		recv, err := resolveSecret(repl, "demo receiver", h.Demo.Receiver, false)
+		if err != nil {
+			return err
+		}
+		caFile, err := resolveSecret(repl, "demo receiver_ca", h.Demo.ReceiverCA, false)
 		if err != nil {
 			return err
 		}
 		if fake != "" {
-			opt.Demo = &dashboard.Demo{FakeUpstream: fake, ReceiverBase: recv}
+			client, err := demoClient(caFile)
+			if err != nil {
+				return err
+			}
+			opt.Demo = &dashboard.Demo{FakeUpstream: fake, Receiver: recv, Client: client}
 		}
 	}
 	h.handler, err = dashboard.New(opt)
 	return err
+}
+
+// demoClient is the demo page's client for the fake upstream and its receiver, trusting caFile
+// (when set) besides the system's roots.
+func demoClient(caFile string) (*http.Client, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("demo receiver_ca: %w", err)
+		}
+		roots, err := x509.SystemCertPool()
+		if err != nil {
+			roots = x509.NewCertPool()
+		}
+		if !roots.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("demo receiver_ca: no certificate in %s", caFile)
+		}
+		tr.TLSClientConfig = &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}
+	}
+	return &http.Client{Transport: tr, Timeout: 15 * time.Second}, nil
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.
@@ -91,7 +128,8 @@ func (h *DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ c
 //		session_ttl 12h
 //		demo {
 //			fake_upstream <url>
-//			receiver_base <https origin>
+//			receiver      <https url>
+//			receiver_ca   <pem file>
 //		}
 //	}
 func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -126,8 +164,12 @@ func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					if !d.AllArgs(&h.Demo.FakeUpstream) {
 						return d.ArgErr()
 					}
-				case "receiver_base":
-					if !d.AllArgs(&h.Demo.ReceiverBase) {
+				case "receiver":
+					if !d.AllArgs(&h.Demo.Receiver) {
+						return d.ArgErr()
+					}
+				case "receiver_ca":
+					if !d.AllArgs(&h.Demo.ReceiverCA) {
 						return d.ArgErr()
 					}
 				default:

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -42,6 +43,9 @@ type demoWorld struct {
 	apiKey     string
 	deliveries chan []byte // bodies the receiver got
 	receiver   string      // its URL
+	// fakeReceiver is the fake's own receiver (cmd/fakegraph -receiver), which the dashboard's
+	// demo page reads.
+	fakeReceiver string
 }
 
 // startDemo runs the repo's Caddyfile (only its port changed) with the environment
@@ -72,8 +76,21 @@ func startDemo(t *testing.T) *demoWorld {
 	}))
 	t.Cleanup(recv.Close)
 	w.receiver = recv.URL + "/receiver"
-	caFile := filepath.Join(t.TempDir(), "receiver-ca.pem")
-	if err := os.WriteFile(caFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: recv.Certificate().Raw}), 0o600); err != nil {
+	// and the fake's receiver (cmd/fakegraph -receiver -receiver-ca): root_ca holds both CAs
+	dir := t.TempDir()
+	fakeCA := filepath.Join(dir, "fake-receiver-ca.pem")
+	fakeRecv, fakeRecvSrv, err := fakegraph.ListenTLS("127.0.0.1:0", fakeCA, &fakegraph.Receiver{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { fakeRecvSrv.Close() })
+	w.fakeReceiver = fakeRecv
+	fakePEM, err := os.ReadFile(fakeCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caFile := filepath.Join(dir, "receiver-ca.pem")
+	if err := os.WriteFile(caFile, append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: recv.Certificate().Raw}), fakePEM...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -85,7 +102,8 @@ func startDemo(t *testing.T) *demoWorld {
 		"WABARELAY_SDK_URL="+w.fake.URL()+"/sdk.js",
 		"WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost",
 		"WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets",
-		"WABARELAY_DELIVERY_ROOT_CA="+caFile)
+		"WABARELAY_DELIVERY_ROOT_CA="+caFile,
+		"WABARELAY_DEMO_FAKE_UPSTREAM="+w.fake.URL(), "WABARELAY_DEMO_RECEIVER="+w.fakeReceiver)
 	_, w.apiKey, err = w.store.CreateAPIKey(context.Background(), w.org, "demo", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -256,6 +274,82 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("no delivery of the second message")
+	}
+}
+
+// TestDemoDashboard: the demo through the dashboard on the repo's Caddyfile, as a newcomer
+// clicks it (forms posted by a cookie-keeping client): sign in with the demo key, create a
+// channel, connect it with what the demo SDK hands the page, create the demo webhook, press
+// "Send an incoming message" — and the Demo page shows the message delivered to the fake's
+// receiver with its signature verified against the webhook's secret.
+func TestDemoDashboard(t *testing.T) {
+	w := startDemo(t)
+	jar, _ := cookiejar.New(nil)
+	client := &http.Client{Jar: jar, Timeout: 30 * time.Second}
+	csrfRe := regexp.MustCompile(`name="csrf" value="([^"]+)"`)
+	var csrf string
+	send := func(method, path string, form url.Values) (int, string) {
+		t.Helper()
+		var body io.Reader
+		if form != nil {
+			form.Set("csrf", csrf)
+			body = strings.NewReader(form.Encode())
+		}
+		req, _ := http.NewRequest(method, w.origin+path, body)
+		if form != nil {
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if m := csrfRe.FindSubmatch(b); m != nil {
+			csrf = string(m[1])
+		}
+		return resp.StatusCode, string(b)
+	}
+	send("GET", "/dashboard/login", nil)
+	if st, b := send("POST", "/dashboard/login", url.Values{"api_key": {w.apiKey}}); st != 200 || !strings.Contains(b, ">Demo</a>") {
+		t.Fatalf("sign-in: %d %.400s", st, b)
+	}
+	if st, b := send("POST", "/dashboard/channels", url.Values{"name": {"Support line"}}); st != 200 || !strings.Contains(b, "Channel created") {
+		t.Fatalf("create channel: %d %.400s", st, b)
+	}
+	chans, err := w.store.ListChannels(context.Background(), w.org)
+	if err != nil || len(chans) != 1 {
+		t.Fatalf("channels: %v %v", chans, err)
+	}
+	su := w.sdkSignup(w.fake.URL() + "/sdk.js")
+	if r := call(t, "POST", w.origin+"/connect/"+chans[0].ChannelToken, "",
+		`{"code":"`+su.Code+`","phone_number_id":"`+su.PhoneNumberID+`","waba_id":"`+su.WabaID+`"}`); r.status != 200 {
+		t.Fatalf("completion: %d %s", r.status, r.body)
+	}
+	if st, b := send("POST", "/dashboard/demo/webhook", url.Values{}); st != 201 || !strings.Contains(b, "Demo webhook created") {
+		t.Fatalf("demo webhook: %d %.400s", st, b)
+	}
+	if st, b := send("POST", "/dashboard/demo/emit", url.Values{"phone_number_id": {su.PhoneNumberID}, "text": {"Hello from the test"}}); st != 200 ||
+		!strings.Contains(b, "The fake upstream sent an incoming message") {
+		t.Fatalf("emit: %d %.600s", st, b)
+	}
+	// The delivery is asynchronous: poll the Demo page (a condition, with a wide margin).
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		st, b := send("GET", "/dashboard/demo", nil)
+		if st != 200 {
+			t.Fatalf("demo page: %d %.400s", st, b)
+		}
+		if strings.Contains(b, "not verified") {
+			t.Fatalf("a delivery did not verify:\n%s", b)
+		}
+		if strings.Contains(b, "signature verified") && strings.Contains(b, "Hello from the test") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the message never showed as delivered and verified:\n%s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
 

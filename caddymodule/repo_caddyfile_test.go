@@ -17,8 +17,8 @@ import (
 )
 
 // TestRepoCaddyfileServesEverything: the repo's Caddyfile, as `make run` uses it with a Meta app
-// (only its port changed, and the upstream pointed at the fake), serves all four capabilities:
-// management API, relay, connect link and the upstream's webhook intake. (Without a Meta app,
+// (only its port changed, and the upstream pointed at the fake), serves every capability:
+// management API, relay, connect link, the upstream's webhook intake and the dashboard. (Without a Meta app,
 // the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
 	raw, err := os.ReadFile("../Caddyfile")
@@ -91,5 +91,12 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 	status, body := signedPost(t, origin+"/webhooks/upstream", "app-secret", upstreamBatch(map[string][2][]string{pnid: {{"repo1"}, nil}}))
 	if status != 200 || e.count("events") != 1 {
 		t.Fatalf("intake post: %d %s, events stored %d", status, body, e.count("events"))
+	}
+
+	// dashboard: the sign-in page, with its demo page off (no fake upstream configured)
+	r = call(t, "GET", origin+"/dashboard/login", "", "")
+	if r.status != 200 || !strings.Contains(string(r.body), "API key of your organization") ||
+		!strings.Contains(r.header.Get("Content-Security-Policy"), "script-src 'self'") || strings.Contains(string(r.body), "/dashboard/demo") {
+		t.Fatalf("dashboard: %d %v\n%s", r.status, r.header, r.body)
 	}
 }

@@ -173,9 +173,6 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case len(segs) == 1 && segs[0] == "login":
 		h.login(w, r)
 		return
-	case len(segs) == 3 && segs[0] == "demo" && segs[1] == "receiver" && h.opt.Demo != nil:
-		h.demoReceive(w, r, segs[2])
-		return
 	}
 	s, err := h.session(r)
 	if err != nil {

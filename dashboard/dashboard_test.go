@@ -3,11 +3,15 @@ package dashboard_test
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,6 +22,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -418,51 +423,60 @@ func TestAPIKeysPage(t *testing.T) {
 }
 
 func TestDemoReceiverVerifies(t *testing.T) {
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	recvURL, recv, err := fakegraph.ListenTLS("127.0.0.1:0", caFile, &fakegraph.Receiver{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { recv.Close() })
+	pem, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(pem)
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
 	e := newEnv(t, func(o *dashboard.Options) {
-		o.Demo = &dashboard.Demo{FakeUpstream: "http://127.0.0.1:1", ReceiverBase: "https://localhost:8443"}
+		o.Demo = &dashboard.Demo{FakeUpstream: "http://127.0.0.1:1", Receiver: recvURL, Client: client}
 	})
 	c := e.client()
 	c.signIn(e.key)
 	wantStatus(t, c.get("/dashboard/demo"), http.StatusOK, "Create the demo webhook")
-	wantStatus(t, c.post("/dashboard/demo/webhook", nil), http.StatusCreated, "Demo webhook created")
+	wantStatus(t, c.post("/dashboard/demo/webhook", nil), http.StatusCreated, "Demo webhook created", "Nothing received yet.")
 	hooks, _ := e.st.ListWebhooks(context.Background(), e.org.ID)
+	if len(hooks) != 1 || hooks[0].URL != recvURL+"/"+e.org.ID.String() {
+		t.Fatalf("demo webhook = %+v", hooks)
+	}
 	secret, err := e.st.WebhookSecret(context.Background(), hooks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := []byte(`{"id":"e1","type":"messages"}`)
-	post := func(header string) int {
-		req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/demo/receiver/"+e.org.ID.String(), strings.NewReader(string(body)))
-		req.Header.Set("X-Svc-Signature", header)
-		req.Header.Set("webhook-id", "e1")
-		resp, err := http.DefaultClient.Do(req)
+	// Two deliveries reach the receiver as the dispatcher sends them: one signed with the
+	// webhook's secret, one with another.
+	post := func(secret, id, text string) {
+		body := []byte(`{"id":"` + id + `","type":"messages","data":{"text":"` + text + `"}}`)
+		svc, wid, _, _ := dispatcher.Sign(secret, uuid.Must(uuid.NewV7()), time.Now(), body)
+		req, _ := http.NewRequest(http.MethodPost, hooks[0].URL, strings.NewReader(string(body)))
+		req.Header.Set("X-Svc-Signature", svc)
+		req.Header.Set("webhook-id", wid)
+		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		return resp.StatusCode
 	}
-	evID := uuid.Must(uuid.NewV7())
-	good, _, _, _ := dispatcher.Sign(secret, evID, time.Now(), body)
-	if got := post(good); got != http.StatusOK {
-		t.Fatalf("signed delivery: %d", got)
-	}
-	bad, _, _, _ := dispatcher.Sign("whsec_other", evID, time.Now(), body)
-	if got := post(bad); got != http.StatusUnauthorized {
-		t.Fatalf("wrongly signed delivery: %d", got)
-	}
+	post(secret, "e1", "genuine")
+	post("whsec_other", "e2", "forged")
 	a := c.get("/dashboard/demo")
-	wantStatus(t, a, http.StatusOK, "signature verified", "not verified: signature mismatch")
+	wantStatus(t, a, http.StatusOK, "signature verified", "not verified: signature mismatch", "genuine", "forged")
+	if strings.Index(a.body, "forged") > strings.Index(a.body, "genuine") {
+		t.Fatal("received deliveries are not newest first")
+	}
 	// The emit button reaches the fake upstream only for the org's own connected numbers.
 	wantStatus(t, c.post("/dashboard/demo/emit", url.Values{"phone_number_id": {"999"}}), http.StatusUnprocessableEntity)
-	// Without demo mode the receiver does not exist.
+	// Without demo mode there is no demo page.
 	e2 := newEnv(t)
-	resp, err := http.Post(e2.srv.URL+"/dashboard/demo/receiver/"+e2.org.ID.String(), "application/json", strings.NewReader("{}"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode == http.StatusOK {
-		t.Fatal("demo receiver served without demo mode")
-	}
+	c2 := e2.client()
+	c2.signIn(e2.key)
+	wantStatus(t, c2.get("/dashboard/demo"), http.StatusNotFound)
 }

@@ -7,12 +7,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -27,111 +27,84 @@ type Demo struct {
 	// FakeUpstream is the fake upstream's base URL (scheme and host, e.g. http://127.0.0.1:8090):
 	// the demo page asks its POST /_fake/inbound to send an incoming message to the service.
 	FakeUpstream string
-	// ReceiverBase is the HTTPS origin under which the service serves this dashboard for the
-	// fake receiver (webhook URLs must be https), e.g. https://localhost:8443.
-	ReceiverBase string
-	// Client calls the fake upstream. Nil means a client with a 10 s timeout.
+	// Receiver is the base URL of the fake's webhook receiver (HTTPS, as webhook URLs must be),
+	// e.g. https://127.0.0.1:8091. The demo webhook of an org points at Receiver/<org id>; the
+	// page reads what the receiver got (a GET of Receiver) and verifies each delivery's signature
+	// with that webhook's secret, as a receiver following the guide would.
+	Receiver string
+	// Client calls the fake upstream and its receiver; it must trust the receiver's
+	// certificate. Nil means http.DefaultClient.
 	Client *http.Client
 }
 
-// received is one delivery the demo receiver got.
+// received is one delivery the demo receiver got, checked.
 type received struct {
-	At        time.Time
-	WebhookID uuid.UUID
-	OrgID     uuid.UUID
-	EventID   string
-	Type      string
-	Verified  bool
-	Reason    string
-	Body      string
+	At       time.Time
+	EventID  string
+	Type     string
+	Verified bool
+	Reason   string
+	Body     string
 }
 
-// receivedLog keeps the latest deliveries of the demo receiver, in memory (shared across config
-// reloads; a demo does not need them to survive a restart).
-var receivedLog = struct {
-	sync.Mutex
-	items []received
-}{}
-
-const receivedMax = 200
-
-func recordReceived(it received) {
-	receivedLog.Lock()
-	defer receivedLog.Unlock()
-	receivedLog.items = append(receivedLog.items, it)
-	if len(receivedLog.items) > receivedMax {
-		receivedLog.items = append([]received(nil), receivedLog.items[len(receivedLog.items)-receivedMax:]...)
-	}
-}
-
-// receivedFor returns the org's received deliveries, newest first.
-func receivedFor(org uuid.UUID) []received {
-	receivedLog.Lock()
-	defer receivedLog.Unlock()
-	var out []received
-	for i := len(receivedLog.items) - 1; i >= 0; i-- {
-		if receivedLog.items[i].OrgID == org {
-			out = append(out, receivedLog.items[i])
-		}
-	}
-	return out
-}
-
-// receiverURL is the demo receiver's address for an org.
+// receiverURL is the demo webhook's address for an org.
 func (h *Handler) receiverURL(org uuid.UUID) string {
-	return strings.TrimRight(h.opt.Demo.ReceiverBase, "/") + h.opt.BasePath + "/demo/receiver/" + org.String()
+	return strings.TrimRight(h.opt.Demo.Receiver, "/") + "/" + org.String()
 }
 
-// demoReceive is the demo webhook receiver: it verifies the delivery's X-Svc-Signature with the
-// secret of the org's webhook that points here, as a receiver following the guide would, and
-// records it. 200 when verified, 401 otherwise.
-func (h *Handler) demoReceive(w http.ResponseWriter, r *http.Request, orgParam string) {
-	org, err := uuid.Parse(orgParam)
-	if err != nil || r.Method != http.MethodPost {
-		http.NotFound(w, r)
-		return
+func (h *Handler) demoClient() *http.Client {
+	if h.opt.Demo.Client != nil {
+		return h.opt.Demo.Client
 	}
-	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
+	return http.DefaultClient
+}
+
+// receivedFor reads what the fake receiver got for the org's demo webhook, newest first, and
+// verifies each delivery's X-Svc-Signature with the webhook's secret at the time it arrived.
+func (h *Handler) receivedFor(ctx context.Context, org uuid.UUID, secrets []string) ([]received, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(h.opt.Demo.Receiver, "/")+"/", nil)
 	if err != nil {
-		http.Error(w, "bad body", http.StatusBadRequest)
-		return
+		return nil, err
 	}
-	it := received{At: time.Now().UTC(), OrgID: org, EventID: r.Header.Get("webhook-id"), Body: string(body)}
-	var ev struct {
-		Type string `json:"type"`
-	}
-	_ = json.Unmarshal(body, &ev)
-	it.Type = ev.Type
-	hooks, err := h.opt.Store.ListWebhooks(r.Context(), org)
+	resp, err := h.demoClient().Do(req)
 	if err != nil {
-		h.logger.Warn("demo receiver: listing webhooks failed", zap.Error(err))
-		http.Error(w, "unavailable", http.StatusServiceUnavailable)
-		return
+		return nil, errors.New("the demo receiver cannot be reached")
 	}
-	it.Reason = "no webhook of this org points at this receiver"
-	self := h.receiverURL(org)
-	for _, wh := range hooks {
-		if wh.URL != self {
+	defer resp.Body.Close()
+	// The receiver's list (internal/fakegraph.Receiver): the exact bytes of each body are in raw.
+	var all []struct {
+		ReceivedAt time.Time         `json:"received_at"`
+		Path       string            `json:"path"`
+		Headers    map[string]string `json:"headers"`
+		Raw        []byte            `json:"raw"`
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 64<<20)).Decode(&all); err != nil {
+		return nil, errors.New("the demo receiver did not answer with its list")
+	}
+	path := "/" + org.String()
+	var out []received
+	for i := len(all) - 1; i >= 0; i-- {
+		d := all[i]
+		if d.Path != path {
 			continue
 		}
-		secret, err := h.opt.Store.WebhookSecret(r.Context(), wh.ID)
-		if err != nil {
-			continue
+		it := received{At: d.ReceivedAt, EventID: d.Headers["Webhook-Id"], Body: string(d.Raw), Reason: "no demo webhook of this org"}
+		var ev struct {
+			Type string `json:"type"`
 		}
-		it.WebhookID = wh.ID
-		if reason := verifySignature(secret, body, r.Header.Get("X-Svc-Signature"), time.Now()); reason == "" {
-			it.Verified, it.Reason = true, ""
-			break
-		} else {
-			it.Reason = reason
+		_ = json.Unmarshal(d.Raw, &ev)
+		it.Type = ev.Type
+		for _, secret := range secrets {
+			if it.Reason = verifySignature(secret, d.Raw, d.Headers["X-Svc-Signature"], d.ReceivedAt); it.Reason == "" {
+				it.Verified = true
+				break
+			}
 		}
+		out = append(out, it)
 	}
-	recordReceived(it)
-	if !it.Verified {
-		http.Error(w, "signature not verified", http.StatusUnauthorized)
-		return
-	}
-	w.WriteHeader(http.StatusOK)
+	return out, nil
 }
 
 // verifySignature checks an X-Svc-Signature header (t=<unix>,v1=<hex HMAC-SHA256 of "t.body"
@@ -169,8 +142,9 @@ type demoData struct {
 	Received     []received
 	ReceiverURL  string
 	HasReceiver  bool
-	CreatedHook  string
 	FakeUpstream string
+	// ReceiverError says why the receiver's list could not be read.
+	ReceiverError string
 }
 
 func (h *Handler) demo(w http.ResponseWriter, r *http.Request, s *session) {
@@ -184,7 +158,7 @@ func (h *Handler) demoPage(w http.ResponseWriter, r *http.Request, p page, statu
 		h.serverError(w, r, err)
 		return
 	}
-	d := demoData{ReceiverURL: h.receiverURL(org), Received: receivedFor(org), FakeUpstream: h.opt.Demo.FakeUpstream}
+	d := demoData{ReceiverURL: h.receiverURL(org), FakeUpstream: h.opt.Demo.FakeUpstream}
 	for _, c := range chans {
 		if c.Status == store.ChannelActive && c.PhoneNumberID != nil {
 			d.Channels = append(d.Channels, c)
@@ -195,8 +169,23 @@ func (h *Handler) demoPage(w http.ResponseWriter, r *http.Request, p page, statu
 		h.serverError(w, r, err)
 		return
 	}
+	var secrets []string
 	for _, wh := range hooks {
-		d.HasReceiver = d.HasReceiver || wh.URL == d.ReceiverURL
+		if wh.URL != d.ReceiverURL {
+			continue
+		}
+		d.HasReceiver = true
+		secret, err := h.opt.Store.WebhookSecret(r.Context(), wh.ID)
+		if err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		secrets = append(secrets, secret)
+	}
+	if d.HasReceiver {
+		if d.Received, err = h.receivedFor(r.Context(), org, secrets); err != nil {
+			d.ReceiverError = err.Error()
+		}
 	}
 	p.Title, p.Nav, p.Data = "Demo", "demo", d
 	h.render(w, r, status, "demo", p)
@@ -245,11 +234,9 @@ func (h *Handler) emit(ctx context.Context, pnid, text string) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	c := h.opt.Demo.Client
-	if c == nil {
-		c = &http.Client{Timeout: 10 * time.Second}
-	}
-	resp, err := c.Do(req)
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	resp, err := h.demoClient().Do(req.WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("fake upstream unreachable")
 	}

@@ -101,6 +101,8 @@ export WABARELAY_SDK_URL=http://$FAKE_ADDR/sdk.js
 export WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost
 export WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets
 export WABARELAY_DELIVERY_ROOT_CA=$PWD/.dev/demo-receiver-ca.pem
+# the dashboard's demo page: the fake's incoming-message button and its webhook receiver
+export WABARELAY_DEMO_FAKE_UPSTREAM=http://$FAKE_ADDR WABARELAY_DEMO_RECEIVER=https://$RECEIVER_ADDR
 
 pids=()
 stop() {
@@ -152,21 +154,24 @@ cat <<MSG
      The channel is now active; its number:  PHONE_NUMBER_ID=<its phone_number_id>
      (also in: curl -s http://localhost:8080/v1/channels -H 'x-api-key: $K')
 
-  3. Have its events delivered to the demo receiver, which logs them in this terminal:
+  3. Have its events delivered to the demo receiver: on the dashboard's Demo page
+     (http://localhost:8080/dashboard/demo) click "Create the demo webhook", or:
        curl -s -X POST http://localhost:8080/v1/webhooks -H 'x-api-key: $K' \\
          -H 'Content-Type: application/json' -d '{"name":"Demo receiver",
-         "url":"https://$RECEIVER_ADDR/receiver","events":["messages","message_status"]}'
+         "url":"https://$RECEIVER_ADDR/$DEMO_ORG_ID","events":["messages","message_status"]}'
+     The receiver logs each delivery in this terminal; the Demo page lists them and checks
+     each signature with the webhook's secret.
 
   4. Send a message through the relay (its "sent" and "delivered" statuses follow):
        curl -s http://localhost:8080/upstream-proxy/\$PHONE_NUMBER_ID/messages \\
          -H "Authorization: Bearer \$CHANNEL_TOKEN" -H 'Content-Type: application/json' \\
          -d '{"messaging_product":"whatsapp","to":"16505551234","type":"text","text":{"body":"Hello from wabarelay"}}'
 
-  5. A customer writes to the number last connected ("phone_number_id" picks another one,
-     "type":"image" sends a picture):
+  5. A customer writes to the number last connected (the Demo page's "Send an incoming
+     message" button, or: "phone_number_id" picks another number, "type":"image" a picture):
        curl -s http://$FAKE_ADDR/_fake/inbound -d '{"text":"Hello"}'
-     The receiver prints the delivery here; the last 50 deliveries:
-       curl -s --cacert $WABARELAY_DELIVERY_ROOT_CA https://$RECEIVER_ADDR/receiver
+     It shows up on the Demo page, signature verified; the receiver's last 50 deliveries:
+       curl -s --cacert $WABARELAY_DELIVERY_ROOT_CA https://$RECEIVER_ADDR/
 
   The fake upstream keeps its numbers in memory only: after a restart of \`make run\`, channels
   connected before it are unknown upstream (their tokens are refused, so the relay answers 503

@@ -162,7 +162,7 @@ func main() {
 	recvURL := ""
 	if *receiverAddr != "" {
 		var err error
-		if recvURL, recv, err = listenTLS(*receiverAddr, *receiverCA, &receiver{log: os.Stderr}); err != nil {
+		if recvURL, recv, err = fakegraph.ListenTLS(*receiverAddr, *receiverCA, &fakegraph.Receiver{Log: os.Stderr}); err != nil {
 			fail(err)
 		}
 	}

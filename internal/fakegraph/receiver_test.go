@@ -1,4 +1,4 @@
-package main
+package fakegraph_test
 
 import (
 	"bytes"
@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
 )
 
 type syncBuf struct {
@@ -35,7 +37,7 @@ func (s *syncBuf) String() string {
 func TestReceiver(t *testing.T) {
 	caFile := filepath.Join(t.TempDir(), "ca.pem")
 	logs := new(syncBuf)
-	u, srv, err := listenTLS("127.0.0.1:0", caFile, &receiver{log: logs})
+	u, srv, err := fakegraph.ListenTLS("127.0.0.1:0", caFile, &fakegraph.Receiver{Log: logs})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +75,13 @@ func TestReceiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer res.Body.Close()
-	var got []delivery
+	var got []fakegraph.Delivery
 	if err := json.NewDecoder(res.Body).Decode(&got); err != nil || len(got) != 1 || got[0].Headers["Webhook-Id"] != "evt_1" {
 		t.Fatalf("list: %+v %v", got, err)
 	}
 	var compact bytes.Buffer
 	json.Compact(&compact, got[0].Body)
-	if compact.String() != body {
+	if compact.String() != body || string(got[0].Raw) != body || got[0].Path != "/receiver" {
 		t.Fatalf("listed body %s", got[0].Body)
 	}
 

@@ -1,4 +1,4 @@
-package main
+package fakegraph
 
 import (
 	"bytes"
@@ -20,26 +20,34 @@ import (
 	"time"
 )
 
-// receiver is a minimal webhook receiver for the demo: it logs each delivery it gets (one line:
-// the event's type and id, then the body) and answers 204. GET lists the recent deliveries as
-// JSON. It does not verify signatures (see the README's receiver guide for that).
-type receiver struct {
-	log io.Writer
+// Receiver is a minimal webhook receiver for the demo: it records each delivery it gets (any
+// path), logs one line per delivery to Log (the event's type and id, the path, the body) when
+// Log is set, and answers 204. A GET lists the recent deliveries as JSON ([]Delivery), oldest
+// first, so that whoever holds the webhook's secret (the dashboard's demo page) can verify them.
+// It does not verify signatures itself: it does not know the secrets.
+type Receiver struct {
+	// Log receives one line per delivery. Nil means no log.
+	Log io.Writer
 
 	mu     sync.Mutex
-	recent []delivery
+	recent []Delivery
 }
 
-// delivery is one POST the receiver got.
-type delivery struct {
+// Delivery is one POST the receiver got.
+type Delivery struct {
 	ReceivedAt time.Time         `json:"received_at"`
+	Path       string            `json:"path"`
 	Headers    map[string]string `json:"headers"`
-	Body       json.RawMessage   `json:"body"`
+	// Body is the body as JSON (the body itself when it is JSON, else a JSON string of it);
+	// Raw is its exact bytes, which the signatures cover.
+	Body json.RawMessage `json:"body"`
+	Raw  []byte          `json:"raw"`
 }
 
 const keepDeliveries = 50
 
-func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// ServeHTTP records a POST, lists on GET.
+func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodPost:
 		body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
@@ -47,7 +55,7 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "read error", http.StatusBadRequest)
 			return
 		}
-		d := delivery{ReceivedAt: time.Now().UTC(), Headers: map[string]string{}}
+		d := Delivery{ReceivedAt: time.Now().UTC(), Path: r.URL.Path, Headers: map[string]string{}, Raw: body}
 		for _, h := range []string{"Webhook-Id", "Webhook-Timestamp", "Webhook-Signature", "X-Svc-Signature", "User-Agent", "Content-Type"} {
 			if v := r.Header.Get(h); v != "" {
 				d.Headers[h] = v
@@ -69,14 +77,16 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		rc.mu.Lock()
 		rc.recent = append(rc.recent, d)
 		if len(rc.recent) > keepDeliveries {
-			rc.recent = append(rc.recent[:0:0], rc.recent[len(rc.recent)-keepDeliveries:]...)
+			rc.recent = append([]Delivery(nil), rc.recent[len(rc.recent)-keepDeliveries:]...)
 		}
 		rc.mu.Unlock()
-		fmt.Fprintf(rc.log, "receiver: delivery %s (%s) %s %s\n", ev.Type, ev.ID, r.URL.Path, compact.String())
+		if rc.Log != nil {
+			fmt.Fprintf(rc.Log, "receiver: delivery %s (%s) %s %s\n", ev.Type, ev.ID, r.URL.Path, compact.String())
+		}
 		w.WriteHeader(http.StatusNoContent)
 	case http.MethodGet, http.MethodHead:
 		rc.mu.Lock()
-		out := append([]delivery{}, rc.recent...)
+		out := append([]Delivery{}, rc.recent...)
 		rc.mu.Unlock()
 		b, _ := json.MarshalIndent(out, "", "  ")
 		w.Header().Set("Content-Type", "application/json")
@@ -87,11 +97,11 @@ func (rc *receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// listenTLS serves h over HTTPS on addr with a certificate for localhost, 127.0.0.1 and ::1
+// ListenTLS serves h over HTTPS on addr with a certificate for localhost, 127.0.0.1 and ::1
 // issued by a CA made up for this run, whose PEM it writes to caFile (when not ""), so that a
 // client told to trust that file (Caddy's `delivery { root_ca }`) accepts the receiver. It
 // returns the server's base URL.
-func listenTLS(addr, caFile string, h http.Handler) (string, *http.Server, error) {
+func ListenTLS(addr, caFile string, h http.Handler) (string, *http.Server, error) {
 	caPEM, cert, err := demoCertificate()
 	if err != nil {
 		return "", nil, err
