@@ -97,7 +97,11 @@ type channelRow struct {
 	managementapi.Channel
 	Connected bool
 	LinkOpen  bool
-	QR        template.HTML
+	// Reconnectable: the API would reopen the link (store.ReopenLink): a pending channel whose
+	// link expired, one whose upstream token died or that the upstream deactivated; never one
+	// the operator deactivated.
+	Reconnectable bool
+	QR            template.HTML
 }
 
 type channelsData struct {
@@ -129,6 +133,12 @@ func (h *Handler) channelsPage(w http.ResponseWriter, r *http.Request, p page, s
 	for _, c := range list {
 		row := channelRow{Channel: managementapi.NewChannel(c, base), Connected: c.Status == store.ChannelActive && c.UpstreamDisconnectedAt == nil}
 		row.LinkOpen = c.TokenExpiresAt != nil && c.TokenExpiresAt.After(now)
+		reason := ""
+		if c.InactiveReason != nil {
+			reason = *c.InactiveReason
+		}
+		row.Reconnectable = !row.LinkOpen && reason != "operator" && (c.Status == store.ChannelPending ||
+			c.UpstreamDisconnectedAt != nil || (c.Status == store.ChannelInactive && reason == "upstream"))
 		if row.LinkOpen {
 			row.QR = qrSVG(row.ConnectURL, "Connect link of "+c.Name)
 		}
