@@ -24,7 +24,7 @@ type charts struct {
 	P50, P99  string
 }
 
-// Chart geometry: a viewBox the page scales to its width.
+// Chart geometry: the lines' viewBox, which the page stretches to its width, under 16 px of labels.
 const (
 	chartW, chartH = 720.0, 160.0
 	chartPad       = 4.0
@@ -82,12 +82,13 @@ type series struct {
 }
 
 // svgChart draws series as polylines on a shared scale. Everything in it is numbers or fixed
-// text, escaped, so it is safe HTML.
+// text, escaped, so it is safe HTML. The outer SVG is in CSS pixels, so its text keeps its shape
+// at any width; only the inner one, holding the lines, stretches to the width.
 func svgChart(title, scale string, max float64, ss ...series) template.HTML {
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %.0f %.0f" role="img" aria-label="%s" preserveAspectRatio="none">`,
-		chartW, chartH+16, template.HTMLEscapeString(title))
+	fmt.Fprintf(&b, `<svg class="chart" role="img" aria-label="%s">`, template.HTMLEscapeString(title))
 	fmt.Fprintf(&b, `<title>%s</title>`, template.HTMLEscapeString(title))
+	fmt.Fprintf(&b, `<svg width="100%%" height="%.0f" viewBox="0 0 %.0f %.0f" preserveAspectRatio="none">`, chartH, chartW, chartH)
 	fmt.Fprintf(&b, `<line class="axis" x1="0" y1="%.1f" x2="%.0f" y2="%.1f"/>`, chartH, chartW, chartH)
 	for _, s := range ss {
 		n := len(s.values)
@@ -99,15 +100,18 @@ func svgChart(title, scale string, max float64, ss ...series) template.HTML {
 		}
 		b.WriteString(`"/>`)
 	}
-	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
-	fmt.Fprintf(&b, `<text class="label" x="%.0f" y="%.0f" text-anchor="end">now</text>`, chartW-2, chartH+14)
-	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
-	x := chartW / 2
-	for _, s := range ss {
-		fmt.Fprintf(&b, `<text class="legend %s" x="%.0f" y="12">■ %s</text>`, s.class, x, template.HTMLEscapeString(s.label))
-		x += 110
-	}
 	b.WriteString(`</svg>`)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">now</text>`, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
+	b.WriteString(`<text class="legend" x="100%" dx="-4" y="12" text-anchor="end">`)
+	for i, s := range ss {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, `<tspan class="%s">■ %s</tspan>`, s.class, template.HTMLEscapeString(s.label))
+	}
+	b.WriteString(`</text></svg>`)
 	return template.HTML(b.String())
 }
 
