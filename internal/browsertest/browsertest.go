@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/emulation"
 	"github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
@@ -187,6 +188,11 @@ func (b *Browser) NewPage(t testing.TB) *Page {
 	// itself, not one with a timeout.
 	if err := chromedp.Do(ctx); err != nil {
 		t.Fatalf("open a tab: %v", err)
+	}
+	// Background tabs of a headless browser may lose focus; pages here
+	// always have it (clipboard access, :focus-visible).
+	if _, err := call(p, emulation.SetFocusEmulationEnabled, emulation.SetFocusEmulationEnabledParams{Enabled: true}); err != nil {
+		t.Fatalf("emulate focus: %v", err)
 	}
 	if _, err := call(p, runtime.AddBinding, runtime.AddBindingParams{Name: cspBinding}); err != nil {
 		t.Fatalf("add the CSP binding: %v", err)
