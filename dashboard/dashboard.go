@@ -50,6 +50,9 @@ const (
 	signInCookie  = "wabarelay_dashboard_signin"
 )
 
+// maxFormBytes caps a form post's body.
+const maxFormBytes = 64 << 10
+
 // contentSecurityPolicy allows the dashboard's own scripts, styles and images only; QR codes
 // and charts are inline SVG elements, not scripts.
 const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
@@ -164,6 +167,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hdr.Set("Cache-Control", "no-store")
+	if r.Method == http.MethodPost {
+		// Forms are small; a larger body fails to parse and is refused like a missing token.
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+	}
 	segs := strings.Split(strings.Trim(rest, "/"), "/")
 	if rest == "" || rest == "/" {
 		segs = nil

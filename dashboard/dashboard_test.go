@@ -273,6 +273,8 @@ func TestCSRFRefused(t *testing.T) {
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Origin", "https://evil.example")
 	wantStatus(t, c.do(req), http.StatusForbidden)
+	// A huge form is refused, not read.
+	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {strings.Repeat("x", 100<<10)}}), http.StatusForbidden)
 	// Sign-in without the sign-in token.
 	c2 := e.client()
 	wantStatus(t, c2.post("/dashboard/login", url.Values{"api_key": {e.key}, "csrf": {"x"}}), http.StatusForbidden)
