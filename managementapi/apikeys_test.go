@@ -288,7 +288,7 @@ func TestAPIKeyValidation(t *testing.T) {
 	// routing is the same as elsewhere
 	r := e.do("PUT", "/api_keys", e.keyA, `{}`)
 	expectError(t, r, 405, "Method not allowed")
-	if allow := r.header.Get("Allow"); !strings.Contains(allow, "GET") || !strings.Contains(allow, "POST") || strings.Contains(allow, "DELETE") {
+	if allow := r.header.Get("Allow"); allow != "GET, POST" { // sorted: the same answer every time
 		t.Fatalf("Allow = %q", allow)
 	}
 	r = e.do("PATCH", "/api_keys/"+uuid.NewString(), e.keyA, `{}`)

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -236,6 +237,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKe
 			for m := range rt.methods {
 				allowed = append(allowed, m)
 			}
+			slices.Sort(allowed) // one answer for one route (map order varies)
 			w.Header().Set("Allow", strings.Join(allowed, ", "))
 			httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 			return
