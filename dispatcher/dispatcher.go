@@ -3,9 +3,12 @@
 // The deliveries table is the queue. A Dispatcher claims due rows in short transactions
 // (UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)) under a lease longer than the attempt
 // timeout, POSTs each event with its signatures, and records the outcome in one fenced
-// statement per attempt (batched). It wakes on LISTEN wabarelay_deliveries and polls as a
-// backstop. Any number of instances may share a database; an instance that dies leaves
-// in_flight rows that are reclaimed once their lease has passed (delivery is at least once).
+// statement per attempt (batched). An attempt is counted when its outcome is recorded: a lease
+// that expires unrecorded (a crashed or stuck instance) is reclaimed under the same attempt
+// number, so a delivery gets exactly len(RetryDelays)+1 recorded attempts, numbered from 1.
+// It wakes on LISTEN wabarelay_deliveries and polls as a backstop. Any number of instances may
+// share a database; an instance that dies leaves in_flight rows that are reclaimed once their
+// lease has passed (delivery is at least once).
 package dispatcher
 
 import (
@@ -115,6 +118,8 @@ type Dispatcher struct {
 	// (see maxSecretFailures).
 	secretFails map[uuid.UUID]int
 
+	shareCarry int // claim slots not yet reserved for retries, carried over (retryShare)
+
 	attempts sync.WaitGroup
 }
 
@@ -184,6 +189,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cache:     map[uuid.UUID]cachedSecret{},
 
 		secretFails: map[uuid.UUID]int{},
+		shareCarry:  3, // the first claim rounds its share up
 	}
 	return d, nil
 }
@@ -195,8 +201,10 @@ func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
 func (d *Dispatcher) Lease() time.Duration { return d.cfg.Lease }
 
 // Job is a delivery that an intake on this instance inserted already claimed for it (status
-// in_flight, attempts 1, locked_by InstanceID, locked_until now + Lease), to be started by
-// Deliver without a claim query.
+// in_flight, attempts 0 — no attempt recorded yet —, claim_seq 0, locked_by InstanceID,
+// locked_until now + Lease), to be started by Deliver without a claim query. Its attempt is
+// attempt 1, fenced on claim 0 (a dispatcher's claim, a reclaim of its expired lease too, is
+// claim_seq 1 or more).
 type Job struct {
 	ID, EventID, WebhookID uuid.UUID
 	URL                    string
@@ -243,7 +251,7 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	ctx := d.attemptCtx
 	var run, back []job
 	for _, j := range jobs {
-		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, url: j.URL, payload: j.Payload}
+		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, claim: 0, url: j.URL, payload: j.Payload}
 		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
 			d.perHook[j.WebhookID]++
 			run = append(run, jb)

@@ -662,33 +662,51 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	e.webhook(rc.srv.URL)
 	ids := e.events(2)
 	ctx := context.Background()
-	// ids[0]: claimed by an instance that died; its lease has passed. ids[1]: leased, not expired.
-	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', attempts = 1, locked_by = 'dead',
+	// Both: one attempt recorded, the second claimed (its instance's second claim) by an instance
+	// that died. ids[0]'s lease has passed; ids[1]'s has not.
+	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', attempts = 1, claim_seq = 2, locked_by = 'dead',
 		locked_until = CASE WHEN event_id = $1 THEN now() - interval '1 second' ELSE now() + interval '1 hour' END`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
 	e.run(e.config(rc))
 	waitFor(t, "reclaimed and delivered", patience, e.statusIs(ids[0], "delivered"))
-	// ids[1] is older than nothing and due like ids[0]: the claim that took ids[0] saw it and
-	// left it, its lease being live
+	// the lost claim used up no attempt: the reclaim made attempt 2
 	if row := e.delivery(ids[0]); row.attempts != 2 {
 		t.Fatalf("reclaimed delivery %+v, want attempts 2", row)
 	}
+	if got := e.attemptRows(ids[0]); len(got) != 1 || got[0].attempt != 2 {
+		t.Fatalf("reclaimed delivery's log %+v, want attempt 2", got)
+	}
+	// ids[1] is older than nothing and due like ids[0]: the claim that took ids[0] saw it and
+	// left it, its lease being live
 	if row := e.delivery(ids[1]); row.status != "in_flight" || row.attempts != 1 {
 		t.Fatalf("live lease was taken: %+v", row)
 	}
 	if hits := rc.snapshot(); len(hits) != 1 || hits[0].header.Get("webhook-id") != ids[0].String() {
 		t.Fatalf("hits %v", hits)
 	}
-	// the dead instance's late completion is fenced out
-	var late completions
-	code, msg, body := 500, "late", ""
-	late.add(uuid.New(), mustDeliveryID(t, e, ids[1]), 1, time.Now(), false, &code, &msg, &body, 0, time.Millisecond)
-	if _, err := e.pool.Exec(ctx, completeSQL, late.args("someone-else")...); err != nil {
-		t.Fatal(err)
+	// Late completions of claims that are not ids[1]'s current one are fenced out and not
+	// logged: another instance's, and the same instance's earlier claim; the current claim's is
+	// recorded.
+	complete := func(instance string, claim int) {
+		t.Helper()
+		var late completions
+		code, msg, body := 500, "late", ""
+		j := job{id: mustDeliveryID(t, e, ids[1]), attempt: 2, claim: claim}
+		// (a retry an hour away: the running dispatcher leaves it alone)
+		late.add(uuid.New(), j, time.Now(), false, &code, &msg, &body, time.Hour.Milliseconds(), time.Millisecond)
+		if _, err := e.pool.Exec(ctx, completeSQL, late.args(instance)...); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if row := e.delivery(ids[1]); row.status != "in_flight" {
-		t.Fatalf("fence failed: %+v", row)
+	complete("someone-else", 2)
+	complete("dead", 1)
+	if row := e.delivery(ids[1]); row.status != "in_flight" || row.attempts != 1 || len(e.attemptRows(ids[1])) != 0 {
+		t.Fatalf("fence failed: %+v, log %+v", row, e.attemptRows(ids[1]))
+	}
+	complete("dead", 2)
+	if row := e.delivery(ids[1]); row.status != "pending" || row.attempts != 2 || len(e.attemptRows(ids[1])) != 1 {
+		t.Fatalf("the current claim's outcome: %+v, log %+v", row, e.attemptRows(ids[1]))
 	}
 }
 
@@ -698,31 +716,6 @@ func mustDeliveryID(t *testing.T, e *env, eventID uuid.UUID) uuid.UUID {
 		t.Fatal(err)
 	}
 	return id
-}
-
-func TestFirstAttemptsBeforeRetries(t *testing.T) {
-	e := newEnv(t)
-	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
-	ids := e.events(6)
-	ctx := context.Background()
-	// the three oldest are due retries, the three newest first attempts
-	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET attempts = 2, next_attempt_at = now() - interval '1 hour' WHERE event_id = ANY($1)`, ids[:3]); err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(e.pool, e.st.WebhookSecret, e.config(rc), zaptest.NewLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobs, err := d.claim(ctx, 3, nil)
-	if err != nil || len(jobs) != 3 {
-		t.Fatalf("claim: %v %v", jobs, err)
-	}
-	for _, j := range jobs {
-		if j.attempt != 1 {
-			t.Fatalf("claimed a retry (attempt %d) before first attempts", j.attempt)
-		}
-	}
 }
 
 // TestPerWebhookCap: with a cap of 3 per webhook, 3 attempts run at once and never more. The

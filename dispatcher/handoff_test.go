@@ -62,13 +62,14 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	}
 	for _, c := range res.Claimed {
 		var status, lockedBy string
-		var attempts int
-		if err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, locked_by FROM deliveries WHERE id = $1`, c.ID).
-			Scan(&status, &attempts, &lockedBy); err != nil {
+		var attempts, claim int
+		if err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, claim_seq, locked_by FROM deliveries WHERE id = $1`, c.ID).
+			Scan(&status, &attempts, &claim, &lockedBy); err != nil {
 			t.Fatal(err)
 		}
-		if status != "in_flight" || attempts != 1 || lockedBy != d.InstanceID() {
-			t.Fatalf("claimed delivery stored as %s/%d/%s", status, attempts, lockedBy)
+		// claimed, no attempt recorded yet
+		if status != "in_flight" || attempts != 0 || claim != 0 || lockedBy != d.InstanceID() {
+			t.Fatalf("claimed delivery stored as %s/%d/%d/%s", status, attempts, claim, lockedBy)
 		}
 	}
 	d.Deliver(n, jobsOf(res), res.Queued > 0)

@@ -20,9 +20,15 @@ import (
 // job is one claimed delivery.
 type job struct {
 	id, eventID, webhookID uuid.UUID
-	attempt                int // the number of this attempt (attempts after the claim)
-	url                    string
-	payload                []byte
+	// attempt is the number of this attempt: the delivery's recorded attempts + 1. Attempts are
+	// counted when their outcome is recorded, so a claim that is lost before that (the instance
+	// crashed, the lease expired and the delivery was reclaimed) uses up none.
+	attempt int
+	// claim is the delivery's claim_seq under this claim (0: inserted already claimed by the
+	// intake). With locked_by it fences the claim's outcome (see completeSQL).
+	claim   int
+	url     string
+	payload []byte
 }
 
 // result is what the completion writer records: a finished attempt, or (release) a claim
@@ -165,39 +171,68 @@ func (d *Dispatcher) capacity() (int, []uuid.UUID) {
 	return d.cfg.Workers - d.active, saturated
 }
 
-// claimSQL takes due deliveries of active webhooks: first attempts before retries (so that
-// retries never starve them), then the oldest due first; expired leases of in_flight rows
-// (a crashed or stuck instance) count as due with the retries. Each kind is read in order
-// from its own partial index (migration 005), so a claim costs O(limit) whatever the backlog.
+// claimSQL takes up to $3 due deliveries of active webhooks. Up to $5 of them (retryShare: a
+// quarter of the claims' slots) are reserved for due retries and expired leases (in_flight rows
+// whose lease has passed: a crashed or stuck instance), oldest due first, so that a sustained
+// backlog of first attempts cannot hold them back; the rest go to first attempts (new events
+// keep their latency while failing receivers' retries pile up), then to the remaining retries
+// and expired leases, each kind oldest due first. Each kind is read in order from its own partial
+// index (migration 005: pending with attempts = 0, pending with attempts > 0, in_flight by
+// lease), so a claim costs O(limit) whatever the backlog.
+//
+// A claim does not count an attempt (completeSQL does, when it records the outcome): attempts
+// stays the number of attempts made, so a reclaimed lease is attempted under the same number
+// as the claim it replaces. It increments claim_seq instead (migration 010), which tells this
+// claim from every earlier one of the delivery, including an earlier claim by the same instance
+// id.
 const claimSQL = `
 WITH first AS (
-	SELECT d.id, 0 AS pri, d.next_attempt_at AS due FROM deliveries d
+	SELECT d.id, d.next_attempt_at AS due FROM deliveries d
 	WHERE d.status = 'pending' AND d.attempts = 0 AND d.next_attempt_at <= now()
 	  AND d.webhook_id <> ALL ($4::uuid[])
 	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
 	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
 ), retry AS (
-	SELECT d.id, 1 AS pri, d.next_attempt_at AS due FROM deliveries d
+	SELECT d.id, d.next_attempt_at AS due FROM deliveries d
 	WHERE d.status = 'pending' AND d.attempts > 0 AND d.next_attempt_at <= now()
 	  AND d.webhook_id <> ALL ($4::uuid[])
 	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
 	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
 ), expired AS (
-	SELECT d.id, 1 AS pri, d.locked_until AS due FROM deliveries d
+	SELECT d.id, d.locked_until AS due FROM deliveries d
 	WHERE d.status = 'in_flight' AND d.locked_until < now()
 	  AND d.webhook_id <> ALL ($4::uuid[])
 	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
 	ORDER BY d.locked_until LIMIT $3 FOR UPDATE OF d SKIP LOCKED
+), late AS (
+	SELECT id, due, row_number() OVER (ORDER BY due) <= $5 AS reserved
+	FROM (SELECT * FROM retry UNION ALL SELECT * FROM expired) u
 ), picked AS (
-	SELECT id FROM (SELECT * FROM first UNION ALL SELECT * FROM retry UNION ALL SELECT * FROM expired) u
+	SELECT id FROM (
+		SELECT id, 0 AS pri, due FROM late WHERE reserved
+		UNION ALL SELECT id, 1, due FROM first
+		UNION ALL SELECT id, 2, due FROM late WHERE NOT reserved
+	) u
 	ORDER BY pri, due LIMIT $3
 )
 UPDATE deliveries d
-SET status = 'in_flight', attempts = d.attempts + 1, locked_by = $1,
+SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1,
     locked_until = now() + $2 * interval '1 millisecond', updated_at = now()
 FROM events e, webhooks w
 WHERE d.id = ANY (ARRAY(SELECT id FROM picked)) AND e.id = d.event_id AND w.id = d.webhook_id
-RETURNING d.id, d.event_id, d.webhook_id, d.attempts, w.url, e.payload`
+RETURNING d.id, d.event_id, d.webhook_id, d.attempts + 1, d.claim_seq, w.url, e.payload`
+
+// retryShare returns how many of a claim's limit slots are reserved for due retries and expired
+// leases: a quarter, with the remainder carried from claim to claim, so that claims smaller than
+// four (a saturated worker pool frees slots one at a time) still reserve one slot in four; the
+// first claim rounds up. Reserved slots that no retry needs go to first attempts. Called by
+// the claiming goroutine only.
+func (d *Dispatcher) retryShare(limit int) int {
+	d.shareCarry += limit
+	n := d.shareCarry / 4
+	d.shareCarry %= 4
+	return n
+}
 
 func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID) ([]job, error) {
 	if saturated == nil {
@@ -207,14 +242,14 @@ func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID
 	// generic plan, made while the tables were small or unanalysed, kept reading deliveries and
 	// events whole (seq scans of the full backlog in bench/events) for the connection's life.
 	rows, err := d.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
-		d.cfg.InstanceID, d.cfg.Lease.Milliseconds(), limit, saturated)
+		d.cfg.InstanceID, d.cfg.Lease.Milliseconds(), limit, saturated, d.retryShare(limit))
 	if err != nil {
 		return nil, err
 	}
 	var jobs []job
 	for rows.Next() {
 		var j job
-		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.url, &j.payload); err != nil {
+		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.claim, &j.url, &j.payload); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -393,17 +428,21 @@ func cleanText(b []byte) string {
 }
 
 // completeSQL records a batch of attempts (parallel arrays, one element per attempt) and moves
-// each delivery on, fenced on this instance ($11) still holding the claim of that attempt: a
-// claim that was lost (lease expired and reclaimed) still logs its attempt but does not change
-// the delivery. One statement per batch: a statement per attempt cost more than the rows.
-// locked_by is set exactly while a delivery is in_flight (every change out of in_flight clears
-// it), so the fence does not repeat status = 'in_flight': with it, the planner would read the
-// lease index (every in_flight row) instead of the primary key. The update joins the batch to
-// the primary key row by row (planned per call, so the batch's size is known); an extra
-// "id = ANY(batch)" made it compare every row with every batch element instead (200 rows:
-// 13 ms against 5 ms). Attempts of deliveries deleted meanwhile (their webhook was deleted) are
-// not recorded; that test is written to be read from the primary key by the array (an EXISTS
-// per row was planned as a scan of the table).
+// each delivery on, fenced on its claim: this instance ($12) still holds the delivery under the
+// claim that made the attempt (same claim_seq; attempts still one less than the attempt's
+// number). Only then is the attempt counted (attempts = its number) and logged in
+// delivery_attempts, so that attempts is always the number of attempts recorded and the log
+// numbers them 1, 2, … without gap or repeat. The outcome of a claim that was lost (its lease
+// expired and the delivery was reclaimed, by another instance or this one) is not recorded: the
+// reclaim makes the same attempt again under the same number (at least once).
+//
+// One statement per batch: a statement per attempt cost more than the rows. locked_by is set
+// exactly while a delivery is in_flight (every change out of in_flight clears it), so the fence
+// does not repeat status = 'in_flight': with it, the planner would read the lease index (every
+// in_flight row) instead of the primary key. The update joins the batch to the primary key row
+// by row (planned per call, so the batch's size is known); an extra "id = ANY(batch)" made it
+// compare every row with every batch element instead (200 rows: 13 ms against 5 ms). The attempts
+// logged are the update's own rows (a delivery deleted meanwhile, with its webhook, logs none).
 //
 // The statement commits asynchronously (synchronous_commit off for its own transaction): an
 // outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
@@ -412,26 +451,28 @@ func cleanText(b []byte) string {
 const completeSQL = `
 WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
 r AS (
-	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::timestamptz[], $5::bool[], $6::int[], $7::text[],
-	                     $8::text[], $9::bigint[], $10::int[])
-	         AS r(attempt_id, delivery_id, attempt, started_at, ok, status_code, error, body, retry_in, duration_ms)
+	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::timestamptz[], $6::bool[], $7::int[],
+	                     $8::text[], $9::text[], $10::bigint[], $11::int[])
+	         AS r(attempt_id, delivery_id, attempt, claim, started_at, ok, status_code, error, body, retry_in, duration_ms)
 ), upd AS (
 	UPDATE deliveries d SET
 		status = CASE WHEN r.ok THEN 'delivered' WHEN r.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
+		attempts = r.attempt,
 		next_attempt_at = CASE WHEN NOT r.ok AND r.retry_in >= 0 THEN now() + r.retry_in * interval '1 millisecond' ELSE d.next_attempt_at END,
 		last_status_code = r.status_code, last_error = r.error, locked_by = NULL, locked_until = NULL, updated_at = now()
 	FROM r
-	WHERE d.id = r.delivery_id AND d.locked_by = $11 AND d.attempts = r.attempt
+	WHERE d.id = r.delivery_id AND d.locked_by = $12 AND d.claim_seq = r.claim AND d.attempts = r.attempt - 1
+	RETURNING r.attempt_id
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 SELECT r.attempt_id, r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.error, r.body
-FROM r CROSS JOIN async WHERE r.delivery_id IN (SELECT d.id FROM deliveries d WHERE d.id = ANY ($2::uuid[]))
+FROM r CROSS JOIN async WHERE r.attempt_id IN (SELECT attempt_id FROM upd)
 ON CONFLICT (id) DO NOTHING`
 
 // completions collects the arguments of completeSQL.
 type completions struct {
 	attemptIDs, deliveryIDs []uuid.UUID
-	attempts                []int
+	attempts, claims        []int
 	started                 []time.Time
 	ok                      []bool
 	codes                   []*int
@@ -440,26 +481,28 @@ type completions struct {
 	durations               []int64
 }
 
-func (c *completions) add(attemptID, deliveryID uuid.UUID, attempt int, started time.Time, ok bool,
+func (c *completions) add(attemptID uuid.UUID, j job, started time.Time, ok bool,
 	code *int, errMsg, body *string, retryIn int64, duration time.Duration) {
-	c.attemptIDs, c.deliveryIDs = append(c.attemptIDs, attemptID), append(c.deliveryIDs, deliveryID)
-	c.attempts, c.started, c.ok = append(c.attempts, attempt), append(c.started, started), append(c.ok, ok)
+	c.attemptIDs, c.deliveryIDs = append(c.attemptIDs, attemptID), append(c.deliveryIDs, j.id)
+	c.attempts, c.claims = append(c.attempts, j.attempt), append(c.claims, j.claim)
+	c.started, c.ok = append(c.started, started), append(c.ok, ok)
 	c.codes, c.errs, c.bodies = append(c.codes, code), append(c.errs, errMsg), append(c.bodies, body)
 	c.retryIn, c.durations = append(c.retryIn, retryIn), append(c.durations, duration.Milliseconds())
 }
 
 // args returns the arguments of completeSQL for instance.
 func (c *completions) args(instance string) []any {
-	return []any{c.attemptIDs, c.deliveryIDs, c.attempts, c.started, c.ok, c.codes, c.errs, c.bodies,
+	return []any{c.attemptIDs, c.deliveryIDs, c.attempts, c.claims, c.started, c.ok, c.codes, c.errs, c.bodies,
 		c.retryIn, c.durations, instance}
 }
 
-// releaseSQL hands back a claim without an attempt.
+// releaseSQL hands back a claim without an attempt (attempts is unchanged: none was made), fenced
+// like completeSQL.
 const releaseSQL = `
-UPDATE deliveries SET status = 'pending', attempts = attempts - 1, locked_by = NULL, locked_until = NULL,
+UPDATE deliveries SET status = 'pending', locked_by = NULL, locked_until = NULL,
 	next_attempt_at = CASE WHEN $4::bigint > 0 THEN GREATEST(next_attempt_at, now() + $4::bigint * interval '1 millisecond')
 		ELSE next_attempt_at END, updated_at = now()
-WHERE id = $1 AND locked_by = $2 AND attempts = $3 AND status = 'in_flight'`
+WHERE id = $1 AND locked_by = $2 AND claim_seq = $3 AND status = 'in_flight'`
 
 // writeResults records results in batches until d.results is closed.
 func (d *Dispatcher) writeResults() {
@@ -502,7 +545,7 @@ func (d *Dispatcher) flush(batch []result) {
 	for _, r := range batch {
 		j := r.job
 		if r.release {
-			b.Queue(releaseSQL, j.id, d.cfg.InstanceID, j.attempt, r.releaseIn.Milliseconds())
+			b.Queue(releaseSQL, j.id, d.cfg.InstanceID, j.claim, r.releaseIn.Milliseconds())
 			if r.releaseIn == 0 {
 				soonest = 0
 			}
@@ -528,7 +571,7 @@ func (d *Dispatcher) flush(batch []result) {
 			body = &r.body
 		}
 		attemptID, _ := uuid.NewV7()
-		done.add(attemptID, j.id, j.attempt, r.started, r.ok, code, errMsg, body, retryIn, r.duration)
+		done.add(attemptID, j, r.started, r.ok, code, errMsg, body, retryIn, r.duration)
 		if d.cfg.Observer != nil {
 			outcome := OutcomeDelivered
 			if !r.ok {
@@ -550,9 +593,14 @@ func (d *Dispatcher) flush(batch []result) {
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		err := d.record(ctx, b, &done)
+		recorded, err := d.record(ctx, b, &done)
 		cancel()
 		if err == nil {
+			if lost := len(done.deliveryIDs) - recorded; lost > 0 {
+				// (or, after a retried write, already recorded by the try that failed)
+				d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed, "+
+					"or the deliveries were deleted", zap.Int("count", lost))
+			}
 			break
 		}
 		if time.Now().After(deadline) {
@@ -570,21 +618,22 @@ func (d *Dispatcher) flush(batch []result) {
 	}
 }
 
-// record writes the releases in b and the completions in done.
-func (d *Dispatcher) record(ctx context.Context, b *pgx.Batch, done *completions) error {
+// record writes the releases in b and the completions in done, and returns how many of the
+// completions were recorded (the others' claims were lost).
+func (d *Dispatcher) record(ctx context.Context, b *pgx.Batch, done *completions) (int, error) {
 	if b.Len() > 0 {
 		if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
-			return err
+			return 0, err
 		}
 		b.QueuedQueries = nil // written: a retry after a failed completion must not repeat them
 	}
 	if len(done.deliveryIDs) == 0 {
-		return nil
+		return 0, nil
 	}
 	// Planned for each batch (unnamed statement, one round trip): a cached generic plan made
 	// while the table was small or unanalysed keeps reading the whole table.
-	_, err := d.pool.Exec(ctx, completeSQL, append([]any{pgx.QueryExecModeCacheDescribe}, done.args(d.cfg.InstanceID)...)...)
-	return err
+	tag, err := d.pool.Exec(ctx, completeSQL, append([]any{pgx.QueryExecModeCacheDescribe}, done.args(d.cfg.InstanceID)...)...)
+	return int(tag.RowsAffected()), err
 }
 
 // listen wakes the loop on every notification, reconnecting with backoff. After every

@@ -48,9 +48,9 @@ type IntakeResult struct {
 }
 
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
-// claimed by Instance for Lease (status in_flight, attempts 1, as a dispatcher's claim leaves
-// them) and to return them, so that the intake's own dispatcher can start them at once. The
-// zero Claim claims nothing.
+// claimed by Instance for Lease (status in_flight, attempts 0 — attempts are counted when their
+// outcome is recorded —, as a dispatcher's claim leaves them) and to return them, so that the
+// intake's own dispatcher can start them at once. The zero Claim claims nothing.
 type Claim struct {
 	Instance string
 	Lease    time.Duration
@@ -214,7 +214,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			), ins AS (
 				INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, next_attempt_at, locked_by, locked_until, created_at)
 				SELECT gen_random_uuid(), n.event_id, n.webhook_id,
-				       CASE WHEN n.claimed THEN 'in_flight' ELSE 'pending' END, CASE WHEN n.claimed THEN 1 ELSE 0 END, $2,
+				       CASE WHEN n.claimed THEN 'in_flight' ELSE 'pending' END, 0, $2,
 				       CASE WHEN n.claimed THEN $4 END, CASE WHEN n.claimed THEN now() + $5 * interval '1 millisecond' END, $2
 				FROM n ORDER BY n.event_id, n.webhook_id
 				RETURNING id, event_id, webhook_id, status

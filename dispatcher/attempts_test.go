@@ -1,0 +1,249 @@
+package dispatcher
+
+import (
+	"context"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// crashedInstance returns a dispatcher that is never run: what it claims stays claimed, with no
+// attempt made or recorded, as if its instance had died right after the claim.
+func (e *env) crashedInstance(rc *receiver) *Dispatcher {
+	e.t.Helper()
+	cfg := e.config(rc)
+	cfg.InstanceID = "crashed-" + uuid.NewString()[:6]
+	d, err := New(e.pool, e.st.WebhookSecret, cfg, zaptest.NewLogger(e.t))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return d
+}
+
+// expireLease moves the lease of the event's claimed delivery into the past, as if the lease
+// had run out.
+func (e *env) expireLease(eventID uuid.UUID) {
+	e.t.Helper()
+	tag, err := e.pool.Exec(context.Background(), `UPDATE deliveries SET locked_until = now() - interval '1 second'
+		WHERE event_id = $1 AND status = 'in_flight'`, eventID)
+	if err != nil || tag.RowsAffected() != 1 {
+		e.t.Fatalf("expire lease: %v (%d rows)", err, tag.RowsAffected())
+	}
+}
+
+// attemptNumbers returns the attempt numbers in the event's delivery log, in order.
+func (e *env) attemptNumbers(eventID uuid.UUID) []int {
+	e.t.Helper()
+	var n []int
+	for _, a := range e.attemptRows(eventID) {
+		n = append(n, a.attempt)
+	}
+	return n
+}
+
+func isSequence(n []int, want int) bool {
+	if len(n) != want {
+		return false
+	}
+	for i, a := range n {
+		if a != i+1 {
+			return false
+		}
+	}
+	return true
+}
+
+// TestReclaimedLeaseIsNotAnAttempt: a first attempt claimed by an instance that crashed before
+// making it — claimed by the dispatcher's claim, or inserted already claimed by the intake (the
+// hand-off) — is reclaimed once its lease has passed, delivered, and logged as attempt 1: the
+// lost claim used up no attempt.
+func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	ctx := context.Background()
+
+	claimed := e.events(1)[0]
+	crashed := e.crashedInstance(rc)
+	if jobs, err := crashed.claim(ctx, 10, nil); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
+		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
+	}
+	res := e.intake(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
+	if len(res.Claimed) != 1 {
+		t.Fatalf("intake %+v", res)
+	}
+	handedOff := res.Claimed[0].EventID
+	e.expireLease(claimed)
+	e.expireLease(handedOff)
+
+	e.run(e.config(rc))
+	for _, id := range []uuid.UUID{claimed, handedOff} {
+		waitFor(t, "reclaimed and delivered", patience, e.statusIs(id, "delivered"))
+		if row := e.delivery(id); row.attempts != 1 {
+			t.Fatalf("reclaimed delivery %+v, want 1 attempt", row)
+		}
+		if at := e.attemptRows(id); len(at) != 1 || at[0].attempt != 1 || at[0].code == nil || *at[0].code != http.StatusOK {
+			t.Fatalf("attempt log %+v, want attempt 1 only", at)
+		}
+	}
+	if n := len(rc.snapshot()); n != 2 {
+		t.Fatalf("%d receipts, want 2", n)
+	}
+}
+
+// TestAlwaysFailingWithExpiredLeaseGetsFourAttempts: a delivery whose receiver always fails, and
+// whose second attempt was claimed by an instance that crashed before making it, still gets
+// exactly four attempts, logged as 1, 2, 3, 4, and is failed after the fourth. The schedule is an
+// hour between attempts: the test makes each retry due (next_attempt_at moved into the past) and
+// the crashed claim's lease pass (locked_until moved into the past) instead of waiting.
+func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	e.webhook(rc.srv.URL)
+	id := e.events(1)[0]
+	ctx := context.Background()
+	cfg := e.config(rc)
+	cfg.RetryDelays = []time.Duration{time.Hour, time.Hour, time.Hour}
+
+	// recorded waits until the outcome of attempt n is in (or the delivery failed), then checks
+	// the log holds attempts 1..n and the delivery counts n and is status.
+	recorded := func(n int, status string) {
+		t.Helper()
+		waitFor(t, "the outcome of the attempt", patience, func() bool {
+			return len(e.attemptRows(id)) >= n || e.delivery(id).status == "failed"
+		})
+		if got := e.attemptNumbers(id); !isSequence(got, n) {
+			t.Fatalf("attempt log %v, want attempts 1..%d", got, n)
+		}
+		if row := e.delivery(id); row.status != status || row.attempts != n {
+			t.Fatalf("after attempt %d: %+v, want %s with %d attempts", n, row, status, n)
+		}
+	}
+	due := func() {
+		t.Helper()
+		if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET next_attempt_at = now() - interval '1 second'
+			WHERE event_id = $1 AND status = 'pending'`, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	stop := e.run(cfg)
+	recorded(1, "pending")
+	stop() // (so that the crashing instance is the one that claims the retry)
+
+	due()
+	crashed := e.crashedInstance(rc)
+	if jobs, err := crashed.claim(ctx, 10, nil); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
+		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
+	}
+	e.expireLease(id)
+
+	e.run(cfg) // reclaims the lease: attempt 2
+	recorded(2, "pending")
+	due()
+	recorded(3, "pending")
+	due()
+	recorded(4, "failed")
+	if n := len(rc.snapshot()); n != 4 {
+		t.Fatalf("%d receipts, want 4", n)
+	}
+}
+
+// claimKinds claims limit rows with d and returns how many of the given retries (by event id)
+// and how many other rows it took.
+func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool) (took []uuid.UUID, others int) {
+	t.Helper()
+	jobs, err := d.claim(context.Background(), limit, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(jobs) != limit {
+		t.Fatalf("claimed %d of %d", len(jobs), limit)
+	}
+	for _, j := range jobs {
+		if late[j.eventID] {
+			took = append(took, j.eventID)
+		} else {
+			others++
+		}
+	}
+	return took, others
+}
+
+// TestRetriesShareEveryClaim: under a backlog of due first attempts larger than a claim, due
+// retries and expired leases still get a quarter of every claim, oldest due first; the rest of
+// the claim goes to first attempts.
+func TestRetriesShareEveryClaim(t *testing.T) {
+	e := newEnv(t)
+	rc := newReceiver(t, nil)
+	e.webhook(rc.srv.URL)
+	ctx := context.Background()
+	ids := e.events(12)
+	// ids[0..2]: retries, due for an hour, 50 and 40 minutes; ids[3]: a lease that expired 30
+	// minutes ago; the other 8: first attempts, due now.
+	for i, ago := range []int{60, 50, 40} {
+		if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET attempts = 1, next_attempt_at = now() - $2 * interval '1 minute'
+			WHERE event_id = $1`, ids[i], ago); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', locked_by = 'dead',
+		locked_until = now() - interval '30 minutes' WHERE event_id = $1`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	late := map[uuid.UUID]bool{ids[0]: true, ids[1]: true, ids[2]: true, ids[3]: true}
+
+	d := e.crashedInstance(rc) // (claims only)
+	// 8 slots, 2 reserved: the two oldest retries, then 6 first attempts (8 are due)
+	took, first := claimKinds(t, d, 8, late)
+	if !sameSet(took, ids[:2]) || first != 6 {
+		t.Fatalf("first claim of 8 took retries %v (want the two oldest, %v) and %d first attempts (want 6)", took, ids[:2], first)
+	}
+	// 4 slots, 1 reserved: the next retry; then the 2 first attempts left; then the expired lease
+	took, first = claimKinds(t, d, 4, late)
+	if !sameSet(took, ids[2:4]) || first != 2 {
+		t.Fatalf("second claim of 4 took %v (want %v) and %d first attempts (want 2)", took, ids[2:4], first)
+	}
+
+	// Claims of one slot each (a saturated worker pool frees slots one at a time): one in four
+	// is reserved, the first rounds up.
+	e2 := newEnv(t)
+	e2.webhook(rc.srv.URL)
+	ids = e2.events(10)
+	if _, err := e2.pool.Exec(ctx, `UPDATE deliveries SET attempts = 2, next_attempt_at = now() - interval '1 hour'
+		WHERE event_id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	late = map[uuid.UUID]bool{ids[0]: true, ids[1]: true}
+	d = e2.crashedInstance(rc)
+	var pattern []int
+	for range 5 {
+		took, _ := claimKinds(t, d, 1, late)
+		pattern = append(pattern, len(took))
+	}
+	if want := []int{1, 0, 0, 0, 1}; !slices.Equal(pattern, want) {
+		t.Fatalf("retries taken by claims of one: %v, want %v", pattern, want)
+	}
+}
+
+func sameSet(a, b []uuid.UUID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	in := map[uuid.UUID]bool{}
+	for _, x := range a {
+		in[x] = true
+	}
+	for _, x := range b {
+		if !in[x] {
+			return false
+		}
+	}
+	return len(in) == len(b)
+}
