@@ -121,8 +121,10 @@ type App struct {
 	logger    *zap.Logger
 	released  bool
 
-	stopListener   context.CancelFunc
-	listenerDone   chan struct{}
+	stopListener context.CancelFunc
+	listenerDone chan struct{}
+	// dispatcher and dispatcherDone are nil when this instance runs no dispatcher
+	// (delivery { workers 0 }).
 	dispatcher     *dispatcher.Dispatcher
 	dispatcherDone chan struct{}
 	// pendingStores counts idempotency stores still running after their response was sent.
@@ -152,8 +154,11 @@ type DeliveryConfig struct {
 	RetryDelays []caddy.Duration `json:"retry_delays,omitempty"`
 	// Timeout is the time a receiver has to answer one attempt with a 2xx. Default: 10s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
-	// Workers is the number of concurrent delivery attempts per instance. Default: 64.
-	Workers int `json:"workers,omitempty"`
+	// Workers is the number of concurrent delivery attempts per instance. 0 means this instance
+	// runs no dispatcher (intake/relay only): the deliveries its intake stores are left pending,
+	// announced, for the dispatchers of the other instances on the same database. Negative is
+	// an error. Default (unset): 64.
+	Workers *int `json:"workers,omitempty"`
 	// PerWebhook caps concurrent attempts to one webhook per instance. Default: 16.
 	PerWebhook int `json:"per_webhook,omitempty"`
 	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
@@ -316,6 +321,9 @@ func (a *App) newLimiter(prefix string, limit int, window time.Duration) limiter
 
 // Validate checks the configuration.
 func (a *App) Validate() error {
+	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers < 0 {
+		return fmt.Errorf("delivery: workers must be 0 (no dispatcher on this instance) or more, got %d", *d.Workers)
+	}
 	if d := a.Delivery; d != nil && d.Lease > 0 && d.Timeout > 0 && d.Lease <= d.Timeout {
 		return errors.New("delivery: lease must be longer than timeout")
 	}
@@ -412,15 +420,24 @@ func (a *App) deliveryTimeout() time.Duration {
 }
 
 // startDispatcher starts webhook delivery for this config. During a reload the new config's
-// dispatcher starts before the old one stops; claims are leased rows, so both may run.
+// dispatcher starts before the old one stops; claims are leased rows, so both may run. With
+// delivery { workers 0 } it starts none: a.dispatcher stays nil, and the intake leaves every
+// delivery pending for the dispatchers of other instances.
 func (a *App) startDispatcher(ctx context.Context) error {
+	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers == 0 {
+		a.logger.Info("delivery workers 0: this instance runs no dispatcher; deliveries it stores are left to the dispatchers of other instances")
+		return nil
+	}
 	cfg := dispatcher.Config{InstanceID: caddyInstanceID(), Observer: deliveryObserver{a.metrics}}
 	if d := a.Delivery; d != nil {
 		for _, r := range d.RetryDelays {
 			cfg.RetryDelays = append(cfg.RetryDelays, time.Duration(r))
 		}
 		cfg.Timeout, cfg.Lease = time.Duration(d.Timeout), time.Duration(d.Lease)
-		cfg.Workers, cfg.PerWebhook = d.Workers, d.PerWebhook
+		if d.Workers != nil {
+			cfg.Workers = *d.Workers
+		}
+		cfg.PerWebhook = d.PerWebhook
 		cfg.AllowPrivateTargets = d.AllowPrivateTargets
 		if d.RootCA != "" {
 			pem, err := os.ReadFile(d.RootCA)

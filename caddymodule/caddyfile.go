@@ -55,7 +55,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		delivery {
 //			retry_delays <duration>...
 //			timeout      <duration>
-//			workers      <n>
+//			workers      <n>              # 0: this instance runs no dispatcher
 //			per_webhook  <n>
 //			lease        <duration>
 //			retention    <duration>
@@ -178,7 +178,16 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 		case "retention":
 			err = durationArg(d, &c.Retention)
 		case "workers":
-			err = intArg(d, &c.Workers)
+			// 0 is meaningful (no dispatcher on this instance), so it is kept as a pointer.
+			var s string
+			if err = oneArg(d, &s); err != nil {
+				return err
+			}
+			n, perr := strconv.Atoi(s)
+			if perr != nil || n < 0 {
+				return d.Errf("workers: expected 0 (no dispatcher on this instance) or a positive integer, got %q", s)
+			}
+			c.Workers = &n
 		case "per_webhook":
 			err = intArg(d, &c.PerWebhook)
 		case "root_ca":

@@ -157,6 +157,7 @@ example.com {
 		`{ wabarelay { connect_link_ttl soon } }`,
 		`{ wabarelay { management_rate_limit -5 } }`,
 		`{ wabarelay { delivery { workers none } } }`,
+		`{ wabarelay { delivery { workers -1 } } }`,
 		`{ wabarelay { meta { nope x } } }`,
 	} {
 		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(bad+"\n:80 {\n respond ok\n}"), nil); err == nil {

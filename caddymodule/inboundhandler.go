@@ -104,7 +104,9 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 		items[i] = store.IncomingItem{Type: it.Kind, PhoneNumberID: it.PhoneNumberID, DedupeKey: it.DedupeKey, Data: it.Data, ObjectIDs: it.MediaIDs}
 	}
 	// Deliveries this instance can start at once are created already claimed and handed to its
-	// dispatcher after the commit (no claim query, no wake-up round trip).
+	// dispatcher after the commit (no claim query, no wake-up round trip). An instance with no
+	// dispatcher (delivery { workers 0 }) claims none: the zero Claim leaves every delivery
+	// pending, and StoreEvents announces them (NOTIFY) to the dispatchers of other instances.
 	disp := h.app.dispatcher
 	var claim store.Claim
 	if disp != nil {

@@ -89,7 +89,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 
 // queueCollector reports the delivery queue at scrape time: deliveries due now (pending and due,
 // or in flight with an expired lease) and the age of the oldest due one. It is registered per
-// config, with that config's pool.
+// config, with that config's pool. It reads the queue shared by all instances, so an instance
+// that runs no dispatcher (delivery { workers 0 }) reports it too.
 type queueCollector struct {
 	pool       *pgxpool.Pool
 	depth, age *prometheus.Desc

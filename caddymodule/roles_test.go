@@ -1,0 +1,365 @@
+package caddymodule
+
+import (
+	"context"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// noDispatcherLog is (part of) the info line an instance with delivery { workers 0 } logs.
+const noDispatcherLog = "this instance runs no dispatcher"
+
+// TestAdaptDeliveryWorkers: `workers 0` survives the Caddyfile adapter as "workers":0 (it is
+// not the unset default), an unset workers is absent from the JSON, and a negative count is
+// refused by the adapter and, given as JSON, by Validate.
+func TestAdaptDeliveryWorkers(t *testing.T) {
+	delivery := func(block string) string {
+		t.Helper()
+		cfg := adapt(t, "{\n\twabarelay {\n\t\tdatabase {env.DB}\n\t\tdelivery {\n"+block+"\n\t\t}\n\t}\n}\n:80 {\n\trespond ok\n}")
+		var parsed struct {
+			Apps struct {
+				Wabarelay struct {
+					Delivery json.RawMessage `json:"delivery"`
+				} `json:"wabarelay"`
+			} `json:"apps"`
+		}
+		if err := json.Unmarshal(cfg, &parsed); err != nil {
+			t.Fatal(err)
+		}
+		return string(parsed.Apps.Wabarelay.Delivery)
+	}
+	if got := delivery("workers 0"); got != `{"workers":0}` {
+		t.Errorf("workers 0 adapts to %s, want {\"workers\":0}", got)
+	}
+	if got := delivery("workers 12"); got != `{"workers":12}` {
+		t.Errorf("workers 12 adapts to %s", got)
+	}
+	if got := delivery("timeout 5s"); got != `{"timeout":5000000000}` {
+		t.Errorf("unset workers adapts to %s, want no workers key", got)
+	}
+	for _, bad := range []string{"workers -1", "workers", "workers 1 2", "workers x"} {
+		_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte("{\n wabarelay {\n delivery {\n "+bad+"\n }\n }\n}\n:80 {\n respond ok\n}"), nil)
+		if err == nil {
+			t.Errorf("adapted %q", bad)
+		}
+	}
+
+	// JSON config (what the adapter produces, or written by hand)
+	for raw, want := range map[string]string{
+		`{"delivery":{"workers":0}}`:  "",
+		`{"delivery":{"workers":64}}`: "",
+		`{"delivery":{}}`:             "",
+		`{"delivery":{"workers":-1}}`: "delivery: workers must be 0 (no dispatcher on this instance) or more, got -1",
+	} {
+		var a App
+		if err := json.Unmarshal([]byte(raw), &a); err != nil {
+			t.Fatal(err)
+		}
+		err := a.Validate()
+		if got := fmt.Sprint(err); (want == "" && err != nil) || (want != "" && got != want) {
+			t.Errorf("Validate(%s) = %v, want %q", raw, err, want)
+		}
+	}
+	var a App
+	json.Unmarshal([]byte(`{"delivery":{"workers":0}}`), &a)
+	if a.Delivery.Workers == nil || *a.Delivery.Workers != 0 {
+		t.Fatalf(`"workers":0 unmarshals to %v, want a pointer to 0`, a.Delivery.Workers)
+	}
+}
+
+// TestRolesReloadNoDispatcher: in process, an app with workers 0 starts no dispatcher, serves the
+// API and reports healthy; reloads from a dispatcher to none and back (each stopping the old
+// config's app, with or without a dispatcher) and a final stop succeed, with one pool reference.
+func TestRolesReloadNoDispatcher(t *testing.T) {
+	in := startInstance(t) // default delivery: a dispatcher
+	running := func() *App {
+		t.Helper()
+		a, err := caddy.ActiveContext().AppIfConfigured("wabarelay")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a.(*App)
+	}
+	if running().dispatcher == nil {
+		t.Fatal("default delivery settings started no dispatcher")
+	}
+	for i, tc := range []struct {
+		extra string
+		want  bool // a dispatcher
+	}{
+		{"delivery {\n workers 0\n}", false},
+		{"", true},
+		{"delivery {\n workers 0\n timeout 5s\n}", false},
+	} {
+		in.load(caddyfileFor(in.port, tc.extra))
+		app := running()
+		if got := app.dispatcher != nil; got != tc.want {
+			t.Fatalf("reload %d (%q): dispatcher running = %v, want %v", i, tc.extra, got, tc.want)
+		}
+		if (app.dispatcherDone != nil) != tc.want {
+			t.Fatalf("reload %d: dispatcherDone set = %v", i, app.dispatcherDone != nil)
+		}
+		if err := app.Health(context.Background()); err != nil {
+			t.Fatalf("reload %d: health: %v", i, err)
+		}
+		if status, body, err := in.request("GET", "/v1/channels", ""); err != nil || status != 200 {
+			t.Fatalf("reload %d: API: %d %s %v", i, status, body, err)
+		}
+	}
+	if n := poolRefs(t, in.dsn); n != 1 {
+		t.Fatalf("pool references after reloads = %d, want 1", n)
+	}
+	start := time.Now()
+	if err := caddy.Stop(); err != nil {
+		t.Fatalf("stop with no dispatcher: %v", err)
+	}
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("stop with no dispatcher took %v", took)
+	}
+}
+
+// TestRolesIntakeOnlyAndDispatcherOnly: two Caddy processes on one database. A serves the intake
+// with delivery { workers 0 } (no dispatcher, though it trusts the receiver's CA); B has only the wabarelay global option (no site,
+// no intake) and default delivery settings. 20 signed upstream batches of 10 messages posted to
+// A are stored pending and announced (the NOTIFY is seen), and every event reaches the HTTPS
+// receiver exactly once, each attempt made under B's claim: at the moment of every attempt the
+// delivery row is in_flight with locked_by = B's instance id (host-<caddy instance>-<pid of B>),
+// A never attempts (no attempt metric on A, its log says it runs no dispatcher), and the
+// deliveries table shows each delivery delivered after one recorded attempt.
+func TestRolesIntakeOnlyAndDispatcherOnly(t *testing.T) {
+	const batches, perBatch = 20, 10
+	const events = batches * perBatch
+	e := newRelayEnv(t, "")
+	ctx := context.Background()
+
+	// The receiver's ledger (count per event id, both signatures checked) is the shared test
+	// receiver's; in front of it, each attempt notes who holds the delivery's claim while it is
+	// being made (locked_by is cleared when the outcome is recorded).
+	rc := newReceiver(t)
+	inner := rc.srv.Config.Handler
+	var claimMu sync.Mutex
+	claims := map[string][]string{} // event id → "status locked_by" seen during each attempt
+	front := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var status string
+		var lockedBy *string
+		seen := ""
+		err := e.pool.QueryRow(r.Context(), `SELECT status, locked_by FROM deliveries WHERE event_id::text = $1`,
+			r.Header.Get("webhook-id")).Scan(&status, &lockedBy)
+		switch {
+		case err != nil:
+			seen = "error: " + err.Error()
+		case lockedBy == nil:
+			seen = status + " <none>"
+		default:
+			seen = status + " " + *lockedBy
+		}
+		claimMu.Lock()
+		claims[r.Header.Get("webhook-id")] = append(claims[r.Header.Get("webhook-id")], seen)
+		claimMu.Unlock()
+		inner.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	caPath := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: front.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	e.channelOn(true, pnid)
+	_, secret, err := e.store.CreateWebhook(ctx, e.org, store.NewWebhook{Name: "r", URL: front.URL + "/hook", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.mu.Lock()
+	rc.secret = secret
+	rc.mu.Unlock()
+
+	// A: intake (and relay, metrics), no dispatcher; it could reach the receiver if it had one
+	a := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n workers 0\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, caPath),
+		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
+	// B: nothing but the app, default delivery settings (plus what reaching a local test
+	// receiver needs)
+	b := e.caddyFile(fmt.Sprintf(`{
+	admin off
+	persist_config off
+	wabarelay {
+		database       {env.WBR_TEST_DATABASE}
+		encryption_key {env.WBR_TEST_KEY}
+		delivery {
+			root_ca %s
+			allow_private_targets
+		}
+	}
+}
+`, caPath), testenv.FreePort(t), "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64)
+	logsOf := func(origin string) string { return e.procs[origin].Stdout.(*syncBuffer).String() }
+	if !strings.Contains(logsOf(a), noDispatcherLog) {
+		t.Fatalf("A (workers 0) does not log that it runs no dispatcher:\n%s", logsOf(a))
+	}
+	if strings.Contains(logsOf(b), noDispatcherLog) {
+		t.Fatal("B (default workers) logs that it runs no dispatcher")
+	}
+	host, _ := os.Hostname()
+	pidA, pidB := strconv.Itoa(e.procs[a].Process.Pid), strconv.Itoa(e.procs[b].Process.Pid)
+	isB := func(lockedBy string) bool {
+		return strings.HasPrefix(lockedBy, host+"-") && strings.HasSuffix(lockedBy, "-"+pidB)
+	}
+
+	// Deliveries stored by A are announced to the other instances' dispatchers.
+	listener, err := pgx.Connect(ctx, e.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{store.DeliveriesNotifyChannel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	post := func(i int) {
+		t.Helper()
+		ids := make([]string, perBatch)
+		for j := range ids {
+			ids[j] = fmt.Sprintf("r%d-%d", i, j)
+		}
+		status, body := signedPost(t, a+"/webhooks/upstream", testAppSecret, upstreamBatch(map[string][2][]string{pnid: {ids, nil}}))
+		if status != 200 || !strings.Contains(body, fmt.Sprintf(`"events":%d`, perBatch)) {
+			t.Fatalf("intake on A, batch %d: %d %s", i, status, body)
+		}
+	}
+	post(0)
+	nctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	n, err := listener.WaitForNotification(nctx)
+	cancel()
+	if err != nil || n.Channel != store.DeliveriesNotifyChannel {
+		t.Errorf("no NOTIFY %s after A stored deliveries: %v", store.DeliveriesNotifyChannel, err)
+	}
+	for i := 1; i < batches; i++ {
+		post(i)
+	}
+
+	took := waitFor(t, 2*time.Minute, func() bool { d, _, _ := rc.ledger(); return d == events })
+	var left int
+	waitFor(t, time.Minute, func() bool {
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
+		return left == 0
+	})
+	t.Logf("%d events posted to A delivered in %v", events, took)
+
+	// exactly once, per event id
+	rows, err := e.pool.Query(ctx, `SELECT e.id::text, d.status, d.attempts, d.locked_by IS NULL,
+		       (SELECT count(*) FROM delivery_attempts x WHERE x.delivery_id = d.id),
+		       (SELECT count(*) FROM delivery_attempts x WHERE x.delivery_id = d.id AND x.attempt = 1 AND x.status_code = 204)
+		FROM events e JOIN deliveries d ON d.event_id = e.id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		id, status        string
+		attempts          int
+		unlocked          bool
+		logged, logged204 int
+	}
+	var got []row
+	for rows.Next() {
+		var r row
+		if err := rows.Scan(&r.id, &r.status, &r.attempts, &r.unlocked, &r.logged, &r.logged204); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != events || e.count("events") != events || e.count("deliveries") != events {
+		t.Fatalf("%d event deliveries (%d events, %d deliveries), want %d each", len(got), e.count("events"), e.count("deliveries"), events)
+	}
+	rc.mu.Lock()
+	hits := make(map[string]int, len(rc.hits))
+	for k, v := range rc.hits {
+		hits[k] = v
+	}
+	bad := rc.bad
+	rc.mu.Unlock()
+	claimMu.Lock()
+	defer claimMu.Unlock()
+	if bad != 0 {
+		t.Errorf("%d deliveries failed signature verification", bad)
+	}
+	if len(hits) != events {
+		t.Errorf("receiver saw %d distinct event ids, want %d", len(hits), events)
+	}
+	bID := ""
+	for _, r := range got {
+		if hits[r.id] != 1 {
+			t.Errorf("event %s received %d times, want 1", r.id, hits[r.id])
+		}
+		if r.status != "delivered" || r.attempts != 1 || !r.unlocked || r.logged != 1 || r.logged204 != 1 {
+			t.Errorf("event %s: delivery %s, attempts %d, unlocked %v, %d attempts logged (%d a first attempt answered 204)",
+				r.id, r.status, r.attempts, r.unlocked, r.logged, r.logged204)
+		}
+		c := claims[r.id]
+		if len(c) != 1 {
+			t.Errorf("event %s: claims seen during attempts %q, want one", r.id, c)
+			continue
+		}
+		status, lockedBy, _ := strings.Cut(c[0], " ")
+		if status != "in_flight" || !isB(lockedBy) {
+			t.Errorf("event %s attempted while its delivery was %q, want in_flight under B's claim (%s-…-%s; A is …-%s)",
+				r.id, c[0], host, pidB, pidA)
+		}
+		if bID == "" {
+			bID = lockedBy
+		} else if lockedBy != bID {
+			t.Errorf("attempts under two claimants: %s and %s", bID, lockedBy)
+		}
+	}
+	if !t.Failed() {
+		t.Logf("every attempt was made under B's claim %s", bID)
+	}
+
+	// A made no attempt (its process-wide attempt counter has no sample), and its metrics,
+	// queue collector included, work with no dispatcher.
+	m := call(t, "GET", a+"/metrics", "", "")
+	if m.status != 200 {
+		t.Fatalf("A's metrics: %d", m.status)
+	}
+	if strings.Contains(string(m.body), "caddy_wabarelay_delivery_attempts_total{") {
+		t.Errorf("A (workers 0) counted delivery attempts:\n%s", grepLines(string(m.body), "delivery_attempts_total"))
+	}
+	for _, want := range []string{fmt.Sprintf(`caddy_wabarelay_inbound_events_total{type="messages"} %d`, events),
+		"caddy_wabarelay_delivery_queue_depth 0", "caddy_wabarelay_delivery_oldest_due_seconds 0"} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("A's metrics lack %s", want)
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
