@@ -211,8 +211,11 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 // it (429 with Retry-After, before any lookup). Malformed tokens never cost a lookup.
 func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 	e := newRelayEnv(t, "")
-	base := e.caddy("")
+	// The channel exists before Caddy starts: had Caddy's listener been listening when it was
+	// created, the change's notification could arrive after the warm-up below and drop the
+	// cached entry, and the refusals would then wait on the locked tables (seen on a CI run).
 	ch := e.channel(true)
+	base := e.caddy("")
 	// the channel listener flushes the cache when it connects: warm the cache after that
 	waitFor(t, 20*time.Second, func() bool {
 		var n int
