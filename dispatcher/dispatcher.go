@@ -33,11 +33,13 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/store"
 )
 
-// NotifyChannel is the Postgres channel that announces new due deliveries (the same as
-// store.DeliveriesNotifyChannel).
-const NotifyChannel = "wabarelay_deliveries"
+// NotifyChannel is the Postgres channel that announces new due deliveries; the store, which
+// inserts them, owns its name.
+const NotifyChannel = store.DeliveriesNotifyChannel
 
 // DefaultUserAgent is sent when Config.UserAgent is empty.
 const DefaultUserAgent = "wabarelay/1 (+https://github.com/wabarelay/wabarelay)"
