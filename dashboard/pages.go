@@ -441,22 +441,10 @@ func (h *Handler) recoverDeliveries(w http.ResponseWriter, r *http.Request, s *s
 
 // ---- API keys ---------------------------------------------------------------------------
 
-// apiKey is an API key as GET /api_keys lists it.
-type apiKey struct {
-	ID         string     `json:"id"`
-	Name       string     `json:"name"`
-	Prefix     string     `json:"prefix"`
-	CreatedAt  time.Time  `json:"created_at"`
-	ExpiresAt  *time.Time `json:"expires_at"`
-	RevokedAt  *time.Time `json:"revoked_at"`
-	LastUsedAt *time.Time `json:"last_used_at"`
-	Key        string     `json:"key"`
-}
-
 type apiKeysData struct {
-	Keys    []apiKey
-	Created *apiKey
-	Current string // the id of the key this session signed in with
+	Keys    []managementapi.APIKey
+	Created *managementapi.APIKeyCreated
+	Current uuid.UUID // the key this session signed in with
 	Name    string
 	Expires string
 }
@@ -476,7 +464,7 @@ func (h *Handler) apiKeysPage(w http.ResponseWriter, r *http.Request, p page, st
 		h.serverError(w, r, err)
 		return
 	}
-	d.Current = p.Session.Key.ID.String()
+	d.Current = p.Session.Key.ID
 	p.Title, p.Nav, p.Data = "API keys", "api-keys", d
 	h.render(w, r, status, "apikeys", p)
 }
@@ -492,7 +480,7 @@ func (h *Handler) createAPIKey(w http.ResponseWriter, r *http.Request, s *sessio
 		h.apiKeysPage(w, r, page{Session: s, Error: msg}, res.Status, d)
 		return
 	}
-	var k apiKey
+	var k managementapi.APIKeyCreated
 	if err := json.Unmarshal(res.Body, &k); err != nil {
 		h.serverError(w, r, err)
 		return
