@@ -1386,14 +1386,18 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, rc *re
 	p("\n## Events benchmark\n\n")
 	p("```sh\ngo build -o bin/caddy ./cmd/caddy\n%s\n```\n\n", commandLine())
 	hooks := c.webhooks
+	overloadWindow := ""
+	if over != nil {
+		overloadWindow = " (overload: " + c.overloadDur.String() + ")"
+	}
 	p("One Caddy (`wabarelay_inbound` + dispatcher; delivery settings: %s; database pool %s), %d channels, %d org-scoped %s "+
 		"(messages, message_status) to a local HTTPS receiver answering 204 (HTTP/%s), one receiver path per webhook: every accepted event "+
 		"fans out into %d %s, so deliveries = events × webhooks (%d). Upstream posts of %d messages each, signed, offered open-loop at a fixed rate "+
-		"for %s per step (overload: %s), then drained. Deliveries, their rates, the backlog and end-to-end latency are per (webhook, event) pair; "+
+		"for %s per step%s, then drained. Deliveries, their rates, the backlog and end-to-end latency are per (webhook, event) pair; "+
 		"backlog: %s. %s. Everything (load generator, receiver, Caddy, Postgres) shares this machine.\n\n",
 		deliveryDesc(c), poolDesc(c.poolMaxConns), c.channels, hooks, plural(hooks, "webhook", "webhooks"),
 		map[bool]string{true: "2", false: "1.1"}[c.receiverH2], hooks, plural(hooks, "delivery", "deliveries"), hooks,
-		c.perPost, c.duration, c.overloadDur, q.desc(), machine)
+		c.perPost, c.duration, overloadWindow, q.desc(), machine)
 	p("| step | offered events/s | deliveries offered/s (× %d %s) | events accepted / offered | intake ack p50 / p99 ms | deliveries/s during load | deliveries/s draining | "+
 		"backlog at ¼ → end of load (max) | drain time | end-to-end p50 / p99 ms | deliveries delivered / duplicates / lost (backlog left) | sustained |\n",
 		hooks, plural(hooks, "webhook", "webhooks"))
