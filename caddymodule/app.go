@@ -163,8 +163,13 @@ type DeliveryConfig struct {
 	PerWebhook int `json:"per_webhook,omitempty"`
 	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
 	Lease caddy.Duration `json:"lease,omitempty"`
-	// Retention is how long delivered/failed deliveries and their events are kept. Default: 720h.
+	// Retention is how long events, their deliveries and attempts are kept: whole days are
+	// dropped (daily partitions) once every delivery of the day has finished. At least 168h (the
+	// events are also the record of upstream items already seen). Default: 720h.
 	Retention caddy.Duration `json:"retention,omitempty"`
+	// MaxHold is how long a paused webhook's deliveries are held: older ones fail, with the
+	// reason in the delivery log. Must be shorter than Retention. Default: 168h.
+	MaxHold caddy.Duration `json:"max_hold,omitempty"`
 	// RootCA is a PEM file of an extra CA to trust for receivers (tests, private PKI).
 	RootCA string `json:"root_ca,omitempty"`
 	// AllowPrivateTargets permits receivers on loopback and private addresses (dev and test only).
@@ -332,6 +337,9 @@ func (a *App) Validate() error {
 		// for up to 7 days
 		return errors.New("delivery: retention must be at least 168h")
 	}
+	if _, hold := a.retention(); hold <= 0 {
+		return errors.New("delivery: max_hold must be shorter than retention")
+	}
 	if a.RegisterPIN != "" && !strings.HasPrefix(a.RegisterPIN, "{") {
 		if len(a.RegisterPIN) != 6 || strings.Trim(a.RegisterPIN, "0123456789") != "" {
 			return errors.New("register_pin must be 6 digits")
@@ -375,7 +383,7 @@ func (a *App) Start() error {
 		}()
 		a.cache.Listen(lctx, a.database, a.logger, nil)
 	}()
-	go a.pruneLoop(lctx)
+	go a.maintainLoop(lctx)
 	if err := a.startDispatcher(lctx); err != nil {
 		cancel()
 		<-a.listenerDone
@@ -474,59 +482,92 @@ func (a *App) startDispatcher(ctx context.Context) error {
 	return nil
 }
 
-// DefaultRetention is how long finished deliveries and their events are kept.
+// DefaultRetention is how long events, deliveries and attempts are kept.
 const DefaultRetention = 720 * time.Hour
+
+// DefaultMaxHold is how long a paused webhook's deliveries are held before they fail.
+const DefaultMaxHold = 7 * 24 * time.Hour
 
 // MediaRetention is how long a media id stays in its channel's relay scope: the upstream keeps
 // media for 30 days.
 const MediaRetention = 30 * 24 * time.Hour
 
-// pruneLoop deletes events (with their deliveries and attempts) older than the retention whose
-// deliveries are all finished: every 10 minutes, in batches, until ctx ends. Several instances
-// may prune at once; deletes are idempotent.
-func (a *App) pruneLoop(ctx context.Context) {
-	retention := DefaultRetention
-	if a.Delivery != nil && a.Delivery.Retention > 0 {
-		retention = time.Duration(a.Delivery.Retention)
+// maintenanceInterval is how often an instance runs the history and queue maintenance.
+const maintenanceInterval = 10 * time.Minute
+
+// retention returns the effective retention and hold limit (hold 0: longer than retention).
+func (a *App) retention() (retention, hold time.Duration) {
+	retention, hold = DefaultRetention, DefaultMaxHold
+	if d := a.Delivery; d != nil && d.Retention > 0 {
+		retention = time.Duration(d.Retention)
 	}
+	if d := a.Delivery; d != nil && d.MaxHold > 0 {
+		hold = time.Duration(d.MaxHold)
+	}
+	if hold >= retention {
+		return retention, 0
+	}
+	return retention, hold
+}
+
+// maintainLoop keeps the history and the queue in shape, at start and then every
+// maintenanceInterval until ctx ends (a config reload restarts it, and it runs at once, so
+// frequent reloads cannot starve it). Any number of instances may run it at once: partition
+// changes take an advisory lock, the rest is idempotent.
+func (a *App) maintainLoop(ctx context.Context) {
 	defer func() {
 		if v := recover(); v != nil {
-			a.logger.Error("retention clean-up panicked", zap.Any("panic", v))
+			a.logger.Error("maintenance panicked", zap.Any("panic", v))
 		}
 	}()
-	tick := time.NewTicker(10 * time.Minute)
+	tick := time.NewTicker(maintenanceInterval)
 	defer tick.Stop()
 	for {
+		a.maintain(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-		total := 0
-		for ctx.Err() == nil {
-			pctx, cancel := context.WithTimeout(ctx, time.Minute)
-			n, err := a.store.PruneEvents(pctx, time.Now().Add(-retention), 1000)
-			cancel()
-			total += n
-			if err != nil {
-				a.logger.Warn("retention clean-up failed", zap.Error(err))
-				break
-			}
-			if n < 1000 {
-				break
-			}
-		}
-		if total > 0 {
-			a.logger.Info("retention clean-up", zap.Int("events_deleted", total), zap.Duration("retention", retention))
-		}
-		// Media ids leave the relay scope when the upstream forgets them.
-		mctx, cancel := context.WithTimeout(ctx, time.Minute)
-		if n, err := a.store.PruneMediaObjects(mctx, time.Now().Add(-MediaRetention)); err != nil {
-			a.logger.Warn("media scope clean-up failed", zap.Error(err))
-		} else if n > 0 {
-			a.logger.Info("media scope clean-up", zap.Int64("media_ids_forgotten", n))
-		}
-		cancel()
+	}
+}
+
+// maintain runs one round: partitions created ahead; held deliveries past the hold limit
+// failed; queue rows of deleted webhooks removed; days past the retention dropped; media ids
+// the upstream has forgotten removed from the relay scope.
+func (a *App) maintain(ctx context.Context) {
+	retention, hold := a.retention()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	now := time.Now()
+	if err := a.store.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, store.PartitionsAhead)); err != nil {
+		a.logger.Error("creating history partitions failed; intake fails once today's is missing", zap.Error(err))
+	}
+	reason := "held longer than " + strings.TrimSuffix(hold.String(), "0m0s") + " while the webhook was paused (delivery max_hold)"
+	if n, err := a.store.FailHeld(ctx, now.Add(-hold), reason); err != nil {
+		a.logger.Warn("failing held deliveries past max_hold failed", zap.Error(err))
+	} else if n > 0 {
+		a.logger.Warn("held deliveries of paused webhooks failed: past max_hold", zap.Int("deliveries", n), zap.Duration("max_hold", hold))
+	}
+	if n, err := a.store.DropOrphanedQueue(ctx); err != nil {
+		a.logger.Warn("removing queued deliveries of deleted webhooks failed", zap.Error(err))
+	} else if n > 0 {
+		a.logger.Info("removed queued deliveries of deleted webhooks", zap.Int("deliveries", n))
+	}
+	dropped, kept, err := a.store.DropPartitions(ctx, now.Add(-retention))
+	if err != nil {
+		a.logger.Warn("retention: dropping history partitions failed", zap.Error(err))
+	}
+	if len(dropped) > 0 {
+		a.logger.Info("retention: history partitions dropped", zap.Strings("partitions", dropped), zap.Duration("retention", retention))
+	}
+	if len(kept) > 0 {
+		a.logger.Info("retention: days kept past the retention for deliveries still live", zap.Int("days", len(kept)))
+	}
+	if n, err := a.store.PruneMediaObjects(ctx, now.Add(-MediaRetention)); err != nil {
+		a.logger.Warn("media scope clean-up failed", zap.Error(err))
+	} else if n > 0 {
+		a.logger.Info("media scope clean-up", zap.Int64("media_ids_forgotten", n))
 	}
 }
 

@@ -59,6 +59,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			per_webhook  <n>
 //			lease        <duration>
 //			retention    <duration>
+//			max_hold     <duration>       # held deliveries of paused webhooks fail after this
 //			root_ca      <pem file>
 //			allow_private_targets
 //		}
@@ -177,6 +178,8 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &c.Lease)
 		case "retention":
 			err = durationArg(d, &c.Retention)
+		case "max_hold":
+			err = durationArg(d, &c.MaxHold)
 		case "workers":
 			// 0 is meaningful (no dispatcher on this instance), so it is kept as a pointer.
 			var s string

@@ -122,7 +122,7 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	if disp != nil {
 		jobs := make([]dispatcher.Job, len(res.Claimed))
 		for i, c := range res.Claimed {
-			jobs[i] = dispatcher.Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, URL: c.URL, Payload: c.Payload}
+			jobs[i] = dispatcher.Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, CreatedAt: c.CreatedAt, URL: c.URL, Payload: c.Payload}
 		}
 		disp.Deliver(claim.Max, jobs, res.Queued > 0)
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // metrics are wabarelay's collectors. They are created once per process and registered into
@@ -110,13 +112,7 @@ func (c queueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.depth; ch
 func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	var n int64
-	var age float64
-	err := c.pool.QueryRow(ctx, `
-		SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(d.next_attempt_at)), 0)::float8
-		FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
-		WHERE w.status = 'active' AND ((d.status = 'pending' AND d.next_attempt_at <= now())
-		   OR (d.status = 'in_flight' AND d.locked_until < now()))`).Scan(&n, &age)
+	n, age, err := store.NewQueue(c.pool).Depth(ctx)
 	if err != nil {
 		return
 	}

@@ -98,7 +98,7 @@ type Secrets func(ctx context.Context, webhookID uuid.UUID) (string, error)
 
 // Dispatcher claims and delivers due deliveries. Create it with New and start it with Run.
 type Dispatcher struct {
-	pool    *pgxpool.Pool
+	queue   *store.Queue
 	secrets Secrets
 	cfg     Config
 	log     *zap.Logger
@@ -111,7 +111,7 @@ type Dispatcher struct {
 	mu         sync.Mutex
 	active     int             // attempts running or reserved (Reserve) on this instance
 	running    bool            // Run is claiming: Reserve may hand out slots
-	caughtUp   bool            // the last claim found fewer due rows than it asked for
+	caughtUp   bool            // the last claim found nothing due
 	attemptCtx context.Context // the context of attempts, set by Run
 	perHook    map[uuid.UUID]int
 	secretTTL  time.Duration
@@ -120,7 +120,7 @@ type Dispatcher struct {
 	// (see maxSecretFailures).
 	secretFails map[uuid.UUID]int
 
-	shareCarry int // claim slots not yet reserved for retries, carried over (retryShare)
+	cursor uuid.UUID // round-robin cursor of the claims (store.QueueClaim.After)
 
 	attempts sync.WaitGroup
 }
@@ -178,7 +178,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cfg.InstanceID = host + "-" + uuid.NewString()[:8]
 	}
 	d := &Dispatcher{
-		pool:      pool,
+		queue:     store.NewQueue(pool),
 		secrets:   secrets,
 		cfg:       cfg,
 		log:       logger,
@@ -191,7 +191,6 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cache:     map[uuid.UUID]cachedSecret{},
 
 		secretFails: map[uuid.UUID]int{},
-		shareCarry:  3, // the first claim rounds its share up
 	}
 	return d, nil
 }
@@ -209,8 +208,10 @@ func (d *Dispatcher) Lease() time.Duration { return d.cfg.Lease }
 // claim_seq 1 or more).
 type Job struct {
 	ID, EventID, WebhookID uuid.UUID
-	URL                    string
-	Payload                []byte
+	// CreatedAt is the delivery's creation time (store.ClaimedDelivery.CreatedAt).
+	CreatedAt time.Time
+	URL       string
+	Payload   []byte
 }
 
 // Reserve takes up to n free worker slots for deliveries an intake is about to insert already
@@ -253,7 +254,7 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	ctx := d.attemptCtx
 	var run, back []job
 	for _, j := range jobs {
-		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, claim: 0, url: j.URL, payload: j.Payload}
+		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, claim: 0, created: j.CreatedAt, url: j.URL, payload: j.Payload}
 		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
 			d.perHook[j.WebhookID]++
 			run = append(run, jb)

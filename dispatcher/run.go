@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/pglisten"
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // job is one claimed delivery.
@@ -26,7 +26,9 @@ type job struct {
 	attempt int
 	// claim is the delivery's claim_seq under this claim (0: inserted already claimed by the
 	// intake). With locked_by it fences the claim's outcome (see completeSQL).
-	claim   int
+	claim int
+	// created is the delivery's (and its event's) creation time: it finds their partitions.
+	created time.Time
 	url     string
 	payload []byte
 }
@@ -105,13 +107,13 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 	defer poll.Stop()
 	backoff := 0 * time.Millisecond
 	for ctx.Err() == nil {
-		free, saturated := d.capacity()
+		free := d.free()
 		more := false
 		if free > 0 {
 			limit := min(free, d.cfg.BatchSize)
-			jobs, err := d.claim(ctx, limit, saturated)
+			jobs, err := d.claim(ctx, limit)
 			d.mu.Lock()
-			d.caughtUp = err == nil && len(jobs) < limit
+			d.caughtUp = err == nil && len(jobs) == 0
 			d.mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -128,10 +130,12 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 			}
 			backoff = 0
 			d.start(attemptCtx, jobs)
-			more = len(jobs) == limit
+			// A claim shares its limit among the webhooks with due work, so one that took less
+			// than its limit may still leave due rows: claim again until a claim finds nothing.
+			more = len(jobs) > 0
 		}
 		if more {
-			if f, _ := d.capacity(); f > 0 {
+			if d.free() > 0 {
 				continue // there may be more due rows right now
 			}
 		}
@@ -158,105 +162,43 @@ func signal(c chan struct{}) {
 	}
 }
 
-// capacity returns the free worker slots and the webhooks at their per-webhook cap.
-func (d *Dispatcher) capacity() (int, []uuid.UUID) {
+// free returns the free worker slots.
+func (d *Dispatcher) free() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	var saturated []uuid.UUID
+	return d.cfg.Workers - d.active
+}
+
+// claim takes up to limit due deliveries (store.Queue.Claim: fairly across webhooks, none for
+// a webhook at its per-webhook cap on this instance). Called by the claiming goroutine only.
+func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, error) {
+	d.mu.Lock()
+	busy := make(map[uuid.UUID]int, len(d.perHook))
 	for id, n := range d.perHook {
-		if n >= d.cfg.PerWebhook {
-			saturated = append(saturated, id)
-		}
+		busy[id] = n
 	}
-	return d.cfg.Workers - d.active, saturated
-}
-
-// claimSQL takes up to $3 due deliveries of active webhooks. Up to $5 of them (retryShare: a
-// quarter of the claims' slots) are reserved for due retries and expired leases (in_flight rows
-// whose lease has passed: a crashed or stuck instance), oldest due first, so that a sustained
-// backlog of first attempts cannot hold them back; the rest go to first attempts (new events
-// keep their latency while failing receivers' retries pile up), then to the remaining retries
-// and expired leases, each kind oldest due first. Each kind is read in order from its own partial
-// index (migration 005: pending with attempts = 0, pending with attempts > 0, in_flight by
-// lease), so a claim costs O(limit) whatever the backlog.
-//
-// A claim does not count an attempt (completeSQL does, when it records the outcome): attempts
-// stays the number of attempts made, so a reclaimed lease is attempted under the same number
-// as the claim it replaces. It increments claim_seq instead (migration 010), which tells this
-// claim from every earlier one of the delivery, including an earlier claim by the same instance
-// id.
-const claimSQL = `
-WITH first AS (
-	SELECT d.id, d.next_attempt_at AS due FROM deliveries d
-	WHERE d.status = 'pending' AND d.attempts = 0 AND d.next_attempt_at <= now()
-	  AND d.webhook_id <> ALL ($4::uuid[])
-	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
-	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
-), retry AS (
-	SELECT d.id, d.next_attempt_at AS due FROM deliveries d
-	WHERE d.status = 'pending' AND d.attempts > 0 AND d.next_attempt_at <= now()
-	  AND d.webhook_id <> ALL ($4::uuid[])
-	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
-	ORDER BY d.next_attempt_at LIMIT $3 FOR UPDATE OF d SKIP LOCKED
-), expired AS (
-	SELECT d.id, d.locked_until AS due FROM deliveries d
-	WHERE d.status = 'in_flight' AND d.locked_until < now()
-	  AND d.webhook_id <> ALL ($4::uuid[])
-	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
-	ORDER BY d.locked_until LIMIT $3 FOR UPDATE OF d SKIP LOCKED
-), late AS (
-	SELECT id, due, row_number() OVER (ORDER BY due) <= $5 AS reserved
-	FROM (SELECT * FROM retry UNION ALL SELECT * FROM expired) u
-), picked AS (
-	SELECT id FROM (
-		SELECT id, 0 AS pri, due FROM late WHERE reserved
-		UNION ALL SELECT id, 1, due FROM first
-		UNION ALL SELECT id, 2, due FROM late WHERE NOT reserved
-	) u
-	ORDER BY pri, due LIMIT $3
-)
-UPDATE deliveries d
-SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1,
-    locked_until = now() + $2 * interval '1 millisecond', updated_at = now()
-FROM events e, webhooks w
-WHERE d.id = ANY (ARRAY(SELECT id FROM picked)) AND e.id = d.event_id AND w.id = d.webhook_id
-RETURNING d.id, d.event_id, d.webhook_id, d.attempts + 1, d.claim_seq, w.url, e.payload`
-
-// retryShare returns how many of a claim's limit slots are reserved for due retries and expired
-// leases: a quarter, with the remainder carried from claim to claim, so that claims smaller than
-// four (a saturated worker pool frees slots one at a time) still reserve one slot in four; the
-// first claim rounds up. Reserved slots that no retry needs go to first attempts. Called by
-// the claiming goroutine only.
-func (d *Dispatcher) retryShare(limit int) int {
-	d.shareCarry += limit
-	n := d.shareCarry / 4
-	d.shareCarry %= 4
-	return n
-}
-
-func (d *Dispatcher) claim(ctx context.Context, limit int, saturated []uuid.UUID) ([]job, error) {
-	if saturated == nil {
-		saturated = []uuid.UUID{}
-	}
-	// Planned for each claim (unnamed statement, still one round trip): a connection's cached
-	// generic plan, made while the tables were small or unanalysed, kept reading deliveries and
-	// events whole (seq scans of the full backlog in bench/events) for the connection's life.
-	rows, err := d.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
-		d.cfg.InstanceID, d.cfg.Lease.Milliseconds(), limit, saturated, d.retryShare(limit))
+	d.mu.Unlock()
+	claimed, next, err := d.queue.Claim(ctx, store.QueueClaim{Instance: d.cfg.InstanceID, Lease: d.cfg.Lease, Limit: limit,
+		PerWebhook: d.cfg.PerWebhook, Busy: busy, After: d.cursor})
 	if err != nil {
 		return nil, err
 	}
-	var jobs []job
-	for rows.Next() {
-		var j job
-		if err := rows.Scan(&j.id, &j.eventID, &j.webhookID, &j.attempt, &j.claim, &j.url, &j.payload); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		jobs = append(jobs, j)
+	d.cursor = next
+	jobs := make([]job, len(claimed))
+	for i, c := range claimed {
+		jobs[i] = jobOf(c)
 	}
-	rows.Close()
-	return jobs, rows.Err()
+	return jobs, nil
+}
+
+func jobOf(c store.ClaimedDelivery) job {
+	return job{id: c.ID, eventID: c.EventID, webhookID: c.WebhookID, attempt: c.Attempt, claim: c.Claim,
+		created: c.CreatedAt, url: c.URL, payload: c.Payload}
+}
+
+func (j job) delivery() store.ClaimedDelivery {
+	return store.ClaimedDelivery{ID: j.id, EventID: j.eventID, WebhookID: j.webhookID, CreatedAt: j.created,
+		Attempt: j.attempt, Claim: j.claim}
 }
 
 // start runs the claimed jobs within the per-webhook cap; the others are handed back at once.
@@ -427,83 +369,6 @@ func cleanText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
 }
 
-// completeSQL records a batch of attempts (parallel arrays, one element per attempt) and moves
-// each delivery on, fenced on its claim: this instance ($12) still holds the delivery under the
-// claim that made the attempt (same claim_seq; attempts still one less than the attempt's
-// number). Only then is the attempt counted (attempts = its number) and logged in
-// delivery_attempts, so that attempts is always the number of attempts recorded and the log
-// numbers them 1, 2, … without gap or repeat. The outcome of a claim that was lost (its lease
-// expired and the delivery was reclaimed, by another instance or this one) is not recorded: the
-// reclaim makes the same attempt again under the same number (at least once).
-//
-// One statement per batch: a statement per attempt cost more than the rows. locked_by is set
-// exactly while a delivery is in_flight (every change out of in_flight clears it), so the fence
-// does not repeat status = 'in_flight': with it, the planner would read the lease index (every
-// in_flight row) instead of the primary key. The update joins the batch to the primary key row
-// by row (planned per call, so the batch's size is known); an extra "id = ANY(batch)" made it
-// compare every row with every batch element instead (200 rows: 13 ms against 5 ms). The attempts
-// logged are the update's own rows (a delivery deleted meanwhile, with its webhook, logs none).
-//
-// The statement commits asynchronously (synchronous_commit off for its own transaction): an
-// outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
-// then attempted again, which at-least-once delivery allows. Events and deliveries themselves
-// are always committed synchronously.
-const completeSQL = `
-WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
-r AS (
-	SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::timestamptz[], $6::bool[], $7::int[],
-	                     $8::text[], $9::text[], $10::bigint[], $11::int[])
-	         AS r(attempt_id, delivery_id, attempt, claim, started_at, ok, status_code, error, body, retry_in, duration_ms)
-), upd AS (
-	UPDATE deliveries d SET
-		status = CASE WHEN r.ok THEN 'delivered' WHEN r.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
-		attempts = r.attempt,
-		next_attempt_at = CASE WHEN NOT r.ok AND r.retry_in >= 0 THEN now() + r.retry_in * interval '1 millisecond' ELSE d.next_attempt_at END,
-		last_status_code = r.status_code, last_error = r.error, locked_by = NULL, locked_until = NULL, updated_at = now()
-	FROM r
-	WHERE d.id = r.delivery_id AND d.locked_by = $12 AND d.claim_seq = r.claim AND d.attempts = r.attempt - 1
-	RETURNING r.attempt_id
-)
-INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
-SELECT r.attempt_id, r.delivery_id, r.attempt, r.started_at, r.duration_ms, r.status_code, r.error, r.body
-FROM r CROSS JOIN async WHERE r.attempt_id IN (SELECT attempt_id FROM upd)
-ON CONFLICT (id) DO NOTHING`
-
-// completions collects the arguments of completeSQL.
-type completions struct {
-	attemptIDs, deliveryIDs []uuid.UUID
-	attempts, claims        []int
-	started                 []time.Time
-	ok                      []bool
-	codes                   []*int
-	errs, bodies            []*string
-	retryIn                 []int64
-	durations               []int64
-}
-
-func (c *completions) add(attemptID uuid.UUID, j job, started time.Time, ok bool,
-	code *int, errMsg, body *string, retryIn int64, duration time.Duration) {
-	c.attemptIDs, c.deliveryIDs = append(c.attemptIDs, attemptID), append(c.deliveryIDs, j.id)
-	c.attempts, c.claims = append(c.attempts, j.attempt), append(c.claims, j.claim)
-	c.started, c.ok = append(c.started, started), append(c.ok, ok)
-	c.codes, c.errs, c.bodies = append(c.codes, code), append(c.errs, errMsg), append(c.bodies, body)
-	c.retryIn, c.durations = append(c.retryIn, retryIn), append(c.durations, duration.Milliseconds())
-}
-
-// args returns the arguments of completeSQL for instance.
-func (c *completions) args(instance string) []any {
-	return []any{c.attemptIDs, c.deliveryIDs, c.attempts, c.claims, c.started, c.ok, c.codes, c.errs, c.bodies,
-		c.retryIn, c.durations, instance}
-}
-
-// releaseSQL hands back a claim without an attempt (attempts is unchanged: none was made), fenced
-// like completeSQL.
-const releaseSQL = `
-UPDATE deliveries SET status = 'pending', locked_by = NULL, locked_until = NULL,
-	next_attempt_at = CASE WHEN $4::bigint > 0 THEN GREATEST(next_attempt_at, now() + $4::bigint * interval '1 millisecond')
-		ELSE next_attempt_at END, updated_at = now()
-WHERE id = $1 AND locked_by = $2 AND claim_seq = $3 AND status = 'in_flight'`
-
 // writeResults records results in batches until d.results is closed.
 func (d *Dispatcher) writeResults() {
 	const maxBatch = 256
@@ -539,44 +404,37 @@ func (d *Dispatcher) flushSafely(batch []result) {
 
 // flush writes a batch, retrying for up to a lease (after which the rows are reclaimed anyway).
 func (d *Dispatcher) flush(batch []result) {
-	b := &pgx.Batch{}
-	var done completions
+	var backs []store.Handback
+	var outs []store.Outcome
 	var soonest time.Duration = -1
 	for _, r := range batch {
 		j := r.job
 		if r.release {
-			b.Queue(releaseSQL, j.id, d.cfg.InstanceID, j.claim, r.releaseIn.Milliseconds())
+			backs = append(backs, store.Handback{ID: j.id, Claim: j.claim, After: r.releaseIn})
 			if r.releaseIn == 0 {
 				soonest = 0
 			}
 			continue
 		}
-		retryIn := int64(-1)
+		o := store.Outcome{Delivery: j.delivery(), Started: r.started, Duration: r.duration, OK: r.ok, RetryIn: -1}
 		if !r.ok && !r.final && j.attempt <= len(d.cfg.RetryDelays) {
-			delay := d.cfg.RetryDelays[j.attempt-1]
-			retryIn = delay.Milliseconds()
-			if soonest < 0 || delay < soonest {
-				soonest = delay
+			o.RetryIn = d.cfg.RetryDelays[j.attempt-1]
+			if soonest < 0 || o.RetryIn < soonest {
+				soonest = o.RetryIn
 			}
 		}
-		var code *int
 		if r.statusCode != 0 {
-			code = &r.statusCode
+			o.StatusCode, o.Body = &r.statusCode, &r.body
 		}
-		var errMsg, body *string
 		if r.errMsg != "" {
-			errMsg = &r.errMsg
+			o.Error = &r.errMsg
 		}
-		if r.statusCode != 0 {
-			body = &r.body
-		}
-		attemptID, _ := uuid.NewV7()
-		done.add(attemptID, j, r.started, r.ok, code, errMsg, body, retryIn, r.duration)
+		outs = append(outs, o)
 		if d.cfg.Observer != nil {
 			outcome := OutcomeDelivered
 			if !r.ok {
 				outcome = OutcomeFailed
-				if retryIn >= 0 {
+				if o.RetryIn >= 0 {
 					outcome = OutcomeRetrying
 				}
 			}
@@ -586,21 +444,26 @@ func (d *Dispatcher) flush(batch []result) {
 			d.log.Debug("delivered", zap.Stringer("delivery_id", j.id), zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode))
 		} else {
 			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.id), zap.Stringer("webhook_id", j.webhookID),
-				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", retryIn < 0))
+				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", o.RetryIn < 0))
 		}
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		recorded, err := d.record(ctx, b, &done)
-		cancel()
+		err := d.queue.Release(ctx, d.cfg.InstanceID, backs)
 		if err == nil {
-			if lost := len(done.deliveryIDs) - recorded; lost > 0 {
+			backs = nil // written: a retry after a failed record must not repeat them
+			var recorded int
+			recorded, err = d.queue.Record(ctx, d.cfg.InstanceID, outs)
+			if lost := len(outs) - recorded; err == nil && lost > 0 {
 				// (or, after a retried write, already recorded by the try that failed)
 				d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed, "+
 					"or the deliveries were deleted", zap.Int("count", lost))
 			}
+		}
+		cancel()
+		if err == nil {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -616,24 +479,6 @@ func (d *Dispatcher) flush(batch []result) {
 	if soonest >= 0 {
 		time.AfterFunc(soonest, func() { signal(d.wake) })
 	}
-}
-
-// record writes the releases in b and the completions in done, and returns how many of the
-// completions were recorded (the others' claims were lost).
-func (d *Dispatcher) record(ctx context.Context, b *pgx.Batch, done *completions) (int, error) {
-	if b.Len() > 0 {
-		if err := d.pool.SendBatch(ctx, b).Close(); err != nil {
-			return 0, err
-		}
-		b.QueuedQueries = nil // written: a retry after a failed completion must not repeat them
-	}
-	if len(done.deliveryIDs) == 0 {
-		return 0, nil
-	}
-	// Planned for each batch (unnamed statement, one round trip): a cached generic plan made
-	// while the table was small or unanalysed keeps reading the whole table.
-	tag, err := d.pool.Exec(ctx, completeSQL, append([]any{pgx.QueryExecModeCacheDescribe}, done.args(d.cfg.InstanceID)...)...)
-	return int(tag.RowsAffected()), err
 }
 
 // listen wakes the loop on every notification, reconnecting with backoff. After every

@@ -58,14 +58,23 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
 		return nil, false, err
 	}
+	// Live deliveries take their state from the queue: in flight, or pending (held ones too:
+	// the interface knows no held state) with their next attempt's time.
 	rows, err := s.pool.Query(ctx, `
-		SELECT d.id, d.event_id, e.type, d.status, d.attempts,
-		       CASE WHEN d.status = 'pending' THEN d.next_attempt_at END, d.last_status_code, d.last_error, d.created_at, d.updated_at
-		FROM deliveries d JOIN events e ON e.id = d.event_id
-		WHERE d.webhook_id = $1 AND ($2 = '' OR d.status = $2)
-		  AND ($3::uuid IS NULL OR (d.created_at, d.id) > (SELECT created_at, id FROM deliveries WHERE id = $3))
-		  AND ($5::timestamptz IS NULL OR d.created_at >= $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)
-		ORDER BY d.created_at, d.id LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1, p.Since, p.Until)
+		SELECT * FROM (
+			SELECT d.id, d.event_id, e.type,
+			       CASE WHEN q.status = 'in_flight' THEN 'in_flight' WHEN q.status IS NOT NULL THEN 'pending' ELSE d.status END AS status,
+			       d.attempts, CASE WHEN q.status IN ('pending', 'held') THEN q.next_attempt_at END,
+			       d.last_status_code, d.last_error, d.created_at, d.updated_at
+			FROM deliveries d
+			JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
+			LEFT JOIN delivery_queue q ON q.delivery_id = d.id
+			WHERE d.webhook_id = $1
+			  AND ($3::uuid IS NULL OR (d.created_at, d.id) > (SELECT created_at, id FROM deliveries WHERE id = $3))
+			  AND ($5::timestamptz IS NULL OR d.created_at >= $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)
+		) x
+		WHERE $2 = '' OR x.status = $2
+		ORDER BY x.created_at, x.id LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1, p.Since, p.Until)
 	if err != nil {
 		return nil, false, fmt.Errorf("list deliveries: %w", err)
 	}
@@ -107,29 +116,47 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 	return ds, more, rows.Err()
 }
 
+// requeueSQL puts failed deliveries of webhook $1 (the log rows selected by the condition
+// appended to it) back in the queue with a fresh schedule (attempt counting restarts): due now,
+// or held if the webhook is paused. It returns the requeued ids.
+const requeueSQL = `
+	WITH f AS (
+		UPDATE deliveries d SET status = 'pending', attempts = 0, updated_at = now()
+		WHERE d.webhook_id = $1 AND d.status = 'failed' AND `
+
+const requeueTail = `
+		RETURNING d.id, d.created_at, d.event_id, d.webhook_id
+	)
+	INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
+	SELECT f.id, f.created_at, f.event_id, f.webhook_id,
+	       CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = f.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END, now()
+	FROM f
+	ON CONFLICT (delivery_id) DO NOTHING`
+
 // RetryDelivery re-queues a failed delivery of one of the org's webhooks with a fresh
 // schedule (attempt counting restarts).
 func (s *Store) RetryDelivery(ctx context.Context, orgID, webhookID, deliveryID uuid.UUID) error {
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
 		return err
 	}
-	var status string
-	err := s.pool.QueryRow(ctx, `
-		WITH cur AS (SELECT id, status FROM deliveries WHERE id = $1 AND webhook_id = $2 FOR UPDATE),
-		     upd AS (UPDATE deliveries d SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_by = NULL,
-		                 locked_until = NULL, updated_at = now()
-		             FROM cur WHERE d.id = cur.id AND cur.status = 'failed' RETURNING d.id)
-		SELECT CASE WHEN EXISTS (SELECT 1 FROM upd) THEN 'requeued' ELSE cur.status END FROM cur`, deliveryID, webhookID).Scan(&status)
-	switch {
-	case errors.Is(err, pgx.ErrNoRows):
-		return ErrDeliveryNotFound
-	case err != nil:
-		return fmt.Errorf("retry delivery: %w", err)
-	case status != "requeued":
-		return ErrDeliveryNotFailed
-	}
-	_, err = s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
-	return err
+	return s.inTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, requeueSQL+`d.id = $2`+requeueTail, webhookID, deliveryID)
+		if err != nil {
+			return fmt.Errorf("retry delivery: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			var found bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM deliveries WHERE id = $1 AND webhook_id = $2)`,
+				deliveryID, webhookID).Scan(&found); err != nil {
+				return fmt.Errorf("retry delivery: %w", err)
+			}
+			if !found {
+				return ErrDeliveryNotFound
+			}
+			return ErrDeliveryNotFailed
+		}
+		return notifyDeliveries(ctx, tx)
+	})
 }
 
 // RecoverDeliveries re-queues, with a fresh schedule, every failed delivery of one of the org's
@@ -138,17 +165,19 @@ func (s *Store) RecoverDeliveries(ctx context.Context, orgID, webhookID uuid.UUI
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
 		return 0, err
 	}
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE deliveries SET status = 'pending', attempts = 0, next_attempt_at = now(), locked_by = NULL,
-		       locked_until = NULL, updated_at = now()
-		WHERE webhook_id = $1 AND status = 'failed' AND created_at >= $2`, webhookID, since)
+	var n int
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, requeueSQL+`d.created_at >= $2`+requeueTail, webhookID, since)
+		if err != nil {
+			return err
+		}
+		if n = int(tag.RowsAffected()); n > 0 {
+			return notifyDeliveries(ctx, tx)
+		}
+		return nil
+	})
 	if err != nil {
 		return 0, fmt.Errorf("recover deliveries: %w", err)
 	}
-	if tag.RowsAffected() > 0 {
-		if _, err := s.pool.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel); err != nil {
-			return 0, fmt.Errorf("recover deliveries: %w", err)
-		}
-	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // DeliveriesNotifyChannel is the Postgres channel announcing new due deliveries.
@@ -48,20 +51,26 @@ type IntakeResult struct {
 }
 
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
-// claimed by Instance for Lease (status in_flight, attempts 0 — attempts are counted when their
-// outcome is recorded —, as a dispatcher's claim leaves them) and to return them, so that the
-// intake's own dispatcher can start them at once. The zero Claim claims nothing.
+// claimed by Instance for Lease (in flight, claim 0, no attempt recorded yet — attempts are
+// counted when their outcome is recorded —) and to return them, so that the intake's own
+// dispatcher can start them at once. The zero Claim claims nothing.
 type Claim struct {
 	Instance string
 	Lease    time.Duration
 	Max      int
 }
 
-// ClaimedDelivery is a delivery StoreEvents inserted already claimed.
+// ClaimedDelivery is a delivery claimed for an attempt: by StoreEvents (Claim) or Queue.Claim.
 type ClaimedDelivery struct {
 	ID, EventID, WebhookID uuid.UUID
-	URL                    string
-	Payload                []byte // the event JSON, as stored
+	// CreatedAt is the delivery's (and its event's) creation time: it finds their partitions.
+	CreatedAt time.Time
+	// Attempt is the number of the attempt to make (attempts recorded + 1); Claim is the
+	// delivery's claim_seq under this claim (0: inserted claimed by the intake). With the
+	// instance they fence the attempt's outcome.
+	Attempt, Claim int
+	URL            string
+	Payload        []byte // the event JSON, as stored
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -156,106 +165,153 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if len(ids) == 0 {
 		return res, nil
 	}
-	payloadOf := make(map[uuid.UUID][]byte, len(ids))
-	for i, id := range ids {
-		payloadOf[id] = payloads[i]
+	in := intake{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, payloads: payloads,
+		objChannels: objChannels, objIDs: objIDs, now: now, claim: claim}
+	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
+	if isMissingPartition(err) {
+		// The partition manager is behind (or the clock jumped): make today's and retry once.
+		if err = s.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead)); err == nil {
+			res = IntakeResult{ByType: map[string]int{}, Unknown: res.Unknown}
+			err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
+		}
 	}
-	err = s.inTx(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `
-			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[]) AS u(id, org, ch, typ, key, payload)
-			ON CONFLICT (channel_id, dedupe_key) DO NOTHING
-			RETURNING id, type`, ids, orgIDs, chIDs, types, keys, payloads, now)
-		if err != nil {
-			return err
-		}
-		var stored []uuid.UUID
-		for rows.Next() {
-			var id uuid.UUID
-			var typ string
-			if err := rows.Scan(&id, &typ); err != nil {
-				rows.Close()
-				return err
-			}
-			stored = append(stored, id)
-			res.ByType[typ]++
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		res.Events = len(stored)
-		res.Duplicates = len(ids) - len(stored)
-		if len(stored) == 0 {
-			return nil
-		}
-		if len(objIDs) > 0 {
-			// Re-sent items' objects are already recorded; the conflict clause covers them.
-			if _, err := tx.Exec(ctx, `
-				INSERT INTO channel_objects (channel_id, object_id)
-				SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING`, objChannels, objIDs); err != nil {
-				return err
-			}
-			res.ObjectChannels = slices.Compact(slices.SortedFunc(slices.Values(objChannels), func(a, b uuid.UUID) int {
-				return bytes.Compare(a[:], b[:])
-			}))
-		}
-		rows, err = tx.Query(ctx, `
-			WITH m AS (
-				SELECT e.id AS event_id, w.id AS webhook_id, w.status = 'active' AS active
-				FROM events e
-				JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
-				WHERE e.id = ANY ($1)
-				  AND (w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id))
-			), n AS (
-				SELECT m.*, m.active AND row_number() OVER (PARTITION BY m.active ORDER BY m.event_id, m.webhook_id) <= $3 AS claimed
-				FROM m
-			), ins AS (
-				INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, next_attempt_at, locked_by, locked_until, created_at)
-				SELECT gen_random_uuid(), n.event_id, n.webhook_id,
-				       CASE WHEN n.claimed THEN 'in_flight' ELSE 'pending' END, 0, $2,
-				       CASE WHEN n.claimed THEN $4 END, CASE WHEN n.claimed THEN now() + $5 * interval '1 millisecond' END, $2
-				FROM n ORDER BY n.event_id, n.webhook_id
-				RETURNING id, event_id, webhook_id, status
-			)
-			SELECT ins.id, ins.event_id, ins.webhook_id, ins.status = 'in_flight', w.status = 'active', w.url
-			FROM ins JOIN webhooks w ON w.id = ins.webhook_id`,
-			// Planned for each call: a cached generic plan made while the tables were small or
-			// unanalysed keeps scanning them whole.
-			pgx.QueryExecModeCacheDescribe, stored, now, claim.Max, claim.Instance, claim.Lease.Milliseconds())
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
-			var d ClaimedDelivery
-			var claimed, active bool
-			if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &claimed, &active, &d.URL); err != nil {
-				rows.Close()
-				return err
-			}
-			res.Deliveries++
-			switch {
-			case claimed:
-				d.Payload = payloadOf[d.EventID]
-				res.Claimed = append(res.Claimed, d)
-			case active:
-				res.Queued++
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-		if res.Deliveries > len(res.Claimed) {
-			_, err = tx.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
-		}
-		return err
-	})
 	if err != nil {
 		return IntakeResult{}, fmt.Errorf("store events: %w", err)
 	}
 	return res, nil
+}
+
+// DedupeWindow is how long an upstream item is recognised as a duplicate at least (the
+// upstream retries for up to 7 days): today's events partition by its unique index, the
+// partitions of the 7 days before by a look-up.
+const DedupeWindow = 7 * 24 * time.Hour
+
+// intake is one StoreEvents batch: parallel arrays of the items of known channels.
+type intake struct {
+	ids, chIDs, orgIDs []uuid.UUID
+	types, keys        []string
+	payloads           [][]byte
+	objChannels        []uuid.UUID
+	objIDs             []string
+	now                time.Time
+	claim              Claim
+}
+
+// store inserts the batch in tx: the events that are not duplicates, the objects they hand
+// their channels, one delivery log row and one queue row per matching webhook.
+func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error {
+	today := day(in.now)
+	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
+	// days before is looked up in their partitions (pruned to them by created_at).
+	rows, err := tx.Query(ctx, `
+		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz
+		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[]) AS u(id, org, ch, typ, key, payload)
+		WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
+		                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
+		ON CONFLICT DO NOTHING
+		RETURNING id, org_id, channel_id, type`,
+		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
+		today.Add(-DedupeWindow), today)
+	if err != nil {
+		return err
+	}
+	var stored, storedOrg, storedCh []uuid.UUID
+	var storedType []string
+	for rows.Next() {
+		var id, org, ch uuid.UUID
+		var typ string
+		if err := rows.Scan(&id, &org, &ch, &typ); err != nil {
+			rows.Close()
+			return err
+		}
+		stored, storedOrg, storedCh, storedType = append(stored, id), append(storedOrg, org), append(storedCh, ch), append(storedType, typ)
+		res.ByType[typ]++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	res.Events = len(stored)
+	res.Duplicates = len(in.ids) - len(stored)
+	if len(stored) == 0 {
+		return nil
+	}
+	if len(in.objIDs) > 0 {
+		// Re-sent items' objects are already recorded; the conflict clause covers them.
+		if _, err := tx.Exec(ctx, `
+			INSERT INTO channel_objects (channel_id, object_id)
+			SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING`, in.objChannels, in.objIDs); err != nil {
+			return err
+		}
+		res.ObjectChannels = slices.Compact(slices.SortedFunc(slices.Values(in.objChannels), func(a, b uuid.UUID) int {
+			return bytes.Compare(a[:], b[:])
+		}))
+	}
+	payloadOf := make(map[uuid.UUID][]byte, len(in.ids))
+	for i, id := range in.ids {
+		payloadOf[id] = in.payloads[i]
+	}
+	// One delivery per matching webhook: a log row, and a queue row — claimed for this
+	// instance (up to claim.Max, active webhooks), pending (active) or held (paused).
+	rows, err = tx.Query(ctx, `
+		WITH m AS (
+			SELECT e.id AS event_id, w.id AS webhook_id, w.status = 'active' AS active, w.url
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[]) AS e(id, org_id, channel_id, type)
+			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
+			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
+		), n AS (
+			SELECT m.*, gen_random_uuid() AS id,
+			       m.active AND row_number() OVER (PARTITION BY m.active ORDER BY m.event_id, m.webhook_id) <= $6 AS claimed
+			FROM m
+		), log AS (
+			INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at)
+			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5 FROM n ORDER BY n.event_id, n.webhook_id
+		), q AS (
+			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, locked_by, locked_until)
+			SELECT n.id, $5, n.event_id, n.webhook_id,
+			       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END, $5,
+			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END
+			FROM n ORDER BY n.event_id, n.webhook_id
+		)
+		SELECT n.id, n.event_id, n.webhook_id, n.claimed, n.active, n.url FROM n`,
+		// Planned for each call: a cached generic plan made while the tables were small or
+		// unanalysed keeps scanning them whole.
+		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
+		in.claim.Lease.Milliseconds())
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
+		var claimed, active bool
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &claimed, &active, &d.URL); err != nil {
+			rows.Close()
+			return err
+		}
+		res.Deliveries++
+		switch {
+		case claimed:
+			d.Payload = payloadOf[d.EventID]
+			res.Claimed = append(res.Claimed, d)
+		case active:
+			res.Queued++
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if res.Queued > 0 {
+		return notifyDeliveries(ctx, tx)
+	}
+	return nil
+}
+
+// isMissingPartition reports a row that no partition of a history table takes.
+func isMissingPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
 
 // DeactivateByWaba marks every channel of a business account inactive because the account was
@@ -271,33 +327,4 @@ func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error
 		return 0, fmt.Errorf("deactivate by waba: %w", err)
 	}
 	return int(tag.RowsAffected()), nil
-}
-
-// PruneEvents deletes events created before cutoff whose deliveries are all finished
-// (delivered, failed or cancelled, or of a webhook that no longer exists), with their
-// deliveries and attempts, at most limit events per call. It returns how many events it
-// deleted. Events still being delivered are kept.
-func (s *Store) PruneEvents(ctx context.Context, cutoff time.Time, limit int) (int, error) {
-	// No foreign keys cascade here (migrations 005, 006): the statement deletes the events'
-	// deliveries and attempts itself.
-	var n int
-	err := s.pool.QueryRow(ctx, `
-		WITH e AS (
-			DELETE FROM events WHERE id IN (
-				SELECT e.id FROM events e
-				WHERE e.created_at < $1
-				  AND NOT EXISTS (SELECT 1 FROM deliveries d JOIN webhooks w ON w.id = d.webhook_id
-				                  WHERE d.event_id = e.id AND d.status IN ('pending', 'in_flight'))
-				ORDER BY e.created_at LIMIT $2)
-			RETURNING id
-		), d AS (
-			DELETE FROM deliveries d USING e WHERE d.event_id = e.id RETURNING d.id
-		), a AS (
-			DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id
-		)
-		SELECT count(*) FROM e`, cutoff, limit).Scan(&n)
-	if err != nil {
-		return 0, fmt.Errorf("prune events: %w", err)
-	}
-	return n, nil
 }

@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -105,30 +106,101 @@ func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
 	return s, org
 }
 
-func TestPruneEvents(t *testing.T) {
+// storeOn stores one message item with the store's clock at day.
+func storeOn(t *testing.T, s *store.Store, day time.Time, key string) store.IntakeResult {
+	t.Helper()
+	ctx := context.Background()
+	if err := s.EnsurePartitions(ctx, day, day); err != nil {
+		t.Fatal(err)
+	}
+	s.SetNow(func() time.Time { return day })
+	defer s.SetNow(time.Now)
+	res, err := s.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}}, store.Claim{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// finish ends the live deliveries of the event with key as the dispatcher would: out of the
+// queue, final status in the log, one attempt logged (made at the delivery's creation, or at
+// attempted if set).
+func finish(t *testing.T, s *store.Store, key, status string, attempted ...time.Time) {
+	t.Helper()
+	ctx := context.Background()
+	var at *time.Time
+	if len(attempted) > 0 {
+		at = &attempted[0]
+	}
+	if _, err := s.Pool().Exec(ctx, `
+		WITH q AS (DELETE FROM delivery_queue q USING events e WHERE e.id = q.event_id AND e.dedupe_key = $1
+		           RETURNING q.delivery_id, q.created_at),
+		     l AS (UPDATE deliveries d SET status = $2, attempts = 1 FROM q WHERE d.id = q.delivery_id)
+		INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms)
+		SELECT gen_random_uuid(), q.delivery_id, 1, coalesce($3, q.created_at), 1 FROM q`, key, status, at); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRetentionDropsPartitions: the retention drops whole days (events, deliveries and attempts
+// partitions), not rows, and keeps a day while one of its deliveries is still live.
+func TestRetentionDropsPartitions(t *testing.T) {
 	s, org := storeWithChannel(t)
 	ctx := context.Background()
 	if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
 		t.Fatal(err)
 	}
-	var items []store.IncomingItem
-	for i := 0; i < 4; i++ {
-		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: "m" + string(rune('a'+i)), Data: json.RawMessage(`{}`)})
+	now := time.Now().UTC()
+	old := now.AddDate(0, 0, -40)
+	for _, k := range []string{"ma", "mb", "mc"} {
+		if res := storeOn(t, s, old, k); res.Events != 1 || res.Deliveries != 1 {
+			t.Fatalf("stored %+v 40 days ago", res)
+		}
 	}
-	if _, err := s.StoreEvents(ctx, items, store.Claim{}); err != nil {
+	storeOn(t, s, now, "md")
+	finish(t, s, "ma", "delivered")
+	finish(t, s, "mb", "failed")
+	finish(t, s, "md", "delivered")
+	oldDay := old.Format("20060102")
+	pool := s.Pool()
+	count := func(sql string) int {
+		t.Helper()
+		var n int
+		if err := pool.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	partitionsOf := func(day string) int {
+		return count(`SELECT count(*) FROM pg_class WHERE relname IN ('events_p` + day + `', 'deliveries_p` + day + `', 'delivery_attempts_p` + day + `')`)
+	}
+	if n := partitionsOf(oldDay); n != 3 {
+		t.Fatalf("%d partitions of %s, want 3", n, oldDay)
+	}
+
+	// mc is still pending: its day's events and deliveries stay, the attempts go.
+	dropped, kept, err := s.DropPartitions(ctx, now.AddDate(0, 0, -30))
+	if err != nil {
 		t.Fatal(err)
 	}
-	pool := s.Pool()
-	// two old and finished, one old but still pending, one recent and finished
-	pool.Exec(ctx, `UPDATE events SET created_at = now() - interval '40 days' WHERE dedupe_key IN ('ma', 'mb', 'mc')`)
-	pool.Exec(ctx, `UPDATE deliveries SET status = 'delivered' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key IN ('ma', 'md'))`)
-	pool.Exec(ctx, `UPDATE deliveries SET status = 'failed' WHERE event_id IN (SELECT id FROM events WHERE dedupe_key = 'mb')`)
-	// one attempt for every delivery
-	pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms)
-		SELECT gen_random_uuid(), id, 1, now(), 1 FROM deliveries`)
-	n, err := s.PruneEvents(ctx, time.Now().Add(-30*24*time.Hour), 1000)
-	if err != nil || n != 2 {
-		t.Fatalf("pruned %d, %v; want 2", n, err)
+	if !slices.Contains(dropped, "delivery_attempts_p"+oldDay) || slices.Contains(dropped, "events_p"+oldDay) ||
+		slices.Contains(dropped, "deliveries_p"+oldDay) || len(kept) == 0 {
+		t.Fatalf("with a live delivery: dropped %v, kept %v", dropped, kept)
+	}
+	if n := count(`SELECT count(*) FROM events`); n != 4 {
+		t.Fatalf("%d events after the first retention run, want 4", n)
+	}
+
+	finish(t, s, "mc", "delivered", now) // a late attempt: its log row is in today's partition
+	dropped, kept, err = s.DropPartitions(ctx, now.AddDate(0, 0, -30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(dropped, "events_p"+oldDay) || !slices.Contains(dropped, "deliveries_p"+oldDay) || len(kept) != 0 {
+		t.Fatalf("dropped %v, kept %v", dropped, kept)
+	}
+	if n := partitionsOf(oldDay); n != 0 {
+		t.Fatalf("%d partitions of %s left", n, oldDay)
 	}
 	var left []string
 	rows, _ := pool.Query(ctx, `SELECT dedupe_key FROM events ORDER BY dedupe_key`)
@@ -137,12 +209,99 @@ func TestPruneEvents(t *testing.T) {
 		rows.Scan(&k)
 		left = append(left, k)
 	}
-	var deliveries, attempts, orphans int
-	pool.QueryRow(ctx, `SELECT count(*) FROM deliveries`).Scan(&deliveries)
-	pool.QueryRow(ctx, `SELECT count(*), count(*) FILTER (WHERE NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.id = a.delivery_id))
-		FROM delivery_attempts a`).Scan(&attempts, &orphans)
-	if strings.Join(left, ",") != "mc,md" || deliveries != 2 || attempts != 2 || orphans != 0 {
-		t.Fatalf("left events %v, %d deliveries, %d attempts (%d orphaned)", left, deliveries, attempts, orphans)
+	// (attempts are partitioned by the time they were made: mc's stays until its own day goes)
+	if strings.Join(left, ",") != "md" || count(`SELECT count(*) FROM deliveries`) != 1 || count(`SELECT count(*) FROM delivery_attempts`) != 2 {
+		t.Fatalf("left events %v, %d deliveries, %d attempts", left, count(`SELECT count(*) FROM deliveries`), count(`SELECT count(*) FROM delivery_attempts`))
+	}
+	// today's partitions and the ones ahead are untouched
+	if n := partitionsOf(now.Format("20060102")); n != 3 {
+		t.Fatalf("%d partitions of today", n)
+	}
+	if n := partitionsOf(now.AddDate(0, 0, store.PartitionsAhead).Format("20060102")); n != 3 {
+		t.Fatalf("%d partitions %d days ahead", n, store.PartitionsAhead)
+	}
+}
+
+// TestDuplicatesAcrossDays: an upstream re-send is recognised within the dedupe window even when
+// the original is in an earlier day's partition; past the window it is a new event.
+func TestDuplicatesAcrossDays(t *testing.T) {
+	s, _ := storeWithChannel(t)
+	now := time.Now().UTC()
+	storeOn(t, s, now.AddDate(0, 0, -6), "recent")
+	storeOn(t, s, now.AddDate(0, 0, -9), "old")
+	if res := storeOn(t, s, now, "recent"); res.Events != 0 || res.Duplicates != 1 {
+		t.Fatalf("re-send of a 6-day-old item: %+v, want a duplicate", res)
+	}
+	if res := storeOn(t, s, now, "old"); res.Events != 1 {
+		t.Fatalf("re-send of a 9-day-old item: %+v, want a new event (past the %v window)", res, store.DedupeWindow)
+	}
+	if res := storeOn(t, s, now, "old"); res.Duplicates != 1 {
+		t.Fatalf("second re-send today: %+v, want a duplicate", res)
+	}
+}
+
+// TestIntakeCreatesMissingPartition: an intake on a day with no partition (the partition
+// manager is behind) creates it and stores the events.
+func TestIntakeCreatesMissingPartition(t *testing.T) {
+	s, _ := storeWithChannel(t)
+	ahead := time.Now().UTC().AddDate(0, 0, store.PartitionsAhead+2)
+	s.SetNow(func() time.Time { return ahead })
+	defer s.SetNow(time.Now)
+	res, err := s.StoreEvents(context.Background(), []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: "x", Data: json.RawMessage(`{}`)}}, store.Claim{})
+	if err != nil || res.Events != 1 {
+		t.Fatalf("stored %+v, %v", res, err)
+	}
+}
+
+// TestHeldDeliveriesFailAfterMaxHold: a paused webhook's deliveries are held apart from the
+// queue's pending rows, go back to pending on resume, and fail with a reason in the delivery
+// log once older than the hold limit.
+func TestHeldDeliveriesFailAfterMaxHold(t *testing.T) {
+	s, org := storeWithChannel(t)
+	ctx := context.Background()
+	w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := s.Pool()
+	statuses := func() string {
+		t.Helper()
+		var st string
+		if err := pool.QueryRow(ctx, `SELECT coalesce(string_agg(status, ',' ORDER BY created_at, status), '') FROM delivery_queue`).Scan(&st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	storeOn(t, s, time.Now().UTC().AddDate(0, 0, -9), "a")
+	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	storeOn(t, s, time.Now().UTC(), "b")
+	if st := statuses(); st != "held,held" {
+		t.Fatalf("queue after pause and intake: %q, want both held", st)
+	}
+	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookActive); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(); st != "pending,pending" {
+		t.Fatalf("queue after resume: %q", st)
+	}
+	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.FailHeld(ctx, time.Now().AddDate(0, 0, -7), "held too long")
+	if err != nil || n != 1 {
+		t.Fatalf("failed %d held deliveries, %v; want 1", n, err)
+	}
+	ds, _, err := s.ListDeliveries(ctx, org.ID, w.ID, store.DeliveryPage{Limit: 10})
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("%d deliveries, %v", len(ds), err)
+	}
+	if ds[0].Status != "failed" || ds[0].LastError == nil || *ds[0].LastError != "held too long" || ds[1].Status != "pending" {
+		t.Fatalf("deliveries %+v / %+v", ds[0], ds[1])
+	}
+	if st := statuses(); st != "held" {
+		t.Fatalf("queue: %q, want the recent one held", st)
 	}
 }
 
@@ -183,6 +342,12 @@ func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
 	}
 	if n := count(`SELECT count(*) FROM deliveries WHERE webhook_id = $1`, hooks[0]); n != 0 {
 		t.Fatalf("%d deliveries of the deleted webhook left", n)
+	}
+	if n := count(`SELECT count(*) FROM delivery_queue WHERE webhook_id = $1`, hooks[0]); n != 0 {
+		t.Fatalf("%d queued deliveries of the deleted webhook left", n)
+	}
+	if n := count(`SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'pending'`, hooks[1]); n != 2 {
+		t.Fatalf("the other webhook has %d queued deliveries, want 2", n)
 	}
 	if n := count(`SELECT count(*) FROM deliveries WHERE webhook_id = $1 AND status = 'pending'`, hooks[1]); n != 2 {
 		t.Fatalf("the other webhook has %d pending deliveries, want 2", n)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"sort"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
@@ -27,7 +28,8 @@ func migrationsFS() fs.FS {
 	return sub
 }
 
-// Migrate applies every pending migration on conn. tern holds a Postgres advisory lock around
+// Migrate applies every pending migration on conn and creates the history partitions of
+// yesterday, today and the next PartitionsAhead days (see EnsurePartitions). tern holds a Postgres advisory lock around
 // the whole run, so any number of processes may call Migrate at once; all but one wait and then
 // find nothing to do.
 func Migrate(ctx context.Context, conn *pgx.Conn) error {
@@ -41,7 +43,10 @@ func Migrate(ctx context.Context, conn *pgx.Conn) error {
 	if err := m.Migrate(ctx); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}
-	return nil
+	// The history tables take rows only for days that have partitions (migration 011); the
+	// app keeps creating them ahead, this makes a freshly migrated database usable at once.
+	now := time.Now()
+	return ensurePartitions(ctx, conn, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead))
 }
 
 // MigrateDSN connects to dsn with a dedicated connection and runs Migrate.

@@ -57,7 +57,7 @@ func TestMigrateConcurrentAndTwice(t *testing.T) {
 	if err != nil || current != latest || latest < 2 {
 		t.Fatalf("schema version %d of %d: %v", current, latest, err)
 	}
-	for _, table := range []string{"orgs", "api_keys", "channels", "webhooks", "webhook_channels", "events", "deliveries", "delivery_attempts"} {
+	for _, table := range []string{"orgs", "api_keys", "channels", "webhooks", "webhook_channels", "events", "deliveries", "delivery_attempts", "delivery_queue"} {
 		var n int
 		if err := conn.QueryRow(ctx, fmt.Sprintf("SELECT count(*) FROM %s", table)).Scan(&n); err != nil {
 			t.Fatalf("table %s: %v", table, err)

@@ -161,11 +161,30 @@ func (s *Store) WebhookSecret(ctx context.Context, id uuid.UUID) (string, error)
 	return secret, nil
 }
 
-// SetWebhookStatus sets an org's webhook to active or paused and returns it.
+// SetWebhookStatus sets an org's webhook to active or paused and returns it. Its queued
+// deliveries follow in the same transaction: pausing holds the pending ones (they leave the
+// claims' index, their schedule waits), resuming makes the held ones pending again and wakes
+// the dispatchers.
 func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, status string) (Webhook, error) {
-	w, err := scanWebhook(s.pool.QueryRow(ctx, `
-		WITH u AS (UPDATE webhooks SET status = $3, updated_at = now() WHERE id = $1 AND org_id = $2 RETURNING *)
-		SELECT `+webhookColumns+` FROM u w`, id, orgID, status))
+	var w Webhook
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		var err error
+		w, err = scanWebhook(tx.QueryRow(ctx, `
+			WITH u AS (UPDATE webhooks SET status = $3, updated_at = now() WHERE id = $1 AND org_id = $2 RETURNING *)
+			SELECT `+webhookColumns+` FROM u w`, id, orgID, status))
+		if err != nil {
+			return err
+		}
+		from, to := "pending", "held"
+		if status == WebhookActive {
+			from, to = to, from
+		}
+		tag, err := tx.Exec(ctx, `UPDATE delivery_queue SET status = $3 WHERE webhook_id = $1 AND status = $2`, id, from, to)
+		if err == nil && to == "pending" && tag.RowsAffected() > 0 {
+			err = notifyDeliveries(ctx, tx)
+		}
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Webhook{}, ErrWebhookNotFound
 	}
@@ -177,10 +196,10 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 
 // DeleteWebhook deletes one of the org's webhooks with its assignments.
 func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
-	// Its deliveries and their attempts go with it: pending ones are cancelled that way. No
-	// foreign key does this (migrations 005, 006); an intake that raced the delete and still
-	// queued a delivery for it leaves an orphan that is never claimed and that PruneEvents
-	// counts as finished (and deletes with its event).
+	// Its deliveries, queued or logged, and their attempts go with it: live ones are cancelled
+	// that way. No foreign key does this (migrations 005, 006, 011); an intake that raced the
+	// delete and still queued a delivery for it leaves a queue row that is never claimed and that
+	// DropOrphanedQueue removes.
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM webhooks WHERE id = $1 AND org_id = $2`, id, orgID)
 		if err != nil {
@@ -190,7 +209,8 @@ func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
 			return ErrWebhookNotFound
 		}
 		_, err = tx.Exec(ctx, `
-			WITH d AS (DELETE FROM deliveries WHERE webhook_id = $1 RETURNING id)
+			WITH q AS (DELETE FROM delivery_queue WHERE webhook_id = $1),
+			     d AS (DELETE FROM deliveries WHERE webhook_id = $1 RETURNING id)
 			DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id`, id)
 		return err
 	})

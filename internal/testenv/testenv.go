@@ -62,8 +62,8 @@ const (
 )
 
 var (
-	reTemplate      = regexp.MustCompile(`^tmpl_[0-9a-f]+$`)
-	reTemplateBuild = regexp.MustCompile(`^tmpl_[0-9a-f]+_build$`)
+	reTemplate      = regexp.MustCompile(`^tmpl_[0-9a-f]+(_[0-9]{8})?$`)
+	reTemplateBuild = regexp.MustCompile(`^tmpl_[0-9a-f]+(_[0-9]{8})?_build$`)
 	reTestDB        = regexp.MustCompile(`^t_([0-9]+)_[0-9a-f]+$`)
 )
 
@@ -85,7 +85,7 @@ var shared struct {
 // data, for this test only.
 //
 // The database is cloned from a template database (CREATE DATABASE t_<time>_<rand> TEMPLATE
-// tmpl_<hash>) and dropped WITH (FORCE) in t.Cleanup. The template is named after
+// tmpl_<hash>_<UTC day>) and dropped WITH (FORCE) in t.Cleanup. The template is named after
 // store.MigrationsHash() and built once per server and schema version, under a Postgres advisory
 // lock so that test binaries running in parallel do not race; an existing template is reused.
 //
@@ -190,7 +190,8 @@ func (c *templateCache) get(ctx context.Context, admin string, sharedServer bool
 	if c.name != "" {
 		return c.name, nil
 	}
-	name, err := ensureTemplate(ctx, admin, "tmpl_"+store.MigrationsHash(), store.Migrate, sharedServer)
+	// Dated: the template holds the history partitions of the days around its creation.
+	name, err := ensureTemplate(ctx, admin, "tmpl_"+store.MigrationsHash()+"_"+time.Now().UTC().Format("20060102"), store.Migrate, sharedServer)
 	if err != nil {
 		return "", err
 	}

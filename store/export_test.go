@@ -1,0 +1,6 @@
+package store
+
+import "time"
+
+// SetNow replaces the store's clock (tests: intake on another day).
+func (s *Store) SetNow(now func() time.Time) { s.now = now }

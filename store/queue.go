@@ -1,0 +1,297 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Queue is the delivery queue (table delivery_queue, migration 011): the live deliveries —
+// pending, in flight or held for a paused webhook — with their schedule and claims. A
+// dispatcher claims from it, records outcomes and hands claims back through it; the delivery
+// log (table deliveries) and the attempt log follow in the same statements. Every statement on
+// the deliveries tables lives in this package.
+type Queue struct{ pool *pgxpool.Pool }
+
+// NewQueue returns the queue in pool's database.
+func NewQueue(pool *pgxpool.Pool) *Queue { return &Queue{pool: pool} }
+
+// QueueClaim asks Claim for due deliveries.
+type QueueClaim struct {
+	// Instance is written to locked_by: the claim's owner.
+	Instance string
+	// Lease is how long the claim holds the deliveries.
+	Lease time.Duration
+	// Limit is the most deliveries taken.
+	Limit int
+	// PerWebhook caps the attempts in flight per webhook on this instance; Busy holds the
+	// instance's current counts. A webhook at its cap is not claimed for.
+	PerWebhook int
+	Busy       map[uuid.UUID]int
+	// After is the round-robin cursor: webhooks after it are served first, then the others
+	// (Claim returns the next cursor).
+	After uuid.UUID
+}
+
+// claimSQL takes up to $3 due deliveries for this instance ($1, lease $2 ms), fairly across
+// webhooks. It walks the webhooks that have pending rows (a skip scan of delivery_queue_due: one
+// index probe per webhook, however long its backlog; held rows of paused webhooks are not in
+// that index at all), keeps the active ones under this instance's per-webhook cap ($7, counts in
+// $4/$5) with something due, in round-robin order after the cursor $6, and gives each an equal
+// share of the claim (at most its free slots), taken oldest due first (retries and first
+// attempts alike: a retry waits only for what fell due before it). Expired leases (a crashed or
+// stuck instance) come first, up to a quarter of the claim. Every row read is a row taken or
+// one probe per webhook: a claim never scans another webhook's backlog.
+//
+// A claim does not count an attempt (Record does, when it records the outcome); it increments
+// claim_seq, which fences the claim's outcome.
+const claimSQL = `
+WITH RECURSIVE hooks(id) AS (
+	SELECT min(webhook_id) FROM delivery_queue WHERE status = 'pending'
+	UNION ALL
+	SELECT (SELECT min(q.webhook_id) FROM delivery_queue q WHERE q.status = 'pending' AND q.webhook_id > h.id)
+	FROM hooks h WHERE h.id IS NOT NULL
+), busy AS (
+	SELECT * FROM unnest($4::uuid[], $5::int[]) AS b(id, n)
+), due AS (
+	SELECT h.id, $7 - coalesce(b.n, 0) AS free, row_number() OVER (ORDER BY h.id <= $6, h.id) AS turn
+	FROM hooks h
+	JOIN webhooks w ON w.id = h.id AND w.status = 'active'
+	LEFT JOIN busy b ON b.id = h.id
+	WHERE h.id IS NOT NULL AND coalesce(b.n, 0) < $7
+	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now())
+	ORDER BY turn LIMIT $3
+), share AS (
+	SELECT id, turn, least(free, ceil($3::numeric / (SELECT count(*) FROM due)))::int AS n FROM due
+), expired AS (
+	SELECT d.delivery_id, 0::bigint AS turn FROM delivery_queue d
+	WHERE d.status = 'in_flight' AND d.locked_until < now()
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
+	  AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.id = d.webhook_id AND b.n >= $7)
+	ORDER BY d.locked_until LIMIT greatest($3 / 4, 1) FOR UPDATE OF d SKIP LOCKED
+), picked AS (
+	SELECT x.delivery_id, s.turn, x.next_attempt_at FROM share s CROSS JOIN LATERAL (
+		SELECT d.delivery_id, d.next_attempt_at FROM delivery_queue d
+		WHERE d.webhook_id = s.id AND d.status = 'pending' AND d.next_attempt_at <= now()
+		ORDER BY d.next_attempt_at LIMIT s.n FOR UPDATE SKIP LOCKED) x
+), chosen AS (
+	SELECT delivery_id, turn FROM expired
+	UNION ALL
+	(SELECT delivery_id, turn FROM picked ORDER BY turn, next_attempt_at LIMIT greatest($3 - (SELECT count(*) FROM expired), 0))
+)
+UPDATE delivery_queue d
+SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
+FROM chosen c, events e, webhooks w
+WHERE d.delivery_id = c.delivery_id AND e.id = d.event_id AND e.created_at = d.created_at AND w.id = d.webhook_id
+RETURNING d.delivery_id, d.event_id, d.webhook_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, e.payload, c.turn`
+
+// Claim takes due deliveries (see claimSQL) and returns them with the round-robin cursor for
+// the next claim.
+func (q *Queue) Claim(ctx context.Context, c QueueClaim) ([]ClaimedDelivery, uuid.UUID, error) {
+	busyIDs := make([]uuid.UUID, 0, len(c.Busy))
+	busyN := make([]int, 0, len(c.Busy))
+	for id, n := range c.Busy {
+		busyIDs, busyN = append(busyIDs, id), append(busyN, n)
+	}
+	// Planned for each claim (unnamed statement, still one round trip): a connection's cached
+	// generic plan, made while the tables were small or unanalysed, kept reading them whole.
+	rows, err := q.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
+		c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.After, c.PerWebhook)
+	if err != nil {
+		return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+	}
+	defer rows.Close()
+	var out []ClaimedDelivery
+	next, last := c.After, int64(0)
+	for rows.Next() {
+		var d ClaimedDelivery
+		var turn int64
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &d.Payload, &turn); err != nil {
+			return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+		}
+		if turn > last {
+			next, last = d.WebhookID, turn
+		}
+		out = append(out, d)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return out, next, nil
+}
+
+// Outcome is the recorded result of one attempt of a claimed delivery.
+type Outcome struct {
+	// Delivery is the claimed delivery (ID, CreatedAt, Attempt, Claim are used).
+	Delivery ClaimedDelivery
+	Started  time.Time
+	Duration time.Duration
+	OK       bool
+	// StatusCode is the receiver's status (nil: no response); Error and Body the log's text.
+	StatusCode  *int
+	Error, Body *string
+	// RetryIn schedules the next attempt after a failure; negative: none (the delivery fails).
+	RetryIn time.Duration
+}
+
+// recordSQL records a batch of attempts (parallel arrays) fenced on their claims: this
+// instance ($12) still holds the delivery under the claim that made the attempt (same
+// claim_seq; attempts still one less than the attempt's number). Only then is the attempt
+// counted and logged: the queue row is deleted (delivered, or failed for good) or rescheduled
+// (held instead of pending if the webhook was paused meanwhile), the delivery log row updated
+// (a HOT update: no indexed column changes) and the attempt appended. The outcome of a claim
+// that was lost (its lease expired and the delivery was reclaimed) is not recorded: the reclaim
+// makes the same attempt again under the same number (at least once).
+//
+// The statement commits asynchronously (synchronous_commit off for its own transaction): an
+// outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
+// then attempted again, which at-least-once delivery allows. Events and deliveries themselves
+// are always committed synchronously.
+const recordSQL = `
+WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
+r AS (
+	SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::int[], $4::int[], $5::timestamptz[], $6::bool[], $7::int[],
+	                     $8::text[], $9::text[], $10::bigint[], $11::int[], $13::uuid[])
+	         AS r(delivery_id, created_at, attempt, claim, started_at, ok, status_code, error, body, retry_in, duration_ms, attempt_id)
+), fin AS (
+	DELETE FROM delivery_queue q USING r
+	WHERE q.delivery_id = r.delivery_id AND q.locked_by = $12 AND q.claim_seq = r.claim AND q.attempts = r.attempt - 1
+	  AND (r.ok OR r.retry_in < 0)
+	RETURNING q.delivery_id
+), again AS (
+	UPDATE delivery_queue q SET
+		status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
+		attempts = r.attempt, next_attempt_at = now() + r.retry_in * interval '1 millisecond', locked_by = NULL, locked_until = NULL
+	FROM r
+	WHERE q.delivery_id = r.delivery_id AND q.locked_by = $12 AND q.claim_seq = r.claim AND q.attempts = r.attempt - 1
+	  AND NOT r.ok AND r.retry_in >= 0
+	RETURNING q.delivery_id
+), kept AS (
+	SELECT r.* FROM r WHERE r.delivery_id IN (SELECT delivery_id FROM fin UNION ALL SELECT delivery_id FROM again)
+), log AS (
+	UPDATE deliveries d SET
+		status = CASE WHEN k.ok THEN 'delivered' WHEN k.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
+		attempts = k.attempt, last_status_code = k.status_code, last_error = k.error, updated_at = now()
+	FROM kept k WHERE d.id = k.delivery_id AND d.created_at = k.created_at
+)
+INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
+SELECT k.attempt_id, k.delivery_id, k.attempt, k.started_at, k.duration_ms, k.status_code, k.error, k.body
+FROM kept k CROSS JOIN async`
+
+// Record records a batch of attempt outcomes of instance's claims and returns how many were
+// recorded (the others' claims were lost: see recordSQL).
+func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (int, error) {
+	if len(outs) == 0 {
+		return 0, nil
+	}
+	n := len(outs)
+	ids, attemptIDs := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	created, started := make([]time.Time, n), make([]time.Time, n)
+	attempts, claims, durations := make([]int, n), make([]int, n), make([]int64, n)
+	ok := make([]bool, n)
+	codes := make([]*int, n)
+	errs, bodies := make([]*string, n), make([]*string, n)
+	retryIn := make([]int64, n)
+	for i, o := range outs {
+		ids[i], created[i], attempts[i], claims[i] = o.Delivery.ID, o.Delivery.CreatedAt, o.Delivery.Attempt, o.Delivery.Claim
+		attemptIDs[i], _ = uuid.NewV7()
+		started[i], durations[i], ok[i] = o.Started, o.Duration.Milliseconds(), o.OK
+		codes[i], errs[i], bodies[i] = o.StatusCode, o.Error, o.Body
+		retryIn[i] = -1
+		if o.RetryIn >= 0 {
+			retryIn[i] = o.RetryIn.Milliseconds()
+		}
+	}
+	// Planned for each batch (unnamed statement, one round trip), like claimSQL.
+	tag, err := q.pool.Exec(ctx, recordSQL, pgx.QueryExecModeCacheDescribe,
+		ids, created, attempts, claims, started, ok, codes, errs, bodies, retryIn, durations, instance, attemptIDs)
+	if err != nil {
+		return 0, fmt.Errorf("record delivery attempts: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// Handback returns a claim to the queue without an attempt (none was made: attempts is
+// unchanged), due again no sooner than After from now.
+type Handback struct {
+	ID    uuid.UUID
+	Claim int
+	After time.Duration
+}
+
+// Release hands instance's claims back, fenced like Record.
+func (q *Queue) Release(ctx context.Context, instance string, hs []Handback) error {
+	if len(hs) == 0 {
+		return nil
+	}
+	ids, claims, after := make([]uuid.UUID, len(hs)), make([]int, len(hs)), make([]int64, len(hs))
+	for i, h := range hs {
+		ids[i], claims[i], after[i] = h.ID, h.Claim, h.After.Milliseconds()
+	}
+	_, err := q.pool.Exec(ctx, `
+		UPDATE delivery_queue q SET
+			status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
+			locked_by = NULL, locked_until = NULL,
+			next_attempt_at = CASE WHEN r.after > 0 THEN greatest(q.next_attempt_at, now() + r.after * interval '1 millisecond') ELSE q.next_attempt_at END
+		FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS r(delivery_id, claim, after)
+		WHERE q.delivery_id = r.delivery_id AND q.locked_by = $4 AND q.claim_seq = r.claim AND q.status = 'in_flight'`,
+		ids, claims, after, instance)
+	if err != nil {
+		return fmt.Errorf("hand back deliveries: %w", err)
+	}
+	return nil
+}
+
+// Depth returns the deliveries due now for active webhooks (pending and due, or in flight with
+// an expired lease) and the age of the oldest one in seconds.
+func (q *Queue) Depth(ctx context.Context) (n int64, oldest float64, err error) {
+	err = q.pool.QueryRow(ctx, `
+		SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(CASE WHEN d.status = 'pending' THEN d.next_attempt_at ELSE d.locked_until END)), 0)::float8
+		FROM delivery_queue d JOIN webhooks w ON w.id = d.webhook_id
+		WHERE w.status = 'active' AND ((d.status = 'pending' AND d.next_attempt_at <= now())
+		   OR (d.status = 'in_flight' AND d.locked_until < now()))`).Scan(&n, &oldest)
+	if err != nil {
+		return 0, 0, fmt.Errorf("queue depth: %w", err)
+	}
+	return n, oldest, nil
+}
+
+// FailHeld fails the held deliveries (of paused webhooks) created before cutoff, with reason in
+// the delivery log, and returns how many: a webhook paused for good cannot grow the queue and
+// keep its days' partitions forever.
+func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		WITH f AS (
+			DELETE FROM delivery_queue q WHERE q.status = 'held' AND q.created_at < $1
+			RETURNING q.delivery_id, q.created_at
+		)
+		UPDATE deliveries d SET status = 'failed', last_error = $2, updated_at = now()
+		FROM f WHERE d.id = f.delivery_id AND d.created_at = f.created_at`, cutoff, reason)
+	if err != nil {
+		return 0, fmt.Errorf("fail held deliveries: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// DropOrphanedQueue deletes queue rows whose webhook no longer exists (an intake that raced the
+// webhook's deletion) and returns how many. Their log rows go with their day's partition.
+func (s *Store) DropOrphanedQueue(ctx context.Context) (int, error) {
+	tag, err := s.pool.Exec(ctx, `DELETE FROM delivery_queue q WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)`)
+	if err != nil {
+		return 0, fmt.Errorf("drop orphaned queue rows: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// notifyDeliveries announces due deliveries to the dispatchers.
+func notifyDeliveries(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}) error {
+	_, err := db.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
+	return err
+}
