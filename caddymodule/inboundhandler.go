@@ -12,7 +12,6 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"go.uber.org/zap"
 
-	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/store"
@@ -120,11 +119,7 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 		h.app.cache.Invalidate(id)
 	}
 	if disp != nil {
-		jobs := make([]dispatcher.Job, len(res.Claimed))
-		for i, c := range res.Claimed {
-			jobs[i] = dispatcher.Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, CreatedAt: c.CreatedAt, URL: c.URL, Payload: c.Payload}
-		}
-		disp.Deliver(claim.Max, jobs, res.Queued > 0)
+		disp.Deliver(claim.Max, res.Claimed, res.Queued > 0)
 	}
 	if err != nil {
 		h.app.logger.Warn("inbound: storing events failed; the upstream will retry", zap.Error(err))

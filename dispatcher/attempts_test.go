@@ -3,7 +3,6 @@ package dispatcher
 import (
 	"context"
 	"net/http"
-	"slices"
 	"testing"
 	"time"
 
@@ -30,7 +29,7 @@ func (e *env) crashedInstance(rc *receiver) *Dispatcher {
 // had run out.
 func (e *env) expireLease(eventID uuid.UUID) {
 	e.t.Helper()
-	tag, err := e.pool.Exec(context.Background(), `UPDATE deliveries SET locked_until = now() - interval '1 second'
+	tag, err := e.pool.Exec(context.Background(), `UPDATE delivery_queue SET locked_until = now() - interval '1 second'
 		WHERE event_id = $1 AND status = 'in_flight'`, eventID)
 	if err != nil || tag.RowsAffected() != 1 {
 		e.t.Fatalf("expire lease: %v (%d rows)", err, tag.RowsAffected())
@@ -71,7 +70,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 
 	claimed := e.events(1)[0]
 	crashed := e.crashedInstance(rc)
-	if jobs, err := crashed.claim(ctx, 10, nil); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
+	if jobs, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	res := e.intake(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
@@ -127,7 +126,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	}
 	due := func() {
 		t.Helper()
-		if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET next_attempt_at = now() - interval '1 second'
+		if _, err := e.pool.Exec(ctx, `UPDATE delivery_queue SET next_attempt_at = now() - interval '1 second'
 			WHERE event_id = $1 AND status = 'pending'`, id); err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +138,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 
 	due()
 	crashed := e.crashedInstance(rc)
-	if jobs, err := crashed.claim(ctx, 10, nil); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
+	if jobs, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	e.expireLease(id)
@@ -159,7 +158,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 // and how many other rows it took.
 func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool) (took []uuid.UUID, others int) {
 	t.Helper()
-	jobs, err := d.claim(context.Background(), limit, nil)
+	jobs, err := d.claim(context.Background(), limit)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,59 +175,55 @@ func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool)
 	return took, others
 }
 
-// TestRetriesShareEveryClaim: under a backlog of due first attempts larger than a claim, due
-// retries and expired leases still get a quarter of every claim, oldest due first; the rest of
-// the claim goes to first attempts.
-func TestRetriesShareEveryClaim(t *testing.T) {
+// TestRetriesNotStarvedByBacklog: under a backlog of due first attempts larger than a claim,
+// expired leases (up to a quarter of the claim) and then due retries are taken in the order they
+// fell due: a retry waits only for work that was due before it, never behind first attempts
+// that came later.
+func TestRetriesNotStarvedByBacklog(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
 	e.webhook(rc.srv.URL)
 	ctx := context.Background()
 	ids := e.events(12)
 	// ids[0..2]: retries, due for an hour, 50 and 40 minutes; ids[3]: a lease that expired 30
-	// minutes ago; the other 8: first attempts, due now.
+	// minutes ago; the other 8: first attempts, due since they were stored (now).
 	for i, ago := range []int{60, 50, 40} {
-		if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET attempts = 1, next_attempt_at = now() - $2 * interval '1 minute'
+		if _, err := e.pool.Exec(ctx, `UPDATE delivery_queue SET attempts = 1, next_attempt_at = now() - $2 * interval '1 minute'
 			WHERE event_id = $1`, ids[i], ago); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', locked_by = 'dead',
+	if _, err := e.pool.Exec(ctx, `UPDATE delivery_queue SET status = 'in_flight', locked_by = 'dead',
 		locked_until = now() - interval '30 minutes' WHERE event_id = $1`, ids[3]); err != nil {
 		t.Fatal(err)
 	}
 	late := map[uuid.UUID]bool{ids[0]: true, ids[1]: true, ids[2]: true, ids[3]: true}
 
 	d := e.crashedInstance(rc) // (claims only)
-	// 8 slots, 2 reserved: the two oldest retries, then 6 first attempts (8 are due)
-	took, first := claimKinds(t, d, 8, late)
-	if !sameSet(took, ids[:2]) || first != 6 {
-		t.Fatalf("first claim of 8 took retries %v (want the two oldest, %v) and %d first attempts (want 6)", took, ids[:2], first)
+	// 4 slots: the expired lease (a quarter), then the three retries, oldest due first
+	took, first := claimKinds(t, d, 4, late)
+	if !sameSet(took, ids[:4]) || first != 0 {
+		t.Fatalf("claim of 4 took late work %v (want %v) and %d first attempts (want 0)", took, ids[:4], first)
 	}
-	// 4 slots, 1 reserved: the next retry; then the 2 first attempts left; then the expired lease
-	took, first = claimKinds(t, d, 4, late)
-	if !sameSet(took, ids[2:4]) || first != 2 {
-		t.Fatalf("second claim of 4 took %v (want %v) and %d first attempts (want 2)", took, ids[2:4], first)
+	took, first = claimKinds(t, d, 8, late)
+	if len(took) != 0 || first != 8 {
+		t.Fatalf("claim of 8 took %v and %d first attempts (want the 8 first attempts)", took, first)
 	}
 
-	// Claims of one slot each (a saturated worker pool frees slots one at a time): one in four
-	// is reserved, the first rounds up.
+	// A retry that falls due after first attempts were stored waits for those only.
 	e2 := newEnv(t)
 	e2.webhook(rc.srv.URL)
-	ids = e2.events(10)
-	if _, err := e2.pool.Exec(ctx, `UPDATE deliveries SET attempts = 2, next_attempt_at = now() - interval '1 hour'
-		WHERE event_id = ANY($1)`, ids[:2]); err != nil {
+	ids = e2.events(6)
+	if _, err := e2.pool.Exec(ctx, `UPDATE delivery_queue SET next_attempt_at = now() - interval '10 minutes' WHERE event_id = ANY($1)`, ids[1:4]); err != nil {
 		t.Fatal(err)
 	}
-	late = map[uuid.UUID]bool{ids[0]: true, ids[1]: true}
-	d = e2.crashedInstance(rc)
-	var pattern []int
-	for range 5 {
-		took, _ := claimKinds(t, d, 1, late)
-		pattern = append(pattern, len(took))
+	if _, err := e2.pool.Exec(ctx, `UPDATE delivery_queue SET attempts = 2, next_attempt_at = now() - interval '5 minutes' WHERE event_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
 	}
-	if want := []int{1, 0, 0, 0, 1}; !slices.Equal(pattern, want) {
-		t.Fatalf("retries taken by claims of one: %v, want %v", pattern, want)
+	d = e2.crashedInstance(rc)
+	took, first = claimKinds(t, d, 4, map[uuid.UUID]bool{ids[0]: true})
+	if len(took) != 1 || first != 3 {
+		t.Fatalf("claim of 4 took the retry %d times and %d first attempts; want the 3 due before it and the retry", len(took), first)
 	}
 }
 

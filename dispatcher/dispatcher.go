@@ -206,13 +206,7 @@ func (d *Dispatcher) Lease() time.Duration { return d.cfg.Lease }
 // locked_until now + Lease), to be started by Deliver without a claim query. Its attempt is
 // attempt 1, fenced on claim 0 (a dispatcher's claim, a reclaim of its expired lease too, is
 // claim_seq 1 or more).
-type Job struct {
-	ID, EventID, WebhookID uuid.UUID
-	// CreatedAt is the delivery's creation time (store.ClaimedDelivery.CreatedAt).
-	CreatedAt time.Time
-	URL       string
-	Payload   []byte
-}
+type Job = store.ClaimedDelivery
 
 // Reserve takes up to n free worker slots for deliveries an intake is about to insert already
 // claimed (the direct hand-off that spares the claim query and the wake-up round trip). It
@@ -254,7 +248,8 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	ctx := d.attemptCtx
 	var run, back []job
 	for _, j := range jobs {
-		jb := job{id: j.ID, eventID: j.EventID, webhookID: j.WebhookID, attempt: 1, claim: 0, created: j.CreatedAt, url: j.URL, payload: j.Payload}
+		jb := jobOf(j)
+		jb.attempt, jb.claim = 1, 0
 		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
 			d.perHook[j.WebhookID]++
 			run = append(run, jb)

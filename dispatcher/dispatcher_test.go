@@ -228,7 +228,7 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 type deliveryRow struct {
-	status   string
+	status   string // as the API shows it: in_flight, pending (held too), delivered, failed
 	attempts int
 	code     *int
 	lastErr  *string
@@ -237,7 +237,10 @@ type deliveryRow struct {
 func (e *env) delivery(eventID uuid.UUID) deliveryRow {
 	e.t.Helper()
 	var r deliveryRow
-	err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, last_status_code, last_error FROM deliveries WHERE event_id = $1`, eventID).
+	err := e.pool.QueryRow(context.Background(), `
+		SELECT CASE WHEN q.status = 'in_flight' THEN 'in_flight' WHEN q.status IS NOT NULL THEN 'pending' ELSE d.status END,
+		       d.attempts, d.last_status_code, d.last_error
+		FROM deliveries d LEFT JOIN delivery_queue q ON q.delivery_id = d.id WHERE d.event_id = $1`, eventID).
 		Scan(&r.status, &r.attempts, &r.code, &r.lastErr)
 	if err != nil {
 		e.t.Fatal(err)
@@ -495,7 +498,7 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	// three held deliveries, due a second apart in the order of ids
 	ids := e.events(3)
 	for i, id := range ids {
-		if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET next_attempt_at = now() - $2 * interval '1 second' WHERE event_id = $1`,
+		if _, err := e.pool.Exec(ctx, `UPDATE delivery_queue SET next_attempt_at = now() - $2 * interval '1 second' WHERE event_id = $1`,
 			id, 3-i); err != nil {
 			t.Fatal(err)
 		}
@@ -664,8 +667,10 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	ctx := context.Background()
 	// Both: one attempt recorded, the second claimed (its instance's second claim) by an instance
 	// that died. ids[0]'s lease has passed; ids[1]'s has not.
-	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'in_flight', attempts = 1, claim_seq = 2, locked_by = 'dead',
-		locked_until = CASE WHEN event_id = $1 THEN now() - interval '1 second' ELSE now() + interval '1 hour' END`, ids[0]); err != nil {
+	if _, err := e.pool.Exec(ctx, `
+		WITH q AS (UPDATE delivery_queue SET status = 'in_flight', attempts = 1, claim_seq = 2, locked_by = 'dead',
+		           locked_until = CASE WHEN event_id = $1 THEN now() - interval '1 second' ELSE now() + interval '1 hour' END)
+		UPDATE deliveries SET attempts = 1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
 	e.run(e.config(rc))
@@ -690,12 +695,16 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	// recorded.
 	complete := func(instance string, claim int) {
 		t.Helper()
-		var late completions
 		code, msg, body := 500, "late", ""
-		j := job{id: mustDeliveryID(t, e, ids[1]), attempt: 2, claim: claim}
+		var created time.Time
+		if err := e.pool.QueryRow(ctx, `SELECT created_at FROM deliveries WHERE event_id = $1`, ids[1]).Scan(&created); err != nil {
+			t.Fatal(err)
+		}
+		j := job{id: mustDeliveryID(t, e, ids[1]), attempt: 2, claim: claim, created: created}
 		// (a retry an hour away: the running dispatcher leaves it alone)
-		late.add(uuid.New(), j, time.Now(), false, &code, &msg, &body, time.Hour.Milliseconds(), time.Millisecond)
-		if _, err := e.pool.Exec(ctx, completeSQL, late.args(instance)...); err != nil {
+		late := store.Outcome{Delivery: j.delivery(), Started: time.Now(), Duration: time.Millisecond, StatusCode: &code,
+			Error: &msg, Body: &body, RetryIn: time.Hour}
+		if _, err := store.NewQueue(e.pool).Record(ctx, instance, []store.Outcome{late}); err != nil {
 			t.Fatal(err)
 		}
 	}

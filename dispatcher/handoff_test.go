@@ -36,11 +36,7 @@ func (e *env) intake(n int, claim store.Claim) store.IntakeResult {
 }
 
 func jobsOf(res store.IntakeResult) []Job {
-	jobs := make([]Job, len(res.Claimed))
-	for i, c := range res.Claimed {
-		jobs[i] = Job{ID: c.ID, EventID: c.EventID, WebhookID: c.WebhookID, URL: c.URL, Payload: c.Payload}
-	}
-	return jobs
+	return res.Claimed
 }
 
 func TestHandOffDeliversWithoutClaim(t *testing.T) {
@@ -63,7 +59,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	for _, c := range res.Claimed {
 		var status, lockedBy string
 		var attempts, claim int
-		if err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, claim_seq, locked_by FROM deliveries WHERE id = $1`, c.ID).
+		if err := e.pool.QueryRow(context.Background(), `SELECT status, attempts, claim_seq, locked_by FROM delivery_queue WHERE delivery_id = $1`, c.ID).
 			Scan(&status, &attempts, &claim, &lockedBy); err != nil {
 			t.Fatal(err)
 		}

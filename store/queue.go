@@ -52,9 +52,9 @@ type QueueClaim struct {
 // claim_seq, which fences the claim's outcome.
 const claimSQL = `
 WITH RECURSIVE hooks(id) AS (
-	SELECT min(webhook_id) FROM delivery_queue WHERE status = 'pending'
+	(SELECT webhook_id FROM delivery_queue WHERE status = 'pending' ORDER BY webhook_id LIMIT 1)
 	UNION ALL
-	SELECT (SELECT min(q.webhook_id) FROM delivery_queue q WHERE q.status = 'pending' AND q.webhook_id > h.id)
+	SELECT (SELECT q.webhook_id FROM delivery_queue q WHERE q.status = 'pending' AND q.webhook_id > h.id ORDER BY q.webhook_id LIMIT 1)
 	FROM hooks h WHERE h.id IS NOT NULL
 ), busy AS (
 	SELECT * FROM unnest($4::uuid[], $5::int[]) AS b(id, n)
