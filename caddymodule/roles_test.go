@@ -160,7 +160,7 @@ func TestRolesIntakeOnlyAndDispatcherOnly(t *testing.T) {
 		var status string
 		var lockedBy *string
 		seen := ""
-		err := e.pool.QueryRow(r.Context(), `SELECT status, locked_by FROM deliveries WHERE event_id::text = $1`,
+		err := e.pool.QueryRow(r.Context(), `SELECT status, locked_by FROM delivery_queue WHERE event_id::text = $1`,
 			r.Header.Get("webhook-id")).Scan(&status, &lockedBy)
 		switch {
 		case err != nil:
@@ -264,7 +264,7 @@ func TestRolesIntakeOnlyAndDispatcherOnly(t *testing.T) {
 	t.Logf("%d events posted to A delivered in %v", events, took)
 
 	// exactly once, per event id
-	rows, err := e.pool.Query(ctx, `SELECT e.id::text, d.status, d.attempts, d.locked_by IS NULL,
+	rows, err := e.pool.Query(ctx, `SELECT e.id::text, d.status, d.attempts, NOT EXISTS (SELECT 1 FROM delivery_queue q WHERE q.delivery_id = d.id),
 		       (SELECT count(*) FROM delivery_attempts x WHERE x.delivery_id = d.id),
 		       (SELECT count(*) FROM delivery_attempts x WHERE x.delivery_id = d.id AND x.attempt = 1 AND x.status_code = 204)
 		FROM events e JOIN deliveries d ON d.event_id = e.id`)

@@ -135,8 +135,8 @@ func seedDelivery(t *testing.T, e *env, wh, ch uuid.UUID, status string, code, m
 		VALUES ($1, $2, $3, 'messages', $4, '{}')`, evID, e.org.ID, ch, evID.String()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code)
-		VALUES ($1, $2, $3, $4, 1, $5)`, delID, evID, wh, status, code); err != nil {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code, created_at)
+		VALUES ($1, $2, $3, $4, 1, $5, (SELECT created_at FROM events WHERE id = $2))`, delID, evID, wh, status, code); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)
@@ -624,7 +624,7 @@ func TestBrowserDeliveryLog(t *testing.T) {
 	}
 
 	// It fails again; Recover since an hour ago queues it again.
-	if _, err := e.pool.Exec(ctx, `UPDATE deliveries SET status = 'failed' WHERE id = $1`, failed); err != nil {
+	if _, err := e.pool.Exec(ctx, `WITH q AS (DELETE FROM delivery_queue WHERE delivery_id = $1) UPDATE deliveries SET status = 'failed' WHERE id = $1`, failed); err != nil {
 		t.Fatal(err)
 	}
 	p.Navigate(t, e.srv.URL+page)

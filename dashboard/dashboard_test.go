@@ -357,8 +357,8 @@ func TestWebhooksAndDeliveryLog(t *testing.T) {
 		VALUES ($1, $2, $3, 'messages', 'k1', '{}')`, evID, e.org.ID, ch.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code)
-		VALUES ($1, $2, $3, 'failed', 1, 500)`, delID, evID, wh.ID); err != nil {
+	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code, created_at)
+		VALUES ($1, $2, $3, 'failed', 1, 500, (SELECT created_at FROM events WHERE id = $2))`, delID, evID, wh.ID); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := e.pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)

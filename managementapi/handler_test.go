@@ -898,8 +898,9 @@ func TestDeliveryLog(t *testing.T) {
 		t.Fatal(err)
 	}
 	// two failed deliveries with attempts, the rest pending
-	e.exec(`UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
-		WHERE id IN (SELECT id FROM deliveries ORDER BY created_at, id LIMIT 2)`)
+	e.exec(`WITH f AS (UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
+		           WHERE id IN (SELECT id FROM deliveries ORDER BY created_at, id LIMIT 2) RETURNING id)
+		DELETE FROM delivery_queue q USING f WHERE q.delivery_id = f.id`)
 	e.exec(`INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 		SELECT gen_random_uuid(), id, n, now(), 12, 500, 'HTTP 500', 'oops' FROM deliveries, generate_series(1, 4) n WHERE status = 'failed'`)
 	base := "/webhooks/" + wh.ID + "/deliveries"

@@ -33,7 +33,7 @@ CREATE TABLE events (
 	dedupe_key  text NOT NULL,
 	-- the JSON delivered to webhooks, as sent (migration 008)
 	payload     bytea NOT NULL,
-	created_at  timestamptz NOT NULL
+	created_at  timestamptz NOT NULL DEFAULT now()
 ) PARTITION BY RANGE (created_at);
 
 -- A delivery's created_at is its event's: both rows live in the same day's partitions.

@@ -1,0 +1,168 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// planNode is a node of EXPLAIN (ANALYZE, FORMAT JSON).
+type planNode struct {
+	Type      string     `json:"Node Type"`
+	Relation  string     `json:"Relation Name"`
+	Rows      float64    `json:"Actual Rows"`
+	Loops     float64    `json:"Actual Loops"`
+	Filtered  float64    `json:"Rows Removed by Filter"`
+	Rechecked float64    `json:"Rows Removed by Index Recheck"`
+	Hit       int        `json:"Shared Hit Blocks"`
+	Read      int        `json:"Shared Read Blocks"`
+	Plans     []planNode `json:"Plans"`
+}
+
+// tableRows returns the rows the plan read from tables and indexes (kept or filtered out, times
+// the loops), by relation.
+func (n planNode) tableRows(into map[string]float64) {
+	switch n.Type {
+	case "Seq Scan", "Index Scan", "Index Only Scan", "Bitmap Heap Scan":
+		into[n.Relation] += (n.Rows + n.Filtered + n.Rechecked) * n.Loops
+	}
+	for _, c := range n.Plans {
+		c.tableRows(into)
+	}
+}
+
+// claimCost runs claimSQL for c inside transactions that are rolled back and returns the rows
+// it claimed per webhook, the rows it read from delivery_queue (kept or filtered out: the work
+// of a claim, as a count rather than a time) and the shared buffers it touched.
+func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[uuid.UUID]int, queueRows float64, buffers int) {
+	t.Helper()
+	ctx := context.Background()
+	ids, ns := []uuid.UUID{}, []int{}
+	for id, n := range c.Busy {
+		ids, ns = append(ids, id), append(ns, n)
+	}
+	args := []any{c.Instance, c.Lease.Milliseconds(), c.Limit, ids, ns, c.After, c.PerWebhook}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var plan []byte
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+store.ClaimSQL, args...).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var p []struct{ Plan planNode }
+	if err := json.Unmarshal(plan, &p); err != nil || len(p) != 1 {
+		t.Fatalf("plan %s: %v", plan, err)
+	}
+	read := map[string]float64{}
+	p[0].Plan.tableRows(read)
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The same claim for real, rolled back too, for what it takes.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	rows, err := tx.Query(ctx, store.ClaimSQL, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	took = map[uuid.UUID]int{}
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		took[uuid.UUID(vals[2].([16]byte))]++
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return took, read["delivery_queue"], p[0].Plan.Hit + p[0].Plan.Read
+}
+
+// TestClaimNeverScansOtherBacklogs: beside a paused webhook holding 50,000 deliveries and a slow
+// webhook at its per-webhook cap on this instance with 20,000 due ones, a claim for a healthy
+// webhook reads (kept or filtered out) a few queue rows per row it takes and per webhook, not
+// their backlogs: held rows are not in the claims' index, and a webhook at its cap is skipped,
+// not scanned. (Its buffers grow only with the indexes' depth.)
+func TestClaimNeverScansOtherBacklogs(t *testing.T) {
+	ctx := context.Background()
+	s, pool := newStoreAndPool(t)
+	org, err := s.CreateOrg(ctx, "o")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := func(name string) uuid.UUID {
+		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.ID
+	}
+	healthy, slow, paused := hook("healthy"), hook("slow"), hook("paused")
+	if _, err := s.SetWebhookStatus(ctx, org.ID, paused, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	// n queued deliveries of webhook w with status st, due a minute ago, with their events.
+	queue := func(w uuid.UUID, n int, st string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `
+			WITH e AS (
+				INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+				SELECT gen_random_uuid(), $1, gen_random_uuid(), 'messages', 'k', '{}', now() FROM generate_series(1, $3)
+				RETURNING id, created_at
+			), d AS (
+				INSERT INTO deliveries (id, event_id, webhook_id, created_at)
+				SELECT gen_random_uuid(), e.id, $2, e.created_at FROM e RETURNING id, event_id, created_at
+			)
+			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
+			SELECT d.id, d.created_at, d.event_id, $2, $4, now() - interval '1 minute' FROM d`, org.ID, w, n, st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queue(healthy, 200, "pending")
+	claim := store.QueueClaim{Instance: "i", Lease: time.Minute, Limit: 50, PerWebhook: 16, Busy: map[uuid.UUID]int{slow: 16}}
+	analyze := func() {
+		if _, err := pool.Exec(ctx, `ANALYZE delivery_queue`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	analyze()
+	took, base, baseBuf := claimCost(t, pool, claim)
+	if took[healthy] != 16 || len(took) != 1 {
+		t.Fatalf("baseline claim took %v, want 16 (its per-webhook cap) of the healthy webhook only", took)
+	}
+
+	queue(paused, 50000, "held")
+	queue(slow, 20000, "pending")
+	analyze()
+	took, loaded, loadedBuf := claimCost(t, pool, claim)
+	if took[healthy] != 16 || len(took) != 1 {
+		t.Fatalf("claim beside the backlogs took %v, want 16 of the healthy webhook only", took)
+	}
+	t.Logf("claim: %.0f queue rows read and %d buffers alone, %.0f rows and %d buffers beside 50,000 held and 20,000 capped deliveries",
+		base, baseBuf, loaded, loadedBuf)
+	// Each row taken is read about twice (the due index, then the update by primary key), plus
+	// a probe or two per webhook with pending rows; scanning the slow webhook's backlog alone
+	// would read 20,000.
+	if taken := float64(took[healthy]); loaded > 3*taken+10 {
+		t.Fatalf("claim read %.0f queue rows to take %.0f beside other webhooks' backlogs (%.0f alone): it scans them", loaded, taken, base)
+	}
+
+	// The slow webhook below its cap is served too, in turn with the healthy one.
+	claim.Busy = map[uuid.UUID]int{slow: 14}
+	took, _, _ = claimCost(t, pool, claim)
+	if took[healthy] != 16 || took[slow] != 2 {
+		t.Fatalf("claim with 2 free slots for the slow webhook took %v", took)
+	}
+}
