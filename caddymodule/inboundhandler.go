@@ -100,7 +100,8 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	}
 	items := make([]store.IncomingItem, len(batch.Items))
 	for i, it := range batch.Items {
-		items[i] = store.IncomingItem{Type: it.Kind, PhoneNumberID: it.PhoneNumberID, DedupeKey: it.DedupeKey, Data: it.Data, ObjectIDs: it.MediaIDs}
+		items[i] = store.IncomingItem{Type: it.Kind, PhoneNumberID: it.PhoneNumberID, DedupeKey: it.DedupeKey, Data: it.Data,
+			ObjectIDs: it.MediaIDs, Sent: it.Sent}
 	}
 	// Deliveries this instance can start at once are created already claimed and handed to its
 	// dispatcher after the commit (no claim query, no wake-up round trip). An instance with no

@@ -70,7 +70,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 
 	claimed := e.events(1)[0]
 	crashed := e.crashedInstance(rc)
-	if jobs, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
+	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	res := e.intake(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
@@ -138,7 +138,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 
 	due()
 	crashed := e.crashedInstance(rc)
-	if jobs, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
+	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	e.expireLease(id)
@@ -158,7 +158,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 // and how many other rows it took.
 func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool) (took []uuid.UUID, others int) {
 	t.Helper()
-	jobs, err := d.claim(context.Background(), limit)
+	jobs, _, err := d.claim(context.Background(), limit)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -111,7 +111,7 @@ type Dispatcher struct {
 	mu         sync.Mutex
 	active     int             // attempts running or reserved (Reserve) on this instance
 	running    bool            // Run is claiming: Reserve may hand out slots
-	caughtUp   bool            // the last claim found nothing due
+	caughtUp   bool            // the last claim drained the queue (store.Claimed.Drained)
 	attemptCtx context.Context // the context of attempts, set by Run
 	perHook    map[uuid.UUID]int
 	secretTTL  time.Duration

@@ -111,9 +111,9 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 		more := false
 		if free > 0 {
 			limit := min(free, d.cfg.BatchSize)
-			jobs, err := d.claim(ctx, limit)
+			jobs, drained, err := d.claim(ctx, limit)
 			d.mu.Lock()
-			d.caughtUp = err == nil && len(jobs) == 0
+			d.caughtUp = err == nil && drained
 			d.mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
@@ -131,8 +131,8 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 			backoff = 0
 			d.start(attemptCtx, jobs)
 			// A claim shares its limit among the webhooks with due work, so one that took less
-			// than its limit may still leave due rows: claim again until a claim finds nothing.
-			more = len(jobs) > 0
+			// than its limit may still leave due rows: claim again until it drains the queue.
+			more = !drained
 		}
 		if more {
 			if d.free() > 0 {
@@ -170,25 +170,26 @@ func (d *Dispatcher) free() int {
 }
 
 // claim takes up to limit due deliveries (store.Queue.Claim: fairly across webhooks, none for
-// a webhook at its per-webhook cap on this instance). Called by the claiming goroutine only.
-func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, error) {
+// a webhook at its per-webhook cap on this instance) and reports whether it drained the queue.
+// Called by the claiming goroutine only.
+func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
 	d.mu.Lock()
 	busy := make(map[uuid.UUID]int, len(d.perHook))
 	for id, n := range d.perHook {
 		busy[id] = n
 	}
 	d.mu.Unlock()
-	claimed, next, err := d.queue.Claim(ctx, store.QueueClaim{Instance: d.cfg.InstanceID, Lease: d.cfg.Lease, Limit: limit,
+	c, err := d.queue.Claim(ctx, store.QueueClaim{Instance: d.cfg.InstanceID, Lease: d.cfg.Lease, Limit: limit,
 		PerWebhook: d.cfg.PerWebhook, Busy: busy, After: d.cursor})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	d.cursor = next
-	jobs := make([]job, len(claimed))
-	for i, c := range claimed {
-		jobs[i] = jobOf(c)
+	d.cursor = c.Next
+	jobs := make([]job, len(c.Deliveries))
+	for i, cd := range c.Deliveries {
+		jobs[i] = jobOf(cd)
 	}
-	return jobs, nil
+	return jobs, c.Drained, nil
 }
 
 func jobOf(c store.ClaimedDelivery) job {
@@ -369,27 +370,45 @@ func cleanText(b []byte) string {
 	return strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", "")
 }
 
-// writeResults records results in batches until d.results is closed.
+// writeResults records results in batches until d.results is closed. A batch is what has
+// arrived by the time the writer is free, topped up for at most resultLinger while it is small:
+// every batch costs a statement (mostly its planning), so fewer, larger ones cost less per
+// delivery than one per result.
 func (d *Dispatcher) writeResults() {
 	const maxBatch = 256
 	batch := make([]result, 0, maxBatch)
+	var linger *time.Timer
 	for r := range d.results {
 		batch = append(batch[:0], r)
+		open := true
+		if linger == nil {
+			linger = time.NewTimer(resultLinger)
+		} else {
+			linger.Reset(resultLinger)
+		}
 	fill:
 		for len(batch) < maxBatch {
 			select {
 			case r, ok := <-d.results:
 				if !ok {
+					open = false
 					break fill
 				}
 				batch = append(batch, r)
-			default:
+			case <-linger.C:
 				break fill
 			}
 		}
+		linger.Stop()
 		d.flushSafely(batch)
+		if !open {
+			return
+		}
 	}
 }
+
+// resultLinger is how long the result writer waits to fill a batch.
+const resultLinger = 2 * time.Millisecond
 
 // flushSafely is flush that survives a panic (logged; the batch's leases expire and its
 // deliveries are attempted again), so the writer keeps draining results.

@@ -18,6 +18,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 	"strings"
 )
 
@@ -111,6 +113,9 @@ type Item struct {
 	// MediaIDs are the upstream ids of the media a message carries (image, audio, video,
 	// document, sticker): objects the channel has been handed, which the relay's scope admits.
 	MediaIDs []string
+	// Sent is the item's upstream timestamp (zero when absent or malformed): a copy of it can
+	// only have been received after it.
+	Sent time.Time
 }
 
 // AccountChange is an account-level change (no metadata.phone_number_id),
@@ -234,14 +239,15 @@ type contactKeys struct {
 }
 
 type messageKeys struct {
-	ID         string   `json:"id"`
-	From       string   `json:"from"`
-	FromUserID string   `json:"from_user_id"`
-	Image      mediaRef `json:"image"`
-	Audio      mediaRef `json:"audio"`
-	Video      mediaRef `json:"video"`
-	Document   mediaRef `json:"document"`
-	Sticker    mediaRef `json:"sticker"`
+	ID         string          `json:"id"`
+	Timestamp  json.RawMessage `json:"timestamp"`
+	From       string          `json:"from"`
+	FromUserID string          `json:"from_user_id"`
+	Image      mediaRef        `json:"image"`
+	Audio      mediaRef        `json:"audio"`
+	Video      mediaRef        `json:"video"`
+	Document   mediaRef        `json:"document"`
+	Sticker    mediaRef        `json:"sticker"`
 }
 
 // mediaRef is the part of a media object (image, audio, …) that matters here: its upstream id.
@@ -270,8 +276,23 @@ func (k *messageKeys) mediaIDs() []string {
 }
 
 type statusKeys struct {
-	ID     string `json:"id"`
-	Status string `json:"status"`
+	ID        string          `json:"id"`
+	Status    string          `json:"status"`
+	Timestamp json.RawMessage `json:"timestamp"`
+}
+
+// unixTime reads the upstream's "timestamp" (unix seconds, sent as a string; a number is taken
+// too). Anything else is the zero time: unknown.
+func unixTime(raw json.RawMessage) time.Time {
+	var v string
+	if json.Unmarshal(raw, &v) != nil {
+		v = string(raw)
+	}
+	sec, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || sec <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(sec, 0)
 }
 
 type accountValue struct {
@@ -333,6 +354,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			DedupeKey:     "m:" + k.ID,
 			Data:          data,
 			MediaIDs:      k.mediaIDs(),
+			Sent:          unixTime(k.Timestamp),
 		})
 	}
 
@@ -352,6 +374,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			WabaID:        wabaID,
 			DedupeKey:     "s:" + k.ID + ":" + k.Status,
 			Data:          data,
+			Sent:          unixTime(k.Timestamp),
 		})
 	}
 }

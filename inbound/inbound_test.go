@@ -517,3 +517,30 @@ func TestParseMediaIDs(t *testing.T) {
 		}
 	}
 }
+
+// TestParseSentTime: an item's upstream timestamp (unix seconds, a string as sent, or a number)
+// becomes Item.Sent; a missing or malformed one is the zero time (unknown), and never costs the
+// item.
+func TestParseSentTime(t *testing.T) {
+	body := `{"object":"whatsapp_business_account","entry":[{"id":"w","changes":[{"field":"messages","value":{
+		"metadata":{"phone_number_id":"p"},
+		"messages":[{"id":"a","timestamp":"1700000000"},{"id":"b","timestamp":1700000001},{"id":"c","timestamp":"soon"},{"id":"d"}],
+		"statuses":[{"id":"s","status":"sent","timestamp":"1700000002"}]}}]}]}`
+	b, err := Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int64{"m:a": 1700000000, "m:b": 1700000001, "m:c": 0, "m:d": 0, "s:s:sent": 1700000002}
+	if len(b.Items) != len(want) {
+		t.Fatalf("%d items, want %d", len(b.Items), len(want))
+	}
+	for _, it := range b.Items {
+		got := int64(0)
+		if !it.Sent.IsZero() {
+			got = it.Sent.Unix()
+		}
+		if got != want[it.DedupeKey] {
+			t.Errorf("%s: sent %d, want %d", it.DedupeKey, got, want[it.DedupeKey])
+		}
+	}
+}

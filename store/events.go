@@ -31,6 +31,10 @@ type IncomingItem struct {
 	// ObjectIDs are upstream object ids (media) the item hands to its channel; they are
 	// recorded with the events, so the relay's scope admits them from then on.
 	ObjectIDs []string
+	// Sent is the upstream's timestamp of the item (zero: unknown). An earlier copy can only
+	// have been stored after it, so the look-up for duplicates starts on its day instead of
+	// DedupeWindow ago: a fresh item costs no look-up in earlier days' partitions.
+	Sent time.Time
 }
 
 // IntakeResult counts what StoreEvents did with a batch.
@@ -148,11 +152,21 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	var payloads [][]byte
 	var objChannels []uuid.UUID
 	var objIDs []string
+	today := day(now)
+	lookback := today // the first day a copy of some item could have been stored on
 	for _, it := range items {
 		c, ok := channels[it.PhoneNumberID]
 		if !ok {
 			res.Unknown++
 			continue
+		}
+		// (an hour's margin for the upstream's clock)
+		from := day(it.Sent.Add(-time.Hour))
+		if earliest := today.Add(-DedupeWindow); from.Before(earliest) {
+			from = earliest // (also an unknown Sent: the whole window)
+		}
+		if from.Before(lookback) {
+			lookback = from
 		}
 		id := newID()
 		ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
@@ -166,7 +180,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		return res, nil
 	}
 	in := intake{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, payloads: payloads,
-		objChannels: objChannels, objIDs: objIDs, now: now, claim: claim}
+		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
 	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 	if isMissingPartition(err) {
 		// The partition manager is behind (or the clock jumped): make today's and retry once.
@@ -194,15 +208,16 @@ type intake struct {
 	objChannels        []uuid.UUID
 	objIDs             []string
 	now                time.Time
+	lookback           time.Time // the first day to look for duplicates in (see IncomingItem.Sent)
 	claim              Claim
 }
 
 // store inserts the batch in tx: the events that are not duplicates, the objects they hand
 // their channels, one delivery log row and one queue row per matching webhook.
 func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error {
-	today := day(in.now)
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
-	// days before is looked up in their partitions (pruned to them by created_at).
+	// days before (from the lookback day: none for items sent today) is looked up in their
+	// partitions (pruned to them by created_at when the statement is planned).
 	rows, err := tx.Query(ctx, `
 		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
 		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz
@@ -212,7 +227,7 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 		ON CONFLICT DO NOTHING
 		RETURNING id, org_id, channel_id, type`,
 		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
-		today.Add(-DedupeWindow), today)
+		in.lookback, day(in.now))
 	if err != nil {
 		return err
 	}

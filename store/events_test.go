@@ -106,8 +106,9 @@ func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
 	return s, org
 }
 
-// storeOn stores one message item with the store's clock at day.
-func storeOn(t *testing.T, s *store.Store, day time.Time, key string) store.IntakeResult {
+// storeOn stores one message item with the store's clock at day (and the upstream timestamp
+// sent, if given).
+func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...time.Time) store.IntakeResult {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.EnsurePartitions(ctx, day, day); err != nil {
@@ -115,7 +116,11 @@ func storeOn(t *testing.T, s *store.Store, day time.Time, key string) store.Inta
 	}
 	s.SetNow(func() time.Time { return day })
 	defer s.SetNow(time.Now)
-	res, err := s.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}}, store.Claim{})
+	it := store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}
+	if len(sent) > 0 {
+		it.Sent = sent[0]
+	}
+	res, err := s.StoreEvents(ctx, []store.IncomingItem{it}, store.Claim{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +236,11 @@ func TestDuplicatesAcrossDays(t *testing.T) {
 	storeOn(t, s, now.AddDate(0, 0, -9), "old")
 	if res := storeOn(t, s, now, "recent"); res.Events != 0 || res.Duplicates != 1 {
 		t.Fatalf("re-send of a 6-day-old item: %+v, want a duplicate", res)
+	}
+	// with its upstream timestamp, the look-up starts on the day it was sent
+	storeOn(t, s, now.AddDate(0, 0, -3), "timed", now.AddDate(0, 0, -3).Add(-time.Minute))
+	if res := storeOn(t, s, now, "timed", now.AddDate(0, 0, -3).Add(-time.Minute)); res.Events != 0 || res.Duplicates != 1 {
+		t.Fatalf("re-send of a 3-day-old item with its timestamp: %+v, want a duplicate", res)
 	}
 	if res := storeOn(t, s, now, "old"); res.Events != 1 {
 		t.Fatalf("re-send of a 9-day-old item: %+v, want a new event (past the %v window)", res, store.DedupeWindow)

@@ -86,13 +86,25 @@ WITH RECURSIVE hooks(id) AS (
 )
 UPDATE delivery_queue d
 SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
-FROM chosen c, events e, webhooks w
-WHERE d.delivery_id = c.delivery_id AND e.id = d.event_id AND e.created_at = d.created_at AND w.id = d.webhook_id
-RETURNING d.delivery_id, d.event_id, d.webhook_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, e.payload, c.turn`
+FROM chosen c, webhooks w
+WHERE d.delivery_id = c.delivery_id AND w.id = d.webhook_id
+RETURNING d.delivery_id, d.event_id, d.webhook_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
+	(SELECT count(*) FROM due), (SELECT count(*) FROM expired)`
 
-// Claim takes due deliveries (see claimSQL) and returns them with the round-robin cursor for
-// the next claim.
-func (q *Queue) Claim(ctx context.Context, c QueueClaim) ([]ClaimedDelivery, uuid.UUID, error) {
+// Claimed is what a claim took.
+type Claimed struct {
+	Deliveries []ClaimedDelivery
+	// Next is the round-robin cursor for the next claim.
+	Next uuid.UUID
+	// Drained reports that the claim took every delivery that was due and not locked by another
+	// claim: each webhook it served got less than its share, and no webhook or expired lease was
+	// left out for want of room. New deliveries can then go out at once without overtaking
+	// older due ones.
+	Drained bool
+}
+
+// Claim takes due deliveries (see claimSQL), with their events' payloads.
+func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	busyIDs := make([]uuid.UUID, 0, len(c.Busy))
 	busyN := make([]int, 0, len(c.Busy))
 	for id, n := range c.Busy {
@@ -103,26 +115,107 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) ([]ClaimedDelivery, uui
 	rows, err := q.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
 		c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.After, c.PerWebhook)
 	if err != nil {
-		return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
-	defer rows.Close()
 	var out []ClaimedDelivery
 	next, last := c.After, int64(0)
+	var hooks, expired int64
+	taken := map[uuid.UUID]int{}
 	for rows.Next() {
 		var d ClaimedDelivery
 		var turn int64
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &d.Payload, &turn); err != nil {
-			return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &turn, &hooks, &expired); err != nil {
+			rows.Close()
+			return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 		}
 		if turn > last {
 			next, last = d.WebhookID, turn
 		}
+		if turn > 0 {
+			taken[d.WebhookID]++
+		}
 		out = append(out, d)
 	}
+	rows.Close()
 	if err := rows.Err(); err != nil {
-		return nil, c.After, fmt.Errorf("claim deliveries: %w", err)
+		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
-	return out, next, nil
+	drained := len(out) == 0
+	if !drained && hooks <= int64(len(taken)) && expired < int64(max(c.Limit/4, 1)) {
+		// every webhook with due work was served; each share as claimSQL computes it
+		share := int64(c.Limit)
+		if hooks > 0 {
+			share = (share + hooks - 1) / hooks
+		}
+		drained = true
+		for id, n := range taken {
+			if int64(n) >= min(int64(c.PerWebhook-c.Busy[id]), share) {
+				drained = false // it may have more
+			}
+		}
+	}
+	if err := q.payloads(ctx, out); err != nil {
+		// Hand the claims back rather than let them wait for their lease.
+		hs := make([]Handback, len(out))
+		for i, d := range out {
+			hs[i] = Handback{ID: d.ID, Claim: d.Claim}
+		}
+		if rerr := q.Release(context.WithoutCancel(ctx), c.Instance, hs); rerr != nil {
+			err = fmt.Errorf("%w (and handing the claims back: %v)", err, rerr)
+		}
+		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
+	}
+	return Claimed{Deliveries: out, Next: next, Drained: drained}, nil
+}
+
+// byDay groups indexes of items by the UTC day of their creation time: the statements on a
+// partitioned table name the day's bounds, so that the planner reads one partition, however
+// many days the retention keeps (planning every partition cost more than the statement itself
+// at 30 days).
+func byDay(n int, created func(i int) time.Time) map[time.Time][]int {
+	days := map[time.Time][]int{}
+	for i := range n {
+		d := day(created(i))
+		days[d] = append(days[d], i)
+	}
+	return days
+}
+
+// payloads fills in the claimed deliveries' event payloads: one look-up per day (almost
+// always one).
+func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
+	if len(ds) == 0 {
+		return nil
+	}
+	for d, is := range byDay(len(ds), func(i int) time.Time { return ds[i].CreatedAt }) {
+		ids := make([]uuid.UUID, len(is))
+		index := make(map[uuid.UUID][]int, len(is))
+		for k, i := range is {
+			ids[k] = ds[i].EventID
+			index[ds[i].EventID] = append(index[ds[i].EventID], i)
+		}
+		rows, err := q.pool.Query(ctx, `SELECT id, payload FROM events WHERE created_at >= $1 AND created_at < $2 AND id = ANY($3)`,
+			pgx.QueryExecModeCacheDescribe, d, d.AddDate(0, 0, 1), ids)
+		if err != nil {
+			return fmt.Errorf("event payloads: %w", err)
+		}
+		for rows.Next() {
+			var id uuid.UUID
+			var payload []byte
+			if err := rows.Scan(&id, &payload); err != nil {
+				rows.Close()
+				return fmt.Errorf("event payloads: %w", err)
+			}
+			for _, i := range index[id] {
+				ds[i].Payload = payload
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return fmt.Errorf("event payloads: %w", err)
+		}
+	}
+	return nil
 }
 
 // Outcome is the recorded result of one attempt of a claimed delivery.
@@ -177,18 +270,36 @@ r AS (
 	UPDATE deliveries d SET
 		status = CASE WHEN k.ok THEN 'delivered' WHEN k.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
 		attempts = k.attempt, last_status_code = k.status_code, last_error = k.error, updated_at = now()
-	FROM kept k WHERE d.id = k.delivery_id AND d.created_at = k.created_at
+	FROM kept k WHERE d.created_at >= $14 AND d.created_at < $15 AND d.id = k.delivery_id AND d.created_at = k.created_at
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 SELECT k.attempt_id, k.delivery_id, k.attempt, k.started_at, k.duration_ms, k.status_code, k.error, k.body
 FROM kept k CROSS JOIN async`
 
 // Record records a batch of attempt outcomes of instance's claims and returns how many were
-// recorded (the others' claims were lost: see recordSQL).
+// recorded (the others' claims were lost: see recordSQL). One statement per day the deliveries
+// were created on ($14, $15: its bounds, see byDay; almost always one).
 func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (int, error) {
 	if len(outs) == 0 {
 		return 0, nil
 	}
+	recorded := 0
+	for d, is := range byDay(len(outs), func(i int) time.Time { return outs[i].Delivery.CreatedAt }) {
+		group := make([]Outcome, len(is))
+		for k, i := range is {
+			group[k] = outs[i]
+		}
+		tag, err := q.pool.Exec(ctx, recordSQL, append([]any{pgx.QueryExecModeCacheDescribe}, recordArgs(group, instance, d)...)...)
+		if err != nil {
+			return recorded, fmt.Errorf("record delivery attempts: %w", err)
+		}
+		recorded += int(tag.RowsAffected())
+	}
+	return recorded, nil
+}
+
+// recordArgs returns the arguments of recordSQL for outcomes of deliveries created on day.
+func recordArgs(outs []Outcome, instance string, day time.Time) []any {
 	n := len(outs)
 	ids, attemptIDs := make([]uuid.UUID, n), make([]uuid.UUID, n)
 	created, started := make([]time.Time, n), make([]time.Time, n)
@@ -207,13 +318,9 @@ func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (in
 			retryIn[i] = o.RetryIn.Milliseconds()
 		}
 	}
-	// Planned for each batch (unnamed statement, one round trip), like claimSQL.
-	tag, err := q.pool.Exec(ctx, recordSQL, pgx.QueryExecModeCacheDescribe,
-		ids, created, attempts, claims, started, ok, codes, errs, bodies, retryIn, durations, instance, attemptIDs)
-	if err != nil {
-		return 0, fmt.Errorf("record delivery attempts: %w", err)
-	}
-	return int(tag.RowsAffected()), nil
+	// Planned for each batch (unnamed statement), like claimSQL.
+	return []any{ids, created, attempts, claims, started, ok, codes, errs, bodies, retryIn, durations, instance, attemptIDs,
+		day, day.AddDate(0, 0, 1)}
 }
 
 // Handback returns a claim to the queue without an attempt (none was made: attempts is

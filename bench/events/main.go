@@ -867,6 +867,8 @@ func (l *loader) body(buf []byte, prefix, pnid string, first, n int) []byte {
 	buf = append(buf[:0], `{"object":"whatsapp_business_account","entry":[{"id":"`+wabaID+`","changes":[{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"1","phone_number_id":"`...)
 	buf = append(buf, pnid...)
 	buf = append(buf, `"},"contacts":[{"profile":{"name":"A"},"wa_id":"1555"}],"messages":[`...)
+	// The upstream's timestamp is when the message was sent: now, as for live traffic.
+	sent := strconv.FormatInt(time.Now().Unix(), 10)
 	for i := 0; i < n; i++ {
 		if i > 0 {
 			buf = append(buf, ',')
@@ -874,7 +876,9 @@ func (l *loader) body(buf []byte, prefix, pnid string, first, n int) []byte {
 		buf = append(buf, `{"from":"1555","id":"`...)
 		buf = append(buf, prefix...)
 		buf = strconv.AppendInt(buf, int64(first+i), 10)
-		buf = append(buf, `","timestamp":"1700000000","type":"text","text":{"body":"hi"}}`...)
+		buf = append(buf, `","timestamp":"`...)
+		buf = append(buf, sent...)
+		buf = append(buf, `","type":"text","text":{"body":"hi"}}`...)
 	}
 	buf = append(buf, `]}}]}]}`...)
 	return buf
