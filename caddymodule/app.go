@@ -157,9 +157,10 @@ type DeliveryConfig struct {
 	// Workers is the number of concurrent delivery attempts per instance. 0 means this instance
 	// runs no dispatcher (intake/relay only): the deliveries its intake stores are left pending,
 	// announced, for the dispatchers of the other instances on the same database. Negative is
-	// an error. Default (unset): 64.
+	// an error. Default (unset): 256 (dispatcher.DefaultWorkers).
 	Workers *int `json:"workers,omitempty"`
-	// PerWebhook caps concurrent attempts to one webhook per instance. Default: 16.
+	// PerWebhook caps concurrent attempts to one webhook per instance (its connections to the
+	// receiver). Default: 64 (dispatcher.DefaultPerWebhook).
 	PerWebhook int `json:"per_webhook,omitempty"`
 	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
 	Lease caddy.Duration `json:"lease,omitempty"`

@@ -408,7 +408,7 @@ func (d *Dispatcher) writeResults() {
 }
 
 // resultLinger is how long the result writer waits to fill a batch.
-const resultLinger = 2 * time.Millisecond
+const resultLinger = 5 * time.Millisecond
 
 // flushSafely is flush that survives a panic (logged; the batch's leases expire and its
 // deliveries are attempted again), so the writer keeps draining results.
