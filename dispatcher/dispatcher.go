@@ -301,7 +301,9 @@ func newClient(cfg Config) *http.Client {
 		TLSHandshakeTimeout:    cfg.Timeout,
 		ResponseHeaderTimeout:  cfg.Timeout,
 		MaxIdleConns:           cfg.Workers * 2,
-		MaxIdleConnsPerHost:    cfg.PerWebhook,
+		// Several webhooks may share a host (and so its connections): keep as many idle as can be
+		// busy, or every request beyond the idle limit pays a TLS handshake on both sides.
+		MaxIdleConnsPerHost:    cfg.Workers,
 		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 64 << 10,
 	}
