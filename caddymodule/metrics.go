@@ -29,6 +29,7 @@ type metrics struct {
 	inboundUnknown    prometheus.Counter
 	inboundRejected   prometheus.Counter
 	inboundMalformed  prometheus.Counter
+	inboundOverflow   prometheus.Counter
 
 	deliveries     *prometheus.CounterVec
 	attemptLatency prometheus.Histogram
@@ -67,6 +68,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 				Name: "inbound_rejected_total", Help: "Upstream webhook posts refused for a bad signature."}),
 			inboundMalformed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_malformed_total", Help: "Signed upstream webhook posts that are not a WhatsApp payload (answered 200, dropped)."}),
+			inboundOverflow: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "inbound_overflow_total", Help: "Upstream webhook posts stored outside the intake's concurrency limit after waiting for a slot (the instance is overloaded)."}),
 			deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "delivery_attempts_total", Help: "Webhook delivery attempts by outcome (delivered, retrying, failed)."}, []string{"outcome"}),
 			attemptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
@@ -78,7 +81,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 		for _, c := range []prometheus.Collector{theMetrics.relayRequests, theMetrics.rateLimited, theMetrics.replays, theMetrics.upstreamLatency,
 			theMetrics.mediaBytes, theMetrics.mediaFirstByte,
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
-			theMetrics.inboundMalformed,
+			theMetrics.inboundMalformed, theMetrics.inboundOverflow,
 			theMetrics.deliveries, theMetrics.attemptLatency} {
 			var are prometheus.AlreadyRegisteredError
 			if err := reg.Register(c); err != nil && !errors.As(err, &are) {
