@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -158,5 +159,68 @@ func TestEventsEndToEnd(t *testing.T) {
 		if !strings.Contains(string(m.body), want) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+}
+
+// TestOverloadIntakeAnswersEveryPost: a burst of posts far beyond what one intake slot and a slow
+// receiver can take at once (pool_max_conns 2: one intake transaction at a time; per_webhook 2,
+// the receiver holding each attempt 20 ms) is answered 200 post by post — waiting posts queue for
+// the intake, none is refused — and every event is then delivered exactly once, the backlog
+// draining from the queue.
+func TestOverloadIntakeAnswersEveryPost(t *testing.T) {
+	e := newRelayEnv(t, "")
+	rc := newReceiver(t)
+	rc.delay = 20 * time.Millisecond
+	caPath := filepath.Join(t.TempDir(), "ca.pem")
+	os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rc.srv.Certificate().Raw}), 0o600)
+	sep := "?"
+	if strings.Contains(e.dsn, "?") {
+		sep = "&"
+	}
+	e.dsn += sep + "pool_max_conns=2"
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n per_webhook 2\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, caPath)
+	origin := e.caddyWith("", appExtra, "handle /webhooks/upstream {\n wabarelay_inbound\n}")
+	e.channelOn(true, pnid)
+	_, secret, err := e.store.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "r", URL: rc.srv.URL + "/hook", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc.secret = secret
+
+	const posts, perPost = 40, 10
+	statuses := make([]int, posts)
+	var wg sync.WaitGroup
+	for p := range posts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var ids []string
+			for i := range perPost {
+				ids = append(ids, fmt.Sprintf("o%d-%d", p, i))
+			}
+			body := upstreamBatch(map[string][2][]string{pnid: {ids, nil}})
+			req, _ := http.NewRequest("POST", origin+"/webhooks/upstream", strings.NewReader(body))
+			req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(body)))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return // status 0: reported below
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			statuses[p] = resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	for p, st := range statuses {
+		if st != http.StatusOK {
+			t.Fatalf("post %d answered %d, want 200 (statuses %v)", p, st, statuses)
+		}
+	}
+	waitFor(t, 2*time.Minute, func() bool { d, _, _ := rc.ledger(); return d == posts*perPost })
+	waitFor(t, 30*time.Second, func() bool { return e.count("delivery_queue") == 0 })
+	distinct, total, bad := rc.ledger()
+	if distinct != posts*perPost || total != distinct || bad != 0 {
+		t.Fatalf("%d distinct events delivered in %d deliveries (%d bad signatures), want %d once each", distinct, total, bad, posts*perPost)
 	}
 }
