@@ -1,9 +1,27 @@
 package store
 
-import "time"
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/tern/v2/migrate"
+)
 
 // SetNow replaces the store's clock (tests: intake on another day).
 func (s *Store) SetNow(now func() time.Time) { s.now = now }
 
 // ClaimSQL is the claim statement (tests measure its work).
 const ClaimSQL = claimSQL
+
+// MigrateTo applies the migrations up to version v (tests of one migration on old data).
+func MigrateTo(ctx context.Context, conn *pgx.Conn, v int32) error {
+	m, err := migrate.NewMigrator(ctx, conn, VersionTable)
+	if err != nil {
+		return err
+	}
+	if err := m.LoadMigrations(migrationsFS()); err != nil {
+		return err
+	}
+	return m.MigrateTo(ctx, v)
+}

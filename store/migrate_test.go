@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -68,5 +70,101 @@ func TestMigrateConcurrentAndTwice(t *testing.T) {
 func TestMigrationsHashStable(t *testing.T) {
 	if a, b := store.MigrationsHash(), store.MigrationsHash(); a != b || len(a) != 16 {
 		t.Fatalf("MigrationsHash = %q, %q", a, b)
+	}
+}
+
+// TestMigration011KeepsHistoryAndQueue: a database with events, deliveries in every state and
+// attempts, migrated to the partitioned history (011), keeps every row; its live deliveries are
+// in the queue (a paused webhook's held), its finished ones only in the log; the old rows sit in
+// one partition without a lower bound, and the days after it take new rows.
+func TestMigration011KeepsHistoryAndQueue(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, srv.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	conn, err := pgx.Connect(ctx, srv.DSN("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := store.MigrateTo(ctx, conn, 10); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	org, active, paused := uuid.New(), uuid.New(), uuid.New()
+	exec(`INSERT INTO orgs (id, name) VALUES ($1, 'o')`, org)
+	for _, w := range []struct {
+		id     uuid.UUID
+		status string
+	}{{active, "active"}, {paused, "paused"}} {
+		exec(`INSERT INTO webhooks (id, org_id, name, url, events, scope, secret_enc, status) VALUES ($1, $2, 'w', 'https://h.example.com', '{messages}', 'org', '\x00', $3)`,
+			w.id, org, w.status)
+	}
+	// event k, two days ago, with one delivery in the given state
+	type old struct {
+		key, status string
+		hook        uuid.UUID
+	}
+	olds := []old{{"done", "delivered", active}, {"retry", "pending", active}, {"held", "pending", paused}, {"flying", "in_flight", active}, {"gave-up", "failed", active}}
+	for i, o := range olds {
+		ev, del := uuid.New(), uuid.New()
+		exec(`INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at) VALUES ($1, $2, $3, 'messages', $4, '{}', now() - interval '2 days')`,
+			ev, org, uuid.New(), o.key)
+		exec(`INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, locked_by, locked_until, created_at)
+			VALUES ($1, $2, $3, $4, $5, CASE WHEN $4 = 'in_flight' THEN 'gone' END, CASE WHEN $4 = 'in_flight' THEN now() END, now() - interval '2 days')`,
+			del, ev, o.hook, o.status, i%2)
+		exec(`INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms) VALUES ($1, $2, 1, now() - interval '2 days', 5)`, uuid.New(), del)
+	}
+
+	if err := store.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	count := func(sql string) int {
+		t.Helper()
+		var n int
+		if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		return n
+	}
+	if e, d, a := count(`SELECT count(*) FROM events`), count(`SELECT count(*) FROM deliveries`), count(`SELECT count(*) FROM delivery_attempts`); e != 5 || d != 5 || a != 5 {
+		t.Fatalf("after 011: %d events, %d deliveries, %d attempts; want 5 each", e, d, a)
+	}
+	var queue string
+	if err := conn.QueryRow(ctx, `SELECT string_agg(e.dedupe_key || '=' || q.status, ',' ORDER BY e.dedupe_key)
+		FROM delivery_queue q JOIN events e ON e.id = q.event_id`).Scan(&queue); err != nil {
+		t.Fatal(err)
+	}
+	if queue != "flying=in_flight,held=held,retry=pending" {
+		t.Fatalf("queue after 011: %s", queue)
+	}
+	var log string
+	if err := conn.QueryRow(ctx, `SELECT string_agg(e.dedupe_key || '=' || d.status, ',' ORDER BY e.dedupe_key)
+		FROM deliveries d JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at`).Scan(&log); err != nil {
+		t.Fatal(err)
+	}
+	if log != "done=delivered,flying=pending,gave-up=failed,held=pending,retry=pending" {
+		t.Fatalf("delivery log after 011: %s", log)
+	}
+	// the old rows' partition has no lower bound and is named after its last day (two days ago);
+	// today's partition was made after it and takes new rows
+	oldDay := time.Now().UTC().AddDate(0, 0, -2).Format("20060102")
+	if n := count(`SELECT count(*) FROM pg_class c WHERE c.relname = 'events_p` + oldDay + `' AND pg_get_expr(c.relpartbound, c.oid) LIKE '%MINVALUE%'`); n != 1 {
+		t.Fatalf("no open partition events_p%s", oldDay)
+	}
+	exec(`INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload) VALUES ($1, $2, $3, 'messages', 'new', '{}')`, uuid.New(), org, uuid.New())
+	if n := count(`SELECT count(*) FROM events_p` + time.Now().UTC().Format("20060102")); n != 1 {
+		t.Fatalf("today's partition holds %d events, want the new one", n)
 	}
 }
