@@ -170,7 +170,8 @@ type DeliveryConfig struct {
 	// events are also the record of upstream items already seen). Default: 720h.
 	Retention caddy.Duration `json:"retention,omitempty"`
 	// MaxHold is how long a paused webhook's deliveries are held: older ones fail, with the
-	// reason in the delivery log. Must be shorter than Retention. Default: 168h.
+	// reason in the delivery log. Must be shorter than Retention. Default: 168h, or a day less
+	// than Retention if that is shorter.
 	MaxHold caddy.Duration `json:"max_hold,omitempty"`
 	// RootCA is a PEM file of an extra CA to trust for receivers (tests, private PKI).
 	RootCA string `json:"root_ca,omitempty"`
@@ -498,7 +499,9 @@ const MediaRetention = 30 * 24 * time.Hour
 // maintenanceInterval is how often an instance runs the history and queue maintenance.
 const maintenanceInterval = 10 * time.Minute
 
-// retention returns the effective retention and hold limit (hold 0: longer than retention).
+// retention returns the effective retention and hold limit (hold 0: max_hold is set to no less
+// than the retention, an error). Unset, the hold limit is DefaultMaxHold, or a day less than
+// the retention when that is shorter, so that a failed held delivery stays in the log a while.
 func (a *App) retention() (retention, hold time.Duration) {
 	retention, hold = DefaultRetention, DefaultMaxHold
 	if d := a.Delivery; d != nil && d.Retention > 0 {
@@ -506,6 +509,8 @@ func (a *App) retention() (retention, hold time.Duration) {
 	}
 	if d := a.Delivery; d != nil && d.MaxHold > 0 {
 		hold = time.Duration(d.MaxHold)
+	} else if hold > retention-24*time.Hour {
+		hold = retention - 24*time.Hour
 	}
 	if hold >= retention {
 		return retention, 0

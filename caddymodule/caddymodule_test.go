@@ -123,6 +123,7 @@ func TestAdaptAllOptions(t *testing.T) {
 			per_webhook   2
 			lease         30s
 			retention     48h
+			max_hold      24h
 			root_ca       /tmp/ca.pem
 			allow_private_targets
 		}
@@ -146,7 +147,7 @@ example.com {
 		`"meta":{"app_id":"{env.META_APP_ID}","app_secret":"{env.META_APP_SECRET}","config_id":"cfg1","verify_token":"{env.VT}",` +
 		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
 		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,` +
-		`"lease":30000000000,"retention":172800000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
+		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},"skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
 		t.Fatalf("app JSON:\n got %s\nwant %s", parsed.Apps.Wabarelay, want)

@@ -67,6 +67,10 @@ func TestAdaptDeliveryWorkers(t *testing.T) {
 		`{"delivery":{"workers":64}}`: "",
 		`{"delivery":{}}`:             "",
 		`{"delivery":{"workers":-1}}`: "delivery: workers must be 0 (no dispatcher on this instance) or more, got -1",
+		// max_hold must be shorter than the (default 720h) retention
+		`{"delivery":{"max_hold":2592000000000000}}`:                           "delivery: max_hold must be shorter than retention",
+		`{"delivery":{"retention":604800000000000,"max_hold":86400000000000}}`: "",
+		`{"delivery":{"retention":604800000000000}}`:                           "", // max_hold then defaults to 144h
 	} {
 		var a App
 		if err := json.Unmarshal([]byte(raw), &a); err != nil {
