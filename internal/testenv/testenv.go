@@ -187,11 +187,13 @@ type templateCache struct {
 func (c *templateCache) get(ctx context.Context, admin string, sharedServer bool) (string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.name != "" {
+	// Dated: the template holds the history partitions of the days around its creation, so a
+	// test process that runs past midnight (UTC) moves on to the new day's template.
+	want := "tmpl_" + store.MigrationsHash() + "_" + time.Now().UTC().Format("20060102")
+	if c.name == want {
 		return c.name, nil
 	}
-	// Dated: the template holds the history partitions of the days around its creation.
-	name, err := ensureTemplate(ctx, admin, "tmpl_"+store.MigrationsHash()+"_"+time.Now().UTC().Format("20060102"), store.Migrate, sharedServer)
+	name, err := ensureTemplate(ctx, admin, want, store.Migrate, sharedServer)
 	if err != nil {
 		return "", err
 	}
