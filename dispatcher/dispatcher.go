@@ -295,12 +295,12 @@ func newClient(cfg Config) *http.Client {
 		dialer.Control = ssrf.New(ssrf.WithAnyPort()).Safe
 	}
 	tr := &http.Transport{
-		Proxy:                  nil,
-		DialContext:            dialer.DialContext,
-		ForceAttemptHTTP2:      true,
-		TLSHandshakeTimeout:    cfg.Timeout,
-		ResponseHeaderTimeout:  cfg.Timeout,
-		MaxIdleConns:           cfg.Workers * 2,
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   cfg.Timeout,
+		ResponseHeaderTimeout: cfg.Timeout,
+		MaxIdleConns:          cfg.Workers * 2,
 		// Several webhooks may share a host (and so its connections): keep as many idle as can be
 		// busy, or every request beyond the idle limit pays a TLS handshake on both sides.
 		MaxIdleConnsPerHost:    cfg.Workers,

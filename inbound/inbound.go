@@ -19,8 +19,8 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"time"
 	"strings"
+	"time"
 )
 
 // Kinds of Item. They double as the event "type" of DESIGN.md §5.
