@@ -654,3 +654,25 @@ func intakeConcurrency(pool *pgxpool.Pool) int {
 
 // intakeMaxWait is the longest a post waits for an intake slot before it is stored anyway.
 const intakeMaxWait = 500 * time.Millisecond
+
+// intakeTurn waits for an intake slot (see intakeConcurrency), at most intakeMaxWait, and returns
+// the function that frees it. ok is false when ctx ended first (the caller gave up).
+func (a *App) intakeTurn(ctx context.Context) (release func(), ok bool) {
+	free := func() { <-a.intakeSlots }
+	select {
+	case a.intakeSlots <- struct{}{}: // a slot is free: no timer
+		return free, true
+	default:
+	}
+	wait := time.NewTimer(intakeMaxWait)
+	defer wait.Stop()
+	select {
+	case a.intakeSlots <- struct{}{}:
+		return free, true
+	case <-wait.C:
+		a.metrics.inboundOverflow.Inc()
+		return func() {}, true
+	case <-ctx.Done():
+		return nil, false
+	}
+}

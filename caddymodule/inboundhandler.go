@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -108,18 +107,12 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	// intake cannot take every database connection and the CPU from the dispatcher. A post that
 	// has waited intakeMaxWait goes ahead anyway: the upstream is answered in time whatever the
 	// load, and delivery gets what is left (see intakeConcurrency).
-	wait := time.NewTimer(intakeMaxWait)
-	select {
-	case h.app.intakeSlots <- struct{}{}:
-		defer func() { <-h.app.intakeSlots }()
-	case <-wait.C:
-		h.app.metrics.inboundOverflow.Inc()
-	case <-r.Context().Done():
-		wait.Stop()
+	release, ok := h.app.intakeTurn(r.Context())
+	if !ok {
 		httpx.WriteError(w, http.StatusServiceUnavailable, "Service unavailable")
 		return
 	}
-	wait.Stop()
+	defer release()
 	// Deliveries this instance can start at once are created already claimed and handed to its
 	// dispatcher after the commit (no claim query, no wake-up round trip). An instance with no
 	// dispatcher (delivery { workers 0 }) claims none: the zero Claim leaves every delivery

@@ -97,12 +97,12 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 // config, with that config's pool. It reads the queue shared by all instances, so an instance
 // that runs no dispatcher (delivery { workers 0 }) reports it too.
 type queueCollector struct {
-	pool       *pgxpool.Pool
+	queue      *store.Queue
 	depth, age *prometheus.Desc
 }
 
 func newQueueCollector(pool *pgxpool.Pool) queueCollector {
-	return queueCollector{pool: pool,
+	return queueCollector{queue: store.NewQueue(pool),
 		depth: prometheus.NewDesc("caddy_wabarelay_delivery_queue_depth", "Deliveries due now (active webhooks).", nil, nil),
 		age:   prometheus.NewDesc("caddy_wabarelay_delivery_oldest_due_seconds", "Age of the oldest delivery due now.", nil, nil)}
 }
@@ -115,7 +115,7 @@ func (c queueCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.depth; ch
 func (c queueCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	n, age, err := store.NewQueue(c.pool).Depth(ctx)
+	n, age, err := c.queue.Depth(ctx)
 	if err != nil {
 		return
 	}

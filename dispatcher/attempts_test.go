@@ -70,7 +70,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 
 	claimed := e.events(1)[0]
 	crashed := e.crashedInstance(rc)
-	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != claimed {
+	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].EventID != claimed {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	res := e.intake(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
@@ -138,7 +138,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 
 	due()
 	crashed := e.crashedInstance(rc)
-	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].eventID != id {
+	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].EventID != id {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
 	e.expireLease(id)
@@ -166,8 +166,8 @@ func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool)
 		t.Fatalf("claimed %d of %d", len(jobs), limit)
 	}
 	for _, j := range jobs {
-		if late[j.eventID] {
-			took = append(took, j.eventID)
+		if late[j.EventID] {
+			took = append(took, j.EventID)
 		} else {
 			others++
 		}

@@ -258,14 +258,12 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	d.mu.Lock()
 	ctx := d.attemptCtx
 	var run, back []job
-	for _, j := range jobs {
-		jb := jobOf(j)
-		jb.attempt, jb.claim = 1, 0
+	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
 		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
 			d.perHook[j.WebhookID]++
-			run = append(run, jb)
+			run = append(run, j)
 		} else {
-			back = append(back, jb)
+			back = append(back, j)
 		}
 	}
 	unused := reserved - len(run)

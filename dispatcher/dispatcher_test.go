@@ -700,9 +700,9 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 		if err := e.pool.QueryRow(ctx, `SELECT created_at FROM deliveries WHERE event_id = $1`, ids[1]).Scan(&created); err != nil {
 			t.Fatal(err)
 		}
-		j := job{id: mustDeliveryID(t, e, ids[1]), attempt: 2, claim: claim, created: created}
+		j := job{ID: mustDeliveryID(t, e, ids[1]), Attempt: 2, Claim: claim, CreatedAt: created}
 		// (a retry an hour away: the running dispatcher leaves it alone)
-		late := store.Outcome{Delivery: j.delivery(), Started: time.Now(), Duration: time.Millisecond, StatusCode: &code,
+		late := store.Outcome{Delivery: j, Started: time.Now(), Duration: time.Millisecond, StatusCode: &code,
 			Error: &msg, Body: &body, RetryIn: time.Hour}
 		if _, err := store.NewQueue(e.pool).Record(ctx, instance, []store.Outcome{late}); err != nil {
 			t.Fatal(err)

@@ -17,21 +17,11 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// job is one claimed delivery.
-type job struct {
-	id, eventID, webhookID uuid.UUID
-	// attempt is the number of this attempt: the delivery's recorded attempts + 1. Attempts are
-	// counted when their outcome is recorded, so a claim that is lost before that (the instance
-	// crashed, the lease expired and the delivery was reclaimed) uses up none.
-	attempt int
-	// claim is the delivery's claim_seq under this claim (0: inserted already claimed by the
-	// intake). With locked_by it fences the claim's outcome (see completeSQL).
-	claim int
-	// created is the delivery's (and its event's) creation time: it finds their partitions.
-	created time.Time
-	url     string
-	payload []byte
-}
+// job is one claimed delivery: its attempt number and claim fence its outcome (see
+// store.Queue.Record). An attempt is counted when its outcome is recorded, so a claim that is
+// lost before that (the instance crashed, the lease expired and the delivery was reclaimed)
+// uses up none.
+type job = store.ClaimedDelivery
 
 // result is what the completion writer records: a finished attempt, or (release) a claim
 // handed back without an attempt.
@@ -185,30 +175,16 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 		return nil, false, err
 	}
 	d.cursor = c.Next
-	jobs := make([]job, len(c.Deliveries))
-	for i, cd := range c.Deliveries {
-		jobs[i] = jobOf(cd)
-	}
-	return jobs, c.Drained, nil
-}
-
-func jobOf(c store.ClaimedDelivery) job {
-	return job{id: c.ID, eventID: c.EventID, webhookID: c.WebhookID, attempt: c.Attempt, claim: c.Claim,
-		created: c.CreatedAt, url: c.URL, payload: c.Payload}
-}
-
-func (j job) delivery() store.ClaimedDelivery {
-	return store.ClaimedDelivery{ID: j.id, EventID: j.eventID, WebhookID: j.webhookID, CreatedAt: j.created,
-		Attempt: j.attempt, Claim: j.claim}
+	return c.Deliveries, c.Drained, nil
 }
 
 // start runs the claimed jobs within the per-webhook cap; the others are handed back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 	for _, j := range jobs {
 		d.mu.Lock()
-		run := d.perHook[j.webhookID] < d.cfg.PerWebhook && d.active < d.cfg.Workers
+		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.active < d.cfg.Workers
 		if run {
-			d.perHook[j.webhookID]++
+			d.perHook[j.WebhookID]++
 			d.active++
 		}
 		d.mu.Unlock()
@@ -231,12 +207,12 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 		func() {
 			defer func() {
 				if v := recover(); v != nil {
-					d.log.Error("delivery attempt panicked; delivery handed back", zap.Stringer("delivery_id", j.id), zap.Any("panic", v))
+					d.log.Error("delivery attempt panicked; delivery handed back", zap.Stringer("delivery_id", j.ID), zap.Any("panic", v))
 				}
 			}()
 			r = d.attempt(ctx, j)
 		}()
-		d.done(j.webhookID)
+		d.done(j.WebhookID)
 		d.results <- r
 	}()
 }
@@ -288,39 +264,39 @@ func (d *Dispatcher) secretUnusable(j job, err error) result {
 	if len(d.secretFails) > 10000 {
 		clear(d.secretFails)
 	}
-	d.secretFails[j.id]++
-	n := d.secretFails[j.id]
+	d.secretFails[j.ID]++
+	n := d.secretFails[j.ID]
 	if n >= maxSecretFailures {
-		delete(d.secretFails, j.id)
+		delete(d.secretFails, j.ID)
 	}
 	d.mu.Unlock()
 	if n < maxSecretFailures {
 		return result{job: j, release: true, releaseIn: d.cfg.secretRetry}
 	}
-	d.log.Error("webhook secret cannot be decrypted; delivery failed", zap.Stringer("webhook_id", j.webhookID),
-		zap.Stringer("delivery_id", j.id), zap.Error(err))
+	d.log.Error("webhook secret cannot be decrypted; delivery failed", zap.Stringer("webhook_id", j.WebhookID),
+		zap.Stringer("delivery_id", j.ID), zap.Error(err))
 	return result{job: j, started: time.Now(), final: true,
 		errMsg: "webhook signing secret cannot be decrypted (was the encryption key changed?)"}
 }
 
 // attempt makes one HTTP attempt.
 func (d *Dispatcher) attempt(ctx context.Context, j job) result {
-	secret, err := d.secret(ctx, j.webhookID)
+	secret, err := d.secret(ctx, j.WebhookID)
 	if err != nil {
 		if errors.Is(err, ErrSecretUnusable) {
 			return d.secretUnusable(j, err)
 		}
 		// Not the receiver's fault: hand the delivery back without using up an attempt.
-		d.log.Warn("webhook secret unavailable", zap.Stringer("webhook_id", j.webhookID), zap.Error(err))
+		d.log.Warn("webhook secret unavailable", zap.Stringer("webhook_id", j.WebhookID), zap.Error(err))
 		return result{job: j, release: true, releaseIn: d.cfg.secretRetry}
 	}
 	r := result{job: j, started: time.Now()}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.url, bytes.NewReader(j.payload))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.URL, bytes.NewReader(j.Payload))
 	if err != nil {
 		r.errMsg = "invalid webhook url: " + err.Error()
 		return r
 	}
-	svc, id, ts, sig := Sign(secret, j.eventID, r.started, j.payload)
+	svc, id, ts, sig := Sign(secret, j.EventID, r.started, j.Payload)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", d.cfg.UserAgent)
 	req.Header.Set("X-Svc-Signature", svc)
@@ -429,15 +405,15 @@ func (d *Dispatcher) flush(batch []result) {
 	for _, r := range batch {
 		j := r.job
 		if r.release {
-			backs = append(backs, store.Handback{ID: j.id, Claim: j.claim, After: r.releaseIn})
+			backs = append(backs, store.Handback{ID: j.ID, Claim: j.Claim, After: r.releaseIn})
 			if r.releaseIn == 0 {
 				soonest = 0
 			}
 			continue
 		}
-		o := store.Outcome{Delivery: j.delivery(), Started: r.started, Duration: r.duration, OK: r.ok, RetryIn: -1}
-		if !r.ok && !r.final && j.attempt <= len(d.cfg.RetryDelays) {
-			o.RetryIn = d.cfg.RetryDelays[j.attempt-1]
+		o := store.Outcome{Delivery: j, Started: r.started, Duration: r.duration, OK: r.ok, RetryIn: -1}
+		if !r.ok && !r.final && j.Attempt <= len(d.cfg.RetryDelays) {
+			o.RetryIn = d.cfg.RetryDelays[j.Attempt-1]
 			if soonest < 0 || o.RetryIn < soonest {
 				soonest = o.RetryIn
 			}
@@ -460,10 +436,10 @@ func (d *Dispatcher) flush(batch []result) {
 			d.cfg.Observer.Attempt(outcome, r.duration)
 		}
 		if r.ok {
-			d.log.Debug("delivered", zap.Stringer("delivery_id", j.id), zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode))
+			d.log.Debug("delivered", zap.Stringer("delivery_id", j.ID), zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode))
 		} else {
-			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.id), zap.Stringer("webhook_id", j.webhookID),
-				zap.Int("attempt", j.attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", o.RetryIn < 0))
+			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.ID), zap.Stringer("webhook_id", j.WebhookID),
+				zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", o.RetryIn < 0))
 		}
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
