@@ -131,7 +131,7 @@ type App struct {
 	dispatcherDone chan struct{}
 	// pendingStores counts idempotency stores still running after their response was sent.
 	pendingStores atomic.Int64
-	// redisNote is what Start logs when this instance has no Redis.
+	// redisNote is what Provision logs when this instance has no Redis.
 	redisNote string
 	// allowPrivateTargets and rootCAs are delivery's allow_private_targets and root_ca, resolved.
 	allowPrivateTargets bool
@@ -322,6 +322,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 			return err
 		}
 	}
+	if !redisCfg.isSet() {
+		// at every start and reload (and `caddy validate`)
+		a.logger.Warn(a.redisNote)
+	}
 	if err := a.provisionDelivery(repl); err != nil {
 		return err
 	}
@@ -508,10 +512,10 @@ func (a *App) Start() error {
 			return fmt.Errorf("wabarelay: %w", err)
 		}
 	}
-	if a.redis == nil {
-		a.logger.Warn(a.redisNote)
-	} else if err := pingRedis(ctx, a.redis); err != nil {
-		a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
+	if a.redis != nil {
+		if err := pingRedis(ctx, a.redis); err != nil {
+			a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
+		}
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	a.stopListener, a.listenerDone = cancel, make(chan struct{})
