@@ -59,7 +59,8 @@ type App struct {
 
 	// Redis is where rate limits and idempotency keys are shared by every instance: a
 	// redis:// or rediss:// URL, or a Cluster or Sentinel (see RedisConfig). Optional: without
-	// it they are kept in memory and are correct for a single instance only.
+	// it they are kept in memory and are correct for a single instance only. A URL placeholder
+	// that resolves empty (`redis {env.X}`, X unset) is no Redis, logged at start.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
 	// EncryptionKey is base64 of 32 random bytes. It encrypts channel tokens, upstream access
