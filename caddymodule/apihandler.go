@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -42,8 +43,12 @@ func (*APIHandler) CaddyModule() caddy.ModuleInfo {
 // appFrom returns the configured wabarelay app.
 func appFrom(ctx caddy.Context) (*App, error) {
 	v, err := ctx.AppIfConfigured("wabarelay")
-	if err != nil {
+	if errors.Is(err, caddy.ErrNotConfigured) {
 		return nil, fmt.Errorf("the wabarelay app is not configured (add a `wabarelay { ... }` global option): %w", err)
+	}
+	if err != nil {
+		// configured but invalid: its own error names the setting
+		return nil, err
 	}
 	return v.(*App), nil
 }

@@ -58,7 +58,8 @@ type App struct {
 
 	// Redis is where rate limits and idempotency keys are shared by every instance: a
 	// redis:// or rediss:// URL, or a Cluster or Sentinel (see RedisConfig). Optional: without
-	// it they are kept in memory and are correct for a single instance only.
+	// it they are kept in memory and are correct for a single instance only. A URL placeholder
+	// that resolves empty (`redis {env.X}`, X unset) is no Redis, logged at start.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
 	// EncryptionKey is base64 of 32 random bytes. It encrypts channel tokens, upstream access
@@ -130,6 +131,9 @@ type App struct {
 	dispatcherDone chan struct{}
 	// pendingStores counts idempotency stores still running after their response was sent.
 	pendingStores atomic.Int64
+	// allowPrivateTargets and rootCAs are delivery's allow_private_targets and root_ca, resolved.
+	allowPrivateTargets bool
+	rootCAs             *x509.CertPool
 }
 
 // MetaConfig holds the upstream (Meta) app's credentials and Embedded Signup settings.
@@ -175,8 +179,10 @@ type DeliveryConfig struct {
 	MaxHold caddy.Duration `json:"max_hold,omitempty"`
 	// RootCA is a PEM file of an extra CA to trust for receivers (tests, private PKI).
 	RootCA string `json:"root_ca,omitempty"`
-	// AllowPrivateTargets permits receivers on loopback and private addresses (dev and test only).
-	AllowPrivateTargets bool `json:"allow_private_targets,omitempty"`
+	// AllowPrivateTargets permits receivers on loopback and private addresses (dev and test
+	// only): true, false, or an {env.NAME} placeholder resolved at provision (empty: false).
+	// When on, every start and reload logs a warning. Default: false.
+	AllowPrivateTargets Switch `json:"allow_private_targets,omitempty"`
 }
 
 // RateLimitConfig is a request limit per window.
@@ -201,6 +207,9 @@ func resolveSecret(repl *caddy.Replacer, name, val string, required bool) (strin
 	}
 	out = strings.TrimSpace(out)
 	if required && out == "" {
+		if env := envName(val); env != "" {
+			return "", fmt.Errorf("%s is required: its environment variable %s is unset or empty", name, env)
+		}
 		return "", fmt.Errorf("%s is required (it may be set from an unset environment variable)", name)
 	}
 	return out, nil
@@ -227,10 +236,25 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return fmt.Errorf("encryption_key: %w", err)
 	}
 	var redisCfg RedisConfig
+	redisNote := "no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only"
 	if a.Redis.isSet() {
-		if redisCfg, err = a.Redis.resolve(repl); err != nil {
+		if url, uerr := resolveSecret(repl, "redis url", a.Redis.URL, false); uerr == nil && url == "" && a.Redis.isURLOnly() {
+			// `redis {env.X}` with X unset or empty: no Redis, as if the line were absent
+			from := "its value"
+			if env := envName(a.Redis.URL); env != "" {
+				from = env
+			}
+			redisNote = "redis: not configured (" + from + " empty); limits in memory, correct for a single instance only"
+		} else if redisCfg, err = a.Redis.resolve(repl); err != nil {
 			return err
 		}
+	}
+	if !redisCfg.isSet() {
+		// at every start and reload (and `caddy validate`)
+		a.logger.Warn(redisNote)
+	}
+	if err := a.provisionDelivery(repl); err != nil {
+		return err
 	}
 	for name, p := range map[string]*string{"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL} {
 		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
@@ -305,6 +329,36 @@ func (a *App) Provision(ctx caddy.Context) error {
 	return nil
 }
 
+// provisionDelivery resolves delivery's allow_private_targets and root_ca (placeholders, the
+// CA file read and parsed here, so that `caddy validate` checks it) and warns, at every start
+// and reload, while private targets are allowed.
+func (a *App) provisionDelivery(repl *caddy.Replacer) error {
+	d := a.Delivery
+	if d == nil {
+		return nil
+	}
+	var err error
+	if a.allowPrivateTargets, err = d.AllowPrivateTargets.resolve(repl, "delivery allow_private_targets"); err != nil {
+		return err
+	}
+	if a.allowPrivateTargets {
+		a.logger.Warn("delivery allow_private_targets is on: webhooks may deliver to loopback and private addresses (development and tests only)")
+	}
+	file, err := resolveSecret(repl, "delivery root_ca", d.RootCA, false)
+	if err != nil || file == "" {
+		return err
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("delivery root_ca: %w", err)
+	}
+	a.rootCAs = x509.NewCertPool()
+	if !a.rootCAs.AppendCertsFromPEM(pem) {
+		return fmt.Errorf("delivery root_ca: no certificate in %s", file)
+	}
+	return nil
+}
+
 // limiterHandle is a rate limiter acquired from the app; release it in Cleanup.
 type limiterHandle struct {
 	ratelimit.Limiter
@@ -333,8 +387,22 @@ func (a *App) Validate() error {
 	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers < 0 {
 		return fmt.Errorf("delivery: workers must be 0 (no dispatcher on this instance) or more, got %d", *d.Workers)
 	}
-	if d := a.Delivery; d != nil && d.Lease > 0 && d.Timeout > 0 && d.Lease <= d.Timeout {
-		return errors.New("delivery: lease must be longer than timeout")
+	if d := a.Delivery; d != nil {
+		// the dispatcher refuses this at start (dispatcher.New): checked here so that
+		// `caddy validate` fails as `caddy run` would
+		lease, timeout := dispatcher.DefaultLease, dispatcher.DefaultTimeout
+		if d.Lease > 0 {
+			lease = time.Duration(d.Lease)
+		}
+		if d.Timeout > 0 {
+			timeout = time.Duration(d.Timeout)
+		}
+		if lease <= timeout {
+			return fmt.Errorf("delivery: lease (%v) must be longer than timeout (%v)", lease, timeout)
+		}
+		if err := d.AllowPrivateTargets.check(); err != nil {
+			return fmt.Errorf("delivery: allow_private_targets: %w", err)
+		}
 	}
 	if d := a.Delivery; d != nil && d.Retention > 0 && time.Duration(d.Retention) < 7*24*time.Hour {
 		// events double as the record of upstream items already seen; the upstream re-sends
@@ -371,10 +439,10 @@ func (a *App) Start() error {
 			return fmt.Errorf("wabarelay: %w", err)
 		}
 	}
-	if a.redis == nil {
-		a.logger.Warn("no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only")
-	} else if err := pingRedis(ctx, a.redis); err != nil {
-		a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
+	if a.redis != nil {
+		if err := pingRedis(ctx, a.redis); err != nil {
+			a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
+		}
 	}
 	lctx, cancel := context.WithCancel(context.Background())
 	a.stopListener, a.listenerDone = cancel, make(chan struct{})
@@ -428,7 +496,7 @@ func (a *App) deliveryTimeout() time.Duration {
 	if a.Delivery != nil && a.Delivery.Timeout > 0 {
 		return time.Duration(a.Delivery.Timeout)
 	}
-	return 10 * time.Second
+	return dispatcher.DefaultTimeout
 }
 
 // startDispatcher starts webhook delivery for this config. During a reload the new config's
@@ -450,17 +518,7 @@ func (a *App) startDispatcher(ctx context.Context) error {
 			cfg.Workers = *d.Workers
 		}
 		cfg.PerWebhook = d.PerWebhook
-		cfg.AllowPrivateTargets = d.AllowPrivateTargets
-		if d.RootCA != "" {
-			pem, err := os.ReadFile(d.RootCA)
-			if err != nil {
-				return fmt.Errorf("root_ca: %w", err)
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("root_ca: no certificate in %s", d.RootCA)
-			}
-		}
+		cfg.AllowPrivateTargets, cfg.RootCAs = a.allowPrivateTargets, a.rootCAs
 	}
 	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
 		s, err := a.store.WebhookSecret(ctx, id)

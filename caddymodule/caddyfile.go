@@ -196,10 +196,16 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 		case "root_ca":
 			err = oneArg(d, &c.RootCA)
 		case "allow_private_targets":
+			c.AllowPrivateTargets = "true"
 			if d.NextArg() {
-				return d.ArgErr()
+				c.AllowPrivateTargets = Switch(d.Val())
+				if d.NextArg() {
+					return d.ArgErr()
+				}
 			}
-			c.AllowPrivateTargets = true
+			if err := c.AllowPrivateTargets.check(); err != nil {
+				return d.Errf("allow_private_targets: %v", err)
+			}
 		default:
 			return d.Errf("unrecognized delivery option %q", d.Val())
 		}

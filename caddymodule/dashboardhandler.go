@@ -12,6 +12,7 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
+	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/dashboard"
 )
@@ -88,6 +89,8 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 				return err
 			}
 			opt.Demo = &dashboard.Demo{FakeUpstream: fake, Receiver: recv, Client: client}
+			logger.Warn("dashboard demo page is on: it makes the fake upstream send messages and reads its receiver (development only)",
+				zap.String("fake_upstream", fake))
 		}
 	}
 	h.handler, err = dashboard.New(opt)

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/caddyserver/caddy/v2"
 	"github.com/chromedp/chromedp"
 
 	"github.com/wabarelay/wabarelay/internal/browsertest"
@@ -97,7 +98,7 @@ func startDemo(t *testing.T) *demoWorld {
 		"META_APP_ID="+demoAppID, "META_APP_SECRET="+demoAppSecret, "META_CONFIG_ID=demo-config", "META_VERIFY_TOKEN=demo-verify",
 		"WABARELAY_SDK_URL="+w.fake.URL()+"/sdk.js",
 		"WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost",
-		"WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets",
+		"WABARELAY_ALLOW_PRIVATE_TARGETS=true",
 		"WABARELAY_DELIVERY_ROOT_CA="+caFile,
 		"WABARELAY_DEMO_FAKE_UPSTREAM="+w.fake.URL(), "WABARELAY_DEMO_RECEIVER="+w.fakeReceiver)
 	_, w.apiKey, err = w.store.CreateAPIKey(context.Background(), w.org, "demo", nil)
@@ -363,24 +364,43 @@ func TestDemoCaddyfileDefaults(t *testing.T) {
 		}
 		return p.Apps.Wabarelay, string(cfg)
 	}
+	// sdk_url, allow_private_targets and root_ca are {env.*} placeholders resolved when the
+	// config loads (as Provision does here); origin_suffix is substituted at adapt time
+	resolved := func(app *App) (sdk string, private bool, rootCA string) {
+		repl := caddy.NewReplacer()
+		sdk, _ = resolveSecret(repl, "sdk_url", app.Meta.SDKURL, false)
+		if sdk == "" {
+			sdk = DefaultSDKURL
+		}
+		private, err := app.Delivery.AllowPrivateTargets.resolve(repl, "allow_private_targets")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rootCA, _ = resolveSecret(repl, "root_ca", app.Delivery.RootCA, false)
+		return sdk, private, rootCA
+	}
 	for _, v := range []string{"WABARELAY_SDK_URL", "WABARELAY_CONNECT_ORIGIN_SUFFIX", "WABARELAY_ALLOW_PRIVATE_TARGETS", "WABARELAY_DELIVERY_ROOT_CA"} {
 		t.Setenv(v, "")
 		os.Unsetenv(v)
 	}
 	app, cfg := read()
-	if app.Meta == nil || app.Meta.SDKURL != DefaultSDKURL || app.Delivery == nil || app.Delivery.AllowPrivateTargets || app.Delivery.RootCA != "" ||
-		!strings.Contains(cfg, `"origin_suffix":"facebook.com"`) {
+	if app.Meta == nil || app.Delivery == nil || !strings.Contains(cfg, `"origin_suffix":"facebook.com"`) {
 		t.Fatalf("defaults: meta %+v delivery %+v\n%s", app.Meta, app.Delivery, cfg)
+	}
+	if sdk, private, ca := resolved(app); sdk != DefaultSDKURL || private || ca != "" {
+		t.Fatalf("defaults: sdk_url %q, allow_private_targets %v, root_ca %q", sdk, private, ca)
 	}
 
 	t.Setenv("WABARELAY_SDK_URL", "http://127.0.0.1:8090/sdk.js")
 	t.Setenv("WABARELAY_CONNECT_ORIGIN_SUFFIX", "localhost")
-	t.Setenv("WABARELAY_ALLOW_PRIVATE_TARGETS", "allow_private_targets")
+	t.Setenv("WABARELAY_ALLOW_PRIVATE_TARGETS", "true")
 	t.Setenv("WABARELAY_DELIVERY_ROOT_CA", "/tmp/demo ca.pem")
 	app, cfg = read()
-	if app.Meta.SDKURL != "http://127.0.0.1:8090/sdk.js" || !app.Delivery.AllowPrivateTargets || app.Delivery.RootCA != "/tmp/demo ca.pem" ||
-		!strings.Contains(cfg, `"origin_suffix":"localhost"`) {
-		t.Fatalf("demo: meta %+v delivery %+v\n%s", app.Meta, app.Delivery, cfg)
+	if !strings.Contains(cfg, `"origin_suffix":"localhost"`) {
+		t.Fatalf("demo: %s", cfg)
+	}
+	if sdk, private, ca := resolved(app); sdk != "http://127.0.0.1:8090/sdk.js" || !private || ca != "/tmp/demo ca.pem" {
+		t.Fatalf("demo: sdk_url %q, allow_private_targets %v, root_ca %q", sdk, private, ca)
 	}
 }
 

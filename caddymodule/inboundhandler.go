@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"os"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
@@ -79,8 +80,14 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxInboundBody))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
+		switch {
+		case errors.As(err, &tooLarge):
 			httpx.WriteError(w, http.StatusRequestEntityTooLarge, "Request body too large")
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			// the server's read_body timeout: never a 200, the sender must send it again
+			httpx.WriteError(w, http.StatusRequestTimeout, "Request body not received in time")
+		default:
+			httpx.WriteError(w, http.StatusBadRequest, "Request body could not be read")
 		}
 		return
 	}

@@ -48,6 +48,10 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	if err != nil {
 		return nil, err
 	}
+	// ExtractMatcherSet rewinds the dispenser: consume the directive name again (as
+	// php_fastcgi does), or the segment below starts before it and reverse_proxy, seeing no
+	// block, would drop every line passed to it.
+	h.Next()
 	rl := new(RelayHandler)
 	dispenser := h.NewFromNextSegment()
 	for dispenser.Next() {
@@ -107,6 +111,8 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 			transport.TLS = new(reverseproxy.TLSConfig)
 		}
 		rp.TransportRaw = caddyconfig.JSONModuleObject(transport, "protocol", "http", nil)
+	} else if rp.TransportRaw, err = withRelayTransportDefaults(rp.TransportRaw, useTLS); err != nil {
+		return nil, h.Errf("wabarelay_proxy transport: %v", err)
 	}
 	if rp.Headers == nil {
 		rp.Headers = new(headers.Handler)
@@ -131,4 +137,24 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 		}}}, nil
 	}
 	return []httpcaddyfile.ConfigValue{{Class: "route", Value: subroute}}, nil
+}
+
+// withRelayTransportDefaults completes a `transport http { ... }` given in wabarelay_proxy with
+// what the relay needs and the lines do not say: TLS to an https upstream, and the upstream
+// response header timeout. Every setting given is kept; other transports are left as they are.
+func withRelayTransportDefaults(raw json.RawMessage, useTLS bool) (json.RawMessage, error) {
+	var m map[string]any
+	if err := json.Unmarshal(raw, &m); err != nil {
+		return nil, err
+	}
+	if m["protocol"] != "http" {
+		return raw, nil
+	}
+	if _, ok := m["tls"]; !ok && useTLS {
+		m["tls"] = map[string]any{}
+	}
+	if _, ok := m["response_header_timeout"]; !ok {
+		m["response_header_timeout"] = upstreamTimeout
+	}
+	return json.Marshal(m)
 }

@@ -51,6 +51,13 @@ const (
 	DefaultPerWebhook = 64
 )
 
+// DefaultTimeout is an attempt's timeout and DefaultLease a claim's lease when Config leaves
+// them zero; a lease must exceed the timeout.
+const (
+	DefaultTimeout = 10 * time.Second
+	DefaultLease   = 60 * time.Second
+)
+
 // DefaultUserAgent is sent when Config.UserAgent is empty.
 const DefaultUserAgent = "wabarelay/1 (+https://github.com/wabarelay/wabarelay)"
 
@@ -75,9 +82,9 @@ type Config struct {
 	// RetryDelays are the delays after failed attempts 1..n, counted from the end of the failed
 	// attempt; a delivery gets len(RetryDelays)+1 attempts. Default 30s, 2m, 10m.
 	RetryDelays []time.Duration
-	// Timeout bounds one attempt; success is a 2xx status within it. Default 10s.
+	// Timeout bounds one attempt; success is a 2xx status within it. Default DefaultTimeout.
 	Timeout time.Duration
-	// Lease is how long a claim holds a delivery; it must exceed Timeout. Default 60s.
+	// Lease is how long a claim holds a delivery; it must exceed Timeout. Default DefaultLease.
 	Lease time.Duration
 	// Workers is the number of concurrent attempts per instance. Default DefaultWorkers.
 	Workers int
@@ -158,10 +165,10 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		}
 	}
 	if cfg.Timeout <= 0 {
-		cfg.Timeout = 10 * time.Second
+		cfg.Timeout = DefaultTimeout
 	}
 	if cfg.Lease <= 0 {
-		cfg.Lease = 60 * time.Second
+		cfg.Lease = DefaultLease
 	}
 	if cfg.Lease <= cfg.Timeout {
 		return nil, fmt.Errorf("dispatcher: lease %v must exceed the attempt timeout %v", cfg.Lease, cfg.Timeout)

@@ -99,7 +99,7 @@ META_APP_SECRET=$(rand)
 META_VERIFY_TOKEN=$(rand)
 export WABARELAY_SDK_URL=http://$FAKE_ADDR/sdk.js
 export WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost
-export WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets
+export WABARELAY_ALLOW_PRIVATE_TARGETS=true
 export WABARELAY_DELIVERY_ROOT_CA=$PWD/.dev/demo-receiver-ca.pem
 # the dashboard's demo page: the fake's incoming-message button and its webhook receiver
 export WABARELAY_DEMO_FAKE_UPSTREAM=http://$FAKE_ADDR WABARELAY_DEMO_RECEIVER=https://$RECEIVER_ADDR

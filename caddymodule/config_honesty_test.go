@@ -1,0 +1,302 @@
+package caddymodule
+
+import (
+	"bufio"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+)
+
+// caddyValidate runs `caddy validate` (this test binary as Caddy, see TestMain) on the
+// Caddyfile cfg with only env among the wabarelay settings of the environment, and returns its
+// output and whether it succeeded.
+func caddyValidate(t *testing.T, cfg string, env ...string) (string, bool) {
+	t.Helper()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "Caddyfile")
+	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var base []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "WABARELAY_") && !strings.HasPrefix(kv, "META_") {
+			base = append(base, kv)
+		}
+	}
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(append(base, childEnv+"=validate --config "+path+" --adapter caddyfile",
+		"XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err == nil
+}
+
+// validateEnv is a valid database and key for caddyValidate (validate dials nothing).
+func validateEnv() []string {
+	return []string{"WABARELAY_DATABASE_URL=postgres://u@127.0.0.1:1/x", "WABARELAY_ENCRYPTION_KEY=" + validateKey}
+}
+
+// validateKey is an encryption key (base64 of 32 bytes) for caddyValidate.
+var validateKey = base64.StdEncoding.EncodeToString([]byte("0123456789abcdef0123456789abcdef"))
+
+// honestyCaddyfile is a minimal Caddyfile with extra lines in the wabarelay option and the site.
+func honestyCaddyfile(appExtra, siteExtra string) string {
+	return fmt.Sprintf(`{
+	admin off
+	persist_config off
+	wabarelay {
+		database       {env.WABARELAY_DATABASE_URL}
+		encryption_key {env.WABARELAY_ENCRYPTION_KEY}
+		%s
+	}
+}
+http://127.0.0.1:1 {
+	handle_path /v1/* {
+		wabarelay_api
+	}
+	%s
+}
+`, appExtra, siteExtra)
+}
+
+// TestProxyPassesEveryLine: every line inside wabarelay_proxy other than its own reaches the
+// reverse_proxy it expands to (as php_fastcgi passes its lines on); an unknown line is refused
+// with its name, never dropped.
+func TestProxyPassesEveryLine(t *testing.T) {
+	cfg := adapt(t, `{
+	wabarelay {
+		database {env.DB}
+		encryption_key {env.KEY}
+	}
+}
+:8080 {
+	wabarelay_proxy {
+		rate_limit 50 1m
+		flush_interval -1
+		header_up X-A b
+		transport http {
+			read_timeout 5s
+		}
+	}
+}`)
+	var parsed struct {
+		Apps struct {
+			HTTP struct {
+				Servers map[string]struct {
+					Routes []json.RawMessage `json:"routes"`
+				} `json:"servers"`
+			} `json:"http"`
+		} `json:"apps"`
+	}
+	if err := json.Unmarshal(cfg, &parsed); err != nil {
+		t.Fatal(err)
+	}
+	s := string(cfg)
+	for _, want := range []string{`"flush_interval":-1`, `"X-A":["b"]`, `"read_timeout":5000000000`,
+		`"requests":50`, `"response_header_timeout":30000000000`, `"tls":{}`} {
+		if !strings.Contains(s, want) {
+			t.Errorf("adapted config lacks %s:\n%s", want, s)
+		}
+	}
+
+	_, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(":8080 {\n\twabarelay_proxy {\n\t\tno_such_line 1\n\t}\n}"), nil)
+	if err == nil || !strings.Contains(err.Error(), "no_such_line") {
+		t.Fatalf("unknown line: err = %v, want it refused by name", err)
+	}
+}
+
+// TestValidateRunsStartChecks: `caddy validate` fails where `caddy run` would: a lease not
+// longer than the (default) attempt timeout, with a message naming lease.
+func TestValidateRunsStartChecks(t *testing.T) {
+	out, ok := caddyValidate(t, honestyCaddyfile("delivery {\n\t\t\tlease 5s\n\t\t}", ""), validateEnv()...)
+	if ok || !strings.Contains(out, "lease") {
+		t.Fatalf("validate of delivery { lease 5s }: ok=%v\n%s", ok, out)
+	}
+	out, ok = caddyValidate(t, honestyCaddyfile("delivery {\n\t\t\tlease 20s\n\t\t}", ""), validateEnv()...)
+	if !ok {
+		t.Fatalf("validate of delivery { lease 20s }:\n%s", out)
+	}
+	out, ok = caddyValidate(t, honestyCaddyfile("delivery {\n\t\t\troot_ca /nonexistent/ca.pem\n\t\t}", ""), validateEnv()...)
+	if ok || !strings.Contains(out, "root_ca") {
+		t.Fatalf("validate of a missing root_ca file: ok=%v\n%s", ok, out)
+	}
+}
+
+// TestEmptyRedisPlaceholder: `redis {env.WABARELAY_REDIS_URL}` with the variable unset means no
+// Redis (as the README's production Caddyfile promises: optional), and the start says so.
+func TestEmptyRedisPlaceholder(t *testing.T) {
+	out, ok := caddyValidate(t, honestyCaddyfile("redis {env.WABARELAY_REDIS_URL}", ""), validateEnv()...)
+	if !ok || !strings.Contains(out, "redis: not configured (WABARELAY_REDIS_URL empty); limits in memory") {
+		t.Fatalf("validate with WABARELAY_REDIS_URL unset: ok=%v\n%s", ok, out)
+	}
+}
+
+// TestMissingSettingNamed: a required setting from an unset variable is named, with its
+// variable, rather than the global option being reported missing.
+func TestMissingSettingNamed(t *testing.T) {
+	out, ok := caddyValidate(t, honestyCaddyfile("", ""), "WABARELAY_ENCRYPTION_KEY="+validateKey)
+	if ok || !strings.Contains(out, "database") || !strings.Contains(out, "WABARELAY_DATABASE_URL") || strings.Contains(out, "not configured") {
+		t.Fatalf("validate with WABARELAY_DATABASE_URL unset: ok=%v\n%s", ok, out)
+	}
+}
+
+// TestTypedSwitches: allow_private_targets is a boolean (or an {env.*} placeholder resolved to
+// one), logged as a warning whenever it is on, as is the dashboard's demo page; a value that is
+// not a boolean is refused, so an environment variable cannot add configuration.
+func TestTypedSwitches(t *testing.T) {
+	const (
+		privateWarn = "delivery allow_private_targets is on"
+		demoWarn    = "dashboard demo page is on"
+	)
+	cfg := honestyCaddyfile("delivery {\n\t\t\tallow_private_targets {env.WABARELAY_ALLOW_PRIVATE_TARGETS}\n\t\t}",
+		"handle /dashboard* {\n\t\twabarelay_dashboard {\n\t\t\tdemo {\n\t\t\t\tfake_upstream {env.WABARELAY_DEMO_FAKE_UPSTREAM}\n\t\t\t}\n\t\t}\n\t}")
+	out, ok := caddyValidate(t, cfg, append(validateEnv(), "WABARELAY_ALLOW_PRIVATE_TARGETS=true", "WABARELAY_DEMO_FAKE_UPSTREAM=http://127.0.0.1:8090")...)
+	if !ok || !strings.Contains(out, privateWarn) || !strings.Contains(out, demoWarn) {
+		t.Fatalf("switches on: ok=%v\n%s", ok, out)
+	}
+	out, ok = caddyValidate(t, cfg, validateEnv()...)
+	if !ok || strings.Contains(out, privateWarn) || strings.Contains(out, demoWarn) {
+		t.Fatalf("switches off: ok=%v\n%s", ok, out)
+	}
+	// the value the old splice took (a whole line) is no boolean
+	out, ok = caddyValidate(t, cfg, append(validateEnv(), "WABARELAY_ALLOW_PRIVATE_TARGETS=allow_private_targets")...)
+	if ok || !strings.Contains(out, "allow_private_targets") || !strings.Contains(out, "WABARELAY_ALLOW_PRIVATE_TARGETS") {
+		t.Fatalf("switch set to a non-boolean: ok=%v\n%s", ok, out)
+	}
+	if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(honestyCaddyfile("delivery {\n\t\t\tallow_private_targets sometimes\n\t\t}", "")), nil); err == nil ||
+		!strings.Contains(err.Error(), "allow_private_targets") {
+		t.Fatalf("allow_private_targets sometimes: %v", err)
+	}
+}
+
+// TestExampleCaddyfilesHonest: the repo's Caddyfile listens on loopback only and, like the
+// README's production Caddyfile, bounds how long a client may take to send its headers and
+// body; the README's Caddyfile validates with its optional variables unset.
+func TestExampleCaddyfilesHonest(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, prod, ok := strings.Cut(string(readme), "## Production Caddyfile")
+	if ok {
+		_, prod, ok = strings.Cut(prod, "```caddyfile\n")
+	}
+	if ok {
+		prod, _, ok = strings.Cut(prod, "```")
+	}
+	if !ok {
+		t.Fatal("README: no production Caddyfile")
+	}
+	type server struct {
+		Listen      []string `json:"listen"`
+		ReadHeader  int64    `json:"read_header_timeout"`
+		ReadTimeout int64    `json:"read_timeout"`
+	}
+	for name, file := range map[string]string{"repo Caddyfile": string(raw), "README Caddyfile": prod} {
+		var parsed struct {
+			Apps struct {
+				HTTP struct {
+					Servers map[string]server `json:"servers"`
+				} `json:"http"`
+			} `json:"apps"`
+		}
+		if err := json.Unmarshal(adapt(t, file), &parsed); err != nil || len(parsed.Apps.HTTP.Servers) == 0 {
+			t.Fatalf("%s: %v", name, err)
+		}
+		for id, s := range parsed.Apps.HTTP.Servers {
+			if s.ReadHeader <= 0 || time.Duration(s.ReadHeader) > 5*time.Second || s.ReadTimeout <= 0 || time.Duration(s.ReadTimeout) > 30*time.Second {
+				t.Errorf("%s: server %s: read_header %v, read_body %v; want at most 5s and 30s", name, id, time.Duration(s.ReadHeader), time.Duration(s.ReadTimeout))
+			}
+			if name == "repo Caddyfile" {
+				for _, l := range s.Listen {
+					host, _, err := net.SplitHostPort(strings.TrimPrefix(l, "tcp/"))
+					if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+						t.Errorf("repo Caddyfile: server %s listens on %q, not loopback only", id, l)
+					}
+				}
+			}
+		}
+	}
+	out, ok := caddyValidate(t, prod, validateEnv()...)
+	if !ok || !strings.Contains(out, "redis: not configured (WABARELAY_REDIS_URL empty)") {
+		t.Fatalf("README Caddyfile with WABARELAY_REDIS_URL unset: ok=%v\n%s", ok, out)
+	}
+}
+
+// TestSlowIntakeBodyCutOff: on the repo's Caddyfile (its read_body made 2s so the test is short),
+// an intake post whose body arrives a few bytes at a time is cut off within the read_body bound
+// instead of holding its connection for as long as the client drips.
+func TestSlowIntakeBodyCutOff(t *testing.T) {
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bound = 2 * time.Second
+	e := newRelayEnv(t, "")
+	port := testenv.FreePort(t)
+	host := "localhost:" + strconv.Itoa(port)
+	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
+	cfg = strings.Replace(cfg, "read_body 30s", "read_body 2s", 1)
+	origin := e.caddyFile(cfg, port,
+		"WABARELAY_DATABASE_URL="+e.dsn, "WABARELAY_ENCRYPTION_KEY="+e.keyB64,
+		"WABARELAY_UPSTREAM="+e.fake.URL()+"/v26.0",
+		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me")
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(origin, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	const size = 1000 // 100 drips of 10 bytes, 300 ms apart: 30 s if never cut off
+	start := time.Now()
+	fmt.Fprintf(conn, "POST /webhooks/upstream HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", host, size)
+	answered := make(chan string, 1)
+	go func() {
+		line, err := bufio.NewReader(conn).ReadString('\n')
+		if err != nil {
+			line = "connection closed: " + err.Error()
+		}
+		answered <- line
+	}()
+	drip := time.NewTicker(300 * time.Millisecond)
+	defer drip.Stop()
+	for sent := 0; ; {
+		select {
+		case line := <-answered:
+			took := time.Since(start)
+			t.Logf("after %v (%d of %d bytes sent): %q", took.Round(time.Millisecond), sent, size, strings.TrimSpace(line))
+			// 5x the bound: the cut-off itself is the claim, not its precision
+			if took > 5*bound {
+				t.Fatalf("the dripping body held its connection %v (read_body %v)", took, bound)
+			}
+			// never acknowledged: the upstream must send it again
+			if strings.HasPrefix(line, "HTTP/1.1 2") {
+				t.Fatalf("a body cut off was answered %q", strings.TrimSpace(line))
+			}
+			return
+		case <-drip.C:
+			if sent < size {
+				conn.Write([]byte(strings.Repeat(" ", 10)))
+				sent += 10
+			}
+			if time.Since(start) > 60*time.Second {
+				t.Fatalf("the dripping body was not cut off in %v (read_body %v): %d bytes sent", time.Since(start), bound, sent)
+			}
+		}
+	}
+}
