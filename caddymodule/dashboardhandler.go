@@ -67,7 +67,8 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 	logger := ctx.Logger()
 	opt := dashboard.Options{
 		Store: app.store, API: app.managementHandler(logger), BasePath: h.BasePath,
-		ConnectBase: app.ConnectBase, SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard, Logger: logger,
+		ConnectBase: app.ConnectBase, SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard,
+		Limiter: app.mgmtLimiter.Limiter, Logger: logger,
 	}
 	if h.Demo != nil {
 		repl := caddy.NewReplacer()

@@ -4,20 +4,28 @@
 // step); the Caddy module wabarelay_dashboard mounts it.
 //
 // Sign-in takes an API key of the org and starts a server-side session (store
-// DashboardSession): the cookie is HttpOnly, SameSite=Strict, Secure over HTTPS and scoped to
-// the dashboard's path; the session ends on sign-out and the moment its key is revoked or
-// expires. Every state-changing form carries the session's CSRF token. Pages are served with a
-// strict Content-Security-Policy (no inline script or style).
+// DashboardSession): the cookie is HttpOnly, SameSite=Strict, scoped to the dashboard's path
+// and, over HTTPS, Secure and named with the __Secure- prefix; the session ends on sign-out and
+// the moment its key is revoked or expires. A session cookie that names no live session counts
+// as an authentication failure in the AuthGuard (like a bad API key), so a flood of guessed
+// cookies is refused with 429 before it costs queries.
 //
-// Reads go to the store; every change goes through the management API's own handler
-// (managementapi.Handler.ServeAuthenticated) as the signed-in key, so the dashboard applies
-// exactly the API's checks, messages and rate limit, not a second copy of them.
+// Every state-changing request (sign-in included) must come from the dashboard's own origin:
+// Go's http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host), and an Origin of
+// "null" is refused outright. With SameSite=Strict cookies this is the whole CSRF defence; there
+// are no per-form tokens. Pages are served with a strict Content-Security-Policy (no inline
+// script or style).
+//
+// Reads go to the store, each page load counted against the signed-in key's management rate
+// limit (Options.Limiter, the API's own limiter); every change goes through the management
+// API's own handler (managementapi.Handler.ServeAuthenticated) as the signed-in key, so the
+// dashboard applies exactly the API's checks, messages and rate limit, not a second copy of
+// them.
 package dashboard
 
 import (
 	"bytes"
 	"context"
-	"crypto/subtle"
 	"embed"
 	"encoding/json"
 	"errors"
@@ -26,6 +34,7 @@ import (
 	"io/fs"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -34,6 +43,7 @@ import (
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -43,12 +53,18 @@ const (
 	DefaultSessionTTL = 12 * time.Hour
 )
 
-// Cookie names. The session cookie holds the session token; the sign-in cookie holds the
-// token the sign-in form must echo (login CSRF), before any session exists.
+// sessionCookie is the name of the cookie holding the session token; over HTTPS it carries the
+// __Secure- prefix (securePrefix), so a browser only accepts it from a secure origin with the
+// Secure attribute.
 const (
 	sessionCookie = "wabarelay_dashboard"
-	signInCookie  = "wabarelay_dashboard_signin"
+	securePrefix  = "__Secure-"
 )
+
+// limitKeyPrefix prefixes a key id in the management rate limiter: the same bucket the
+// management API charges for that key (managementapi's allow), so page reads and API calls
+// share one budget.
+const limitKeyPrefix = "mgmt:"
 
 // maxFormBytes caps a form post's body.
 const maxFormBytes = 64 << 10
@@ -76,8 +92,15 @@ type Options struct {
 	ConnectBase string
 	// SessionTTL is how long a sign-in lasts (never past its key's expiry). Default: 12h.
 	SessionTTL time.Duration
-	// AuthGuard, if set, counts failed sign-ins per client address, like the API's bad keys.
+	// AuthGuard, if set, counts failed sign-ins and session cookies that name no live session
+	// per client address, like the API's bad keys, and refuses an address that failed too often
+	// with 429 before any lookup. Share the API's guard.
 	AuthGuard *authguard.Guard
+	// Limiter, if set, is the management API's per-key rate limiter (the same instance): every
+	// page load of a signed-in key counts against that key's management rate limit, and a load
+	// over it is answered 429 with Retry-After. Changes are counted by the API they call. Nil
+	// means page reads are not limited.
+	Limiter ratelimit.Limiter
 	// Demo, if set, turns on the demo page: a built-in webhook receiver that verifies each
 	// delivery's signature, and a button making the fake upstream send an incoming message.
 	Demo *Demo
@@ -91,6 +114,8 @@ type Handler struct {
 	logger *zap.Logger
 	pages  map[string]*template.Template
 	assets http.Handler
+	// origins refuses cross-origin state-changing requests.
+	origins *http.CrossOriginProtection
 }
 
 //go:embed templates/*.html
@@ -111,7 +136,7 @@ func New(opt Options) (*Handler, error) {
 	if opt.SessionTTL <= 0 {
 		opt.SessionTTL = DefaultSessionTTL
 	}
-	h := &Handler{opt: opt, logger: opt.Logger, pages: map[string]*template.Template{}}
+	h := &Handler{opt: opt, logger: opt.Logger, pages: map[string]*template.Template{}, origins: http.NewCrossOriginProtection()}
 	if h.logger == nil {
 		h.logger = zap.NewNop()
 	}
@@ -142,7 +167,6 @@ type page struct {
 	Title   string
 	Nav     string
 	Session *session
-	CSRF    string
 	Demo    bool
 	Notice  string
 	Error   string
@@ -155,7 +179,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr.Set("Content-Security-Policy", contentSecurityPolicy)
 	hdr.Set("X-Content-Type-Options", "nosniff")
 	hdr.Set("X-Frame-Options", "DENY")
-	hdr.Set("Referrer-Policy", "no-referrer")
+	// Not no-referrer: under it browsers send "Origin: null" on the dashboard's own form posts,
+	// which are refused (see sameOrigin).
+	hdr.Set("Referrer-Policy", "same-origin")
 	rest, ok := strings.CutPrefix(r.URL.Path, h.opt.BasePath)
 	if !ok || (rest != "" && rest[0] != '/') {
 		h.notFound(w, r, nil)
@@ -167,8 +193,13 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hdr.Set("Cache-Control", "no-store")
+	if !safeMethod(r.Method) && !h.sameOrigin(r) {
+		h.render(w, r, http.StatusForbidden, "error", page{Title: "Refused",
+			Error: "The request was refused: it did not come from this dashboard's own pages. Reload the page and try again."})
+		return
+	}
 	if r.Method == http.MethodPost {
-		// Forms are small; a larger body fails to parse and is refused like a missing token.
+		// Forms are small; a larger body fails to parse.
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	}
 	segs := strings.Split(strings.Trim(rest, "/"), "/")
@@ -181,7 +212,10 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.login(w, r)
 		return
 	}
-	s, err := h.session(r)
+	s, err := h.session(w, r)
+	if errors.Is(err, errGuarded) {
+		return
+	}
 	if err != nil {
 		h.serverError(w, r, err)
 		return
@@ -194,9 +228,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.render(w, r, http.StatusUnauthorized, "error", page{Title: "Signed out", Error: "Your session has ended. Sign in again."})
 		return
 	}
-	if r.Method == http.MethodPost && !h.checkCSRF(r, s.CSRFToken) {
-		h.render(w, r, http.StatusForbidden, "error", page{Title: "Refused", Session: s, CSRF: s.CSRFToken,
-			Error: "The form was refused: its security token is missing or stale. Reload the page and try again."})
+	// Page reads count against the key's management rate limit; changes, and the API keys
+	// page (read through the API), are counted by the API calls they make.
+	if safeMethod(r.Method) && !(len(segs) == 1 && segs[0] == "api-keys") && !h.allow(w, r, s) {
 		return
 	}
 	if len(segs) == 0 {
@@ -254,14 +288,28 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request, s *session, segs
 	}
 }
 
-// session returns the request's live session, or nil when it has none.
-func (h *Handler) session(r *http.Request) (*session, error) {
-	c, err := r.Cookie(sessionCookie)
+// errGuarded means the request was answered 429 by the AuthGuard.
+var errGuarded = errors.New("refused by the auth guard")
+
+// session returns the request's live session, or nil when it has none. A session cookie that
+// names no live session (unknown, signed out, expired, malformed) is an authentication failure
+// of the client address: once the AuthGuard refuses the address, the request is answered 429
+// before any lookup and errGuarded returned. Such a cookie is deleted.
+func (h *Handler) session(w http.ResponseWriter, r *http.Request) (*session, error) {
+	c, err := r.Cookie(h.cookieName(r))
 	if err != nil {
 		return nil, nil
 	}
+	addr := httpx.ClientAddr(r)
+	if !h.guardAllows(w, r, addr) {
+		return nil, errGuarded
+	}
 	ds, err := h.opt.Store.DashboardSession(r.Context(), c.Value)
 	if errors.Is(err, store.ErrNoSession) {
+		if g := h.opt.AuthGuard; g != nil {
+			g.Fail(addr)
+		}
+		h.setCookie(w, r, "", -1)
 		return nil, nil
 	}
 	if err != nil {
@@ -270,20 +318,73 @@ func (h *Handler) session(r *http.Request) (*session, error) {
 	return &session{ds}, nil
 }
 
-// checkCSRF reports whether a form post carries the session's CSRF token and, when the
-// browser names it, comes from this origin.
-func (h *Handler) checkCSRF(r *http.Request, want string) bool {
-	if o := r.Header.Get("Origin"); o != "" && o != "null" && o != httpx.Origin(r) {
-		return false
+// guardAllows reports whether the AuthGuard lets addr attempt to authenticate; if not, it
+// answers 429 with Retry-After.
+func (h *Handler) guardAllows(w http.ResponseWriter, r *http.Request, addr string) bool {
+	g := h.opt.AuthGuard
+	if g == nil {
+		return true
 	}
-	got := r.PostFormValue("csrf")
-	return got != "" && subtle.ConstantTimeCompare([]byte(got), []byte(want)) == 1
+	wait, ok := g.Check(addr)
+	if !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
+		h.render(w, r, http.StatusTooManyRequests, "error", page{Title: "Too many attempts",
+			Error: "Too many failed sign-ins from your address. Wait a minute and try again."})
+	}
+	return ok
 }
 
-// setCookie sets a dashboard cookie: HttpOnly, SameSite=Strict, Secure over HTTPS (as Caddy
-// sees the client, through trusted proxies), scoped to the dashboard. maxAge < 0 deletes it.
-func (h *Handler) setCookie(w http.ResponseWriter, r *http.Request, name, value string, maxAge int) {
-	http.SetCookie(w, &http.Cookie{Name: name, Value: value, Path: h.opt.BasePath, MaxAge: maxAge,
+// allow counts a page load against the signed-in key's management rate limit, answering 429
+// with Retry-After (and the RateLimit headers, like the API) when it is over. A limiter failure
+// lets the page through, as the API does.
+func (h *Handler) allow(w http.ResponseWriter, r *http.Request, s *session) bool {
+	if h.opt.Limiter == nil {
+		return true
+	}
+	d, err := h.opt.Limiter.Allow(r.Context(), limitKeyPrefix+s.Key.ID.String())
+	if err != nil {
+		h.logger.Warn("management rate limiter unavailable; page allowed", zap.Error(err))
+		return true
+	}
+	d.SetHeaders(w.Header())
+	if !d.Allowed {
+		h.render(w, r, http.StatusTooManyRequests, "error", page{Title: "Too many requests", Session: s,
+			Error: httpx.MsgRateLimited + ". Wait a moment and reload the page."})
+		return false
+	}
+	return true
+}
+
+// safeMethod reports a method that changes nothing.
+func safeMethod(m string) bool {
+	return m == http.MethodGet || m == http.MethodHead || m == http.MethodOptions
+}
+
+// sameOrigin reports whether a state-changing request comes from the dashboard's own origin:
+// http.CrossOriginProtection decides (Sec-Fetch-Site, else Origin against Host; a request with
+// neither is not a browser's and passes), and an Origin of "null" (a sandboxed or opaque
+// origin, or a forged header) is refused whatever else the request says.
+func (h *Handler) sameOrigin(r *http.Request) bool {
+	if r.Header.Get("Origin") == "null" {
+		return false
+	}
+	return h.origins.Check(r) == nil
+}
+
+// cookieName is the session cookie's name for r: with the __Secure- prefix over HTTPS (as
+// Caddy sees the client, through trusted proxies); plain over http (make run on localhost),
+// where browsers would refuse a prefixed cookie.
+func (h *Handler) cookieName(r *http.Request) string {
+	if httpx.IsHTTPS(r) {
+		return securePrefix + sessionCookie
+	}
+	return sessionCookie
+}
+
+// setCookie sets the session cookie: HttpOnly, SameSite=Strict, Secure and __Secure- named over
+// HTTPS, scoped to the dashboard. maxAge < 0 deletes it.
+func (h *Handler) setCookie(w http.ResponseWriter, r *http.Request, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{Name: h.cookieName(r), Value: value, Path: h.opt.BasePath, MaxAge: maxAge,
 		HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: httpx.IsHTTPS(r)})
 }
 
@@ -292,9 +393,6 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, status int, nam
 	t := h.pages[name]
 	p.Base = h.opt.BasePath
 	p.Demo = h.opt.Demo != nil
-	if p.Session != nil && p.CSRF == "" {
-		p.CSRF = p.Session.CSRFToken
-	}
 	var buf bytes.Buffer
 	if err := t.ExecuteTemplate(&buf, "layout.html", p); err != nil {
 		h.logger.Error("dashboard: rendering a page failed", zap.String("page", name), zap.Error(err))

@@ -14,17 +14,22 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -40,7 +45,23 @@ type env struct {
 	org    store.Org
 	key    string
 	keyRec store.APIKey
+	// api is the management API the dashboard calls (sharing its Limiter and AuthGuard).
+	api *managementapi.Handler
+	// dash is the dashboard handler, for requests made without a server (e.g. over "HTTPS").
+	dash *dashboard.Handler
+	// queries counts the statements the pool ran.
+	queries *queryCounter
 }
+
+// queryCounter is a pgx tracer counting the statements run through the pool.
+type queryCounter struct{ n atomic.Int64 }
+
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	q.n.Add(1)
+	return ctx
+}
+
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // envOptions adjust the dashboard before it starts.
 type envOption func(*dashboard.Options)
@@ -48,7 +69,13 @@ type envOption func(*dashboard.Options)
 func newEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	cfg, err := pgxpool.ParseConfig(testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	queries := &queryCounter{}
+	cfg.ConnConfig.Tracer = queries
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,7 +87,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 		t.Fatal(err)
 	}
 	st := store.New(pool, box)
-	e := &env{t: t, st: st, pool: pool}
+	e := &env{t: t, st: st, pool: pool, queries: queries}
 	e.org, err = st.CreateOrg(ctx, "Acme")
 	if err != nil {
 		t.Fatal(err)
@@ -69,10 +96,13 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	api := managementapi.New(managementapi.Options{Store: st})
-	opt := dashboard.Options{Store: st, API: api}
+	opt := dashboard.Options{Store: st}
 	for _, o := range opts {
 		o(&opt)
+	}
+	e.api = managementapi.New(managementapi.Options{Store: st, Limiter: opt.Limiter, AuthGuard: opt.AuthGuard})
+	if opt.API == nil {
+		opt.API = e.api
 	}
 	var h http.Handler
 	mux := http.NewServeMux()
@@ -83,7 +113,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h = d
+	h, e.dash = d, d
 	return e
 }
 
@@ -91,7 +121,6 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 type client struct {
 	e    *env
 	http *http.Client
-	csrf string
 }
 
 func (e *env) client() *client {
@@ -106,8 +135,6 @@ type answer struct {
 	url    string
 }
 
-var csrfRe = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
-
 func (c *client) do(req *http.Request) answer {
 	c.e.t.Helper()
 	resp, err := c.http.Do(req)
@@ -120,9 +147,6 @@ func (c *client) do(req *http.Request) answer {
 		c.e.t.Fatal(err)
 	}
 	a := answer{status: resp.StatusCode, header: resp.Header, body: string(b), url: resp.Request.URL.Path}
-	if m := csrfRe.FindStringSubmatch(a.body); m != nil {
-		c.csrf = m[1]
-	}
 	return a
 }
 
@@ -132,17 +156,13 @@ func (c *client) get(path string) answer {
 	return c.do(req)
 }
 
-// post submits a form with the client's current CSRF token (unless the form sets its own).
+// post submits a form as the dashboard's own page does: from the dashboard's origin.
 func (c *client) post(path string, form url.Values) answer {
 	c.e.t.Helper()
-	if form == nil {
-		form = url.Values{}
-	}
-	if _, ok := form["csrf"]; !ok {
-		form.Set("csrf", c.csrf)
-	}
 	req, _ := http.NewRequest(http.MethodPost, c.e.srv.URL+path, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", c.e.srv.URL)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
 	return c.do(req)
 }
 
@@ -180,7 +200,7 @@ func TestSignInAndOut(t *testing.T) {
 
 	// The session cookie's attributes, read off the raw answer.
 	c.get("/dashboard/login")
-	form := url.Values{"api_key": {e.key}, "csrf": {c.csrf}}
+	form := url.Values{"api_key": {e.key}}
 	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/login", strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	for _, ck := range c.http.Jar.Cookies(req.URL) {
@@ -261,28 +281,220 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 	}
 }
 
-func TestCSRFRefused(t *testing.T) {
-	e := newEnv(t)
-	c := e.client()
-	c.signIn(e.key)
-	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"A"}, "csrf": {"forged"}}), http.StatusForbidden, "security token")
-	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"B"}, "csrf": {""}}), http.StatusForbidden)
-	// Right token, foreign origin.
-	form := url.Values{"name": {"C"}, "csrf": {c.csrf}}
-	req, _ := http.NewRequest(http.MethodPost, e.srv.URL+"/dashboard/channels", strings.NewReader(form.Encode()))
+// crossPost posts a form with the given request headers (no cookie jar redirects followed).
+func (c *client) crossPost(path string, form url.Values, hdr map[string]string) answer {
+	c.e.t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, c.e.srv.URL+path, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Origin", "https://evil.example")
-	wantStatus(t, c.do(req), http.StatusForbidden)
-	// A huge form is refused, not read.
-	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {strings.Repeat("x", 100<<10)}}), http.StatusForbidden)
-	// Sign-in without the sign-in token.
-	c2 := e.client()
-	wantStatus(t, c2.post("/dashboard/login", url.Values{"api_key": {e.key}, "csrf": {"x"}}), http.StatusForbidden)
-	chans, err := e.st.ListChannels(context.Background(), e.org.ID)
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return c.do(req)
+}
+
+// TestCrossOriginRefused: every state-changing request, sign-in included, must come from the
+// dashboard's own origin; with SameSite=Strict cookies that is the whole defence (no per-form
+// tokens). A forged sign-in cookie and a matching form token (the old login-CSRF defence) buy
+// nothing.
+func TestCrossOriginRefused(t *testing.T) {
+	e := newEnv(t)
+	refusals := []struct {
+		name string
+		hdr  map[string]string
+	}{
+		{"Origin null", map[string]string{"Origin": "null"}},
+		{"Origin null, same-origin fetch metadata", map[string]string{"Origin": "null", "Sec-Fetch-Site": "same-origin"}},
+		{"foreign Origin", map[string]string{"Origin": "https://evil.example"}},
+		{"Origin of another port", map[string]string{"Origin": "http://127.0.0.1:1"}},
+		{"Sec-Fetch-Site cross-site", map[string]string{"Sec-Fetch-Site": "cross-site"}},
+		{"Sec-Fetch-Site same-site", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": "https://sub.example"}},
+	}
+	ctx := context.Background()
+	sessions := func() int {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM dashboard_sessions`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// Sign-in: a session for the attacker's key must not start in the victim's browser.
+	for _, r := range refusals {
+		c := e.client()
+		u, _ := url.Parse(e.srv.URL + "/dashboard/")
+		c.http.Jar.SetCookies(u, []*http.Cookie{{Name: "wabarelay_dashboard_signin", Value: "forged", Path: "/dashboard"}})
+		a := c.crossPost("/dashboard/login", url.Values{"api_key": {e.key}, "csrf": {"forged"}}, r.hdr)
+		if a.status != http.StatusForbidden {
+			t.Errorf("sign-in with %s: status %d, want 403", r.name, a.status)
+		}
+		for _, ck := range c.http.Jar.Cookies(u) {
+			if strings.HasSuffix(ck.Name, "wabarelay_dashboard") {
+				t.Errorf("sign-in with %s set the session cookie", r.name)
+			}
+		}
+	}
+	if n := sessions(); n != 0 {
+		t.Fatalf("%d sessions after refused sign-ins", n)
+	}
+	// Sign-in from the dashboard's own origin, and from a client that is not a browser (no
+	// Origin, no Sec-Fetch-Site), works.
+	c := e.client()
+	a := c.crossPost("/dashboard/login", url.Values{"api_key": {e.key}}, map[string]string{"Origin": e.srv.URL, "Sec-Fetch-Site": "same-origin"})
+	wantStatus(t, a, http.StatusOK, "New channel")
+	wantStatus(t, e.client().crossPost("/dashboard/login", url.Values{"api_key": {e.key}}, nil), http.StatusOK, "New channel")
+
+	// Signed in: every form post.
+	for _, r := range refusals {
+		wantStatus(t, c.crossPost("/dashboard/channels", url.Values{"name": {"Forged"}}, r.hdr), http.StatusForbidden, "did not come from this dashboard")
+		wantStatus(t, c.crossPost("/dashboard/logout", nil, r.hdr), http.StatusForbidden)
+	}
+	chans, err := e.st.ListChannels(ctx, e.org.ID)
 	if err != nil || len(chans) != 0 {
 		t.Fatalf("channels after refused forms: %v %v", chans, err)
 	}
+	// A huge form is not read.
+	if a := c.post("/dashboard/channels", url.Values{"name": {strings.Repeat("x", 100<<10)}}); a.status < 400 || a.status >= 500 {
+		t.Fatalf("huge form: %d", a.status)
+	}
 	wantStatus(t, c.post("/dashboard/channels", url.Values{"name": {"D"}}), http.StatusOK, "Channel created")
+	wantStatus(t, c.crossPost("/dashboard/channels", url.Values{"name": {"E"}}, map[string]string{"Origin": e.srv.URL}), http.StatusOK, "Channel created")
+	if a := c.get("/dashboard/channels"); a.header.Get("Referrer-Policy") != "same-origin" {
+		t.Fatalf("Referrer-Policy = %q", a.header.Get("Referrer-Policy"))
+	}
+}
+
+// TestCookieNamesOverHTTPS: over HTTPS the session cookie is Secure and named with the
+// __Secure- prefix (and only that name is read); over http it keeps its plain name.
+func TestCookieNamesOverHTTPS(t *testing.T) {
+	e := newEnv(t)
+	serve := func(req *http.Request) *http.Response {
+		rec := httptest.NewRecorder()
+		e.dash.ServeHTTP(rec, req)
+		return rec.Result()
+	}
+	form := url.Values{"api_key": {e.key}}.Encode()
+	req := httptest.NewRequest(http.MethodPost, "https://dash.example/dashboard/login", strings.NewReader(form))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Origin", "https://dash.example")
+	resp := serve(req)
+	if resp.StatusCode != http.StatusSeeOther {
+		t.Fatalf("sign-in over HTTPS: %d", resp.StatusCode)
+	}
+	cks := resp.Cookies()
+	if len(cks) != 1 || cks[0].Name != "__Secure-wabarelay_dashboard" || !cks[0].Secure || !cks[0].HttpOnly ||
+		cks[0].SameSite != http.SameSiteStrictMode || cks[0].Path != "/dashboard" {
+		t.Fatalf("cookies over HTTPS = %+v", cks)
+	}
+	get := func(name string) int {
+		req := httptest.NewRequest(http.MethodGet, "https://dash.example/dashboard/channels", nil)
+		req.AddCookie(&http.Cookie{Name: name, Value: cks[0].Value})
+		return serve(req).StatusCode
+	}
+	if s := get("__Secure-wabarelay_dashboard"); s != http.StatusOK {
+		t.Fatalf("page with the __Secure- cookie: %d", s)
+	}
+	if s := get("wabarelay_dashboard"); s != http.StatusSeeOther {
+		t.Fatalf("page over HTTPS with the unprefixed cookie: %d, want a redirect to sign-in", s)
+	}
+	// Plain http (make run on localhost) keeps the plain name, not Secure.
+	req = httptest.NewRequest(http.MethodPost, "http://localhost/dashboard/login", strings.NewReader(form))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	resp = serve(req)
+	if cks := resp.Cookies(); resp.StatusCode != http.StatusSeeOther || len(cks) != 1 || cks[0].Name != "wabarelay_dashboard" || cks[0].Secure {
+		t.Fatalf("sign-in over http: %d, cookies %+v", resp.StatusCode, cks)
+	}
+}
+
+// noRedirects is a client that returns redirects as they are.
+var noRedirects = &http.Client{Timeout: 30 * time.Second,
+	CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+
+// TestGarbageSessionCookiesAreGuarded: a session cookie that names no live session is an
+// authentication failure of the client address; after 20 the address gets 429 before any
+// lookup, so 200 guessed cookies cost about 20 queries.
+func TestGarbageSessionCookiesAreGuarded(t *testing.T) {
+	e := newEnv(t, func(o *dashboard.Options) { o.AuthGuard = authguard.New(20, time.Minute, 100) })
+	before := e.queries.n.Load()
+	statuses := map[int]int{}
+	for i := 0; i < 200; i++ {
+		v := store.NewChannelToken() // well-formed: 32 random bytes, base64url
+		if i%10 == 9 {
+			v = "malformed"
+		}
+		req, _ := http.NewRequest(http.MethodGet, e.srv.URL+"/dashboard/webhooks", nil)
+		req.AddCookie(&http.Cookie{Name: "wabarelay_dashboard", Value: v})
+		resp, err := noRedirects.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		statuses[resp.StatusCode]++
+		if i >= 20 {
+			if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("cookie %d: status %d, Retry-After %q; want 429 with Retry-After", i+1, resp.StatusCode, resp.Header.Get("Retry-After"))
+			}
+		} else if resp.StatusCode != http.StatusSeeOther {
+			t.Fatalf("cookie %d: status %d, want a redirect to sign-in", i+1, resp.StatusCode)
+		}
+	}
+	if n := e.queries.n.Load() - before; n > 20 {
+		t.Fatalf("200 garbage cookies cost %d queries, want at most 20 (statuses %v)", n, statuses)
+	}
+	// Another address is unaffected; the refused address cannot sign in either.
+	c := e.client()
+	a := c.post("/dashboard/login", url.Values{"api_key": {e.key}})
+	wantStatus(t, a, http.StatusTooManyRequests)
+	other := httptest.NewRequest(http.MethodGet, "http://dash.example/dashboard/login", nil)
+	other.RemoteAddr = "192.0.2.1:1234"
+	rec := httptest.NewRecorder()
+	e.dash.ServeHTTP(rec, other)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("another address: %d", rec.Code)
+	}
+}
+
+// TestPageReadsRateLimited: each page load counts against the signed-in key's management rate
+// limit, the same budget its API calls use; over it a page is 429 with Retry-After.
+func TestPageReadsRateLimited(t *testing.T) {
+	opt, err := redis.ParseURL(testenv.Redis(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := redis.NewClient(opt)
+	t.Cleanup(func() { rdb.Close() })
+	const limit = 6
+	lim := ratelimit.NewRedis(rdb, limit, time.Hour, "test:"+uuid.NewString()+":")
+	e := newEnv(t, func(o *dashboard.Options) { o.Limiter = lim })
+	c := e.client()
+	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel") // GET /channels: 1
+	pages := []string{"/dashboard/webhooks", "/dashboard/api-keys", "/dashboard/channels"}
+	n := 1
+	for ; n < limit; n++ {
+		wantStatus(t, c.get(pages[n%len(pages)]), http.StatusOK)
+	}
+	for _, p := range []string{"/dashboard/webhooks", "/dashboard/api-keys", "/dashboard/channels"} {
+		a := c.get(p)
+		wantStatus(t, a, http.StatusTooManyRequests, "Rate limit exceeded")
+		if ra := a.header.Get("Retry-After"); ra == "" || ra == "0" {
+			t.Fatalf("%s: Retry-After = %q", p, ra)
+		}
+		if rem := a.header.Get("RateLimit-Remaining"); rem != "0" {
+			t.Fatalf("%s: RateLimit-Remaining = %q", p, rem)
+		}
+	}
+	// The API's budget for that key is the same one: spent.
+	req := httptest.NewRequest(http.MethodGet, "/channels", nil)
+	req.Header.Set("X-Api-Key", e.key)
+	rec := httptest.NewRecorder()
+	e.api.ServeHTTP(rec, req)
+	if rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("API call after the pages spent the budget: %d", rec.Code)
+	}
+	// Another key has its own budget.
+	_, key2, err := e.st.CreateAPIKey(context.Background(), e.org.ID, "other", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, e.client().signIn(key2), http.StatusOK, "New channel")
 }
 
 func TestChannelsPage(t *testing.T) {

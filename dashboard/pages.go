@@ -25,11 +25,6 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		h.loginForm(w, r, http.StatusOK, "")
 	case http.MethodPost:
-		c, err := r.Cookie(signInCookie)
-		if err != nil || r.PostFormValue("csrf") == "" || !h.checkCSRF(r, c.Value) {
-			h.loginForm(w, r, http.StatusForbidden, "The sign-in form was stale. Try again.")
-			return
-		}
 		addr := httpx.ClientAddr(r)
 		if g := h.opt.AuthGuard; g != nil {
 			if wait, ok := g.Check(addr); !ok {
@@ -59,8 +54,7 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 			h.serverError(w, r, err)
 			return
 		}
-		h.setCookie(w, r, signInCookie, "", -1)
-		h.setCookie(w, r, sessionCookie, token, 0)
+		h.setCookie(w, r, token, 0)
 		h.redirect(w, r, "/channels", "")
 	default:
 		w.Header().Set("Allow", "GET, POST")
@@ -68,26 +62,24 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// loginForm renders the sign-in form with a fresh sign-in token in its cookie and field.
+// loginForm renders the sign-in form.
 func (h *Handler) loginForm(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	token := store.NewChannelToken() // 32 random bytes, base64url
-	h.setCookie(w, r, signInCookie, token, 3600)
 	notice := ""
 	if r.URL.Query().Get("done") == "signed-out" {
 		notice = notices["signed-out"]
 	}
-	h.render(w, r, status, "login", page{Title: "Sign in", CSRF: token, Error: msg, Notice: notice})
+	h.render(w, r, status, "login", page{Title: "Sign in", Error: msg, Notice: notice})
 }
 
 // logout ends the session.
 func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
-	if c, err := r.Cookie(sessionCookie); err == nil {
+	if c, err := r.Cookie(h.cookieName(r)); err == nil {
 		if err := h.opt.Store.DeleteDashboardSession(r.Context(), c.Value); err != nil {
 			h.serverError(w, r, err)
 			return
 		}
 	}
-	h.setCookie(w, r, sessionCookie, "", -1)
+	h.setCookie(w, r, "", -1)
 	h.redirect(w, r, "/login", "signed-out")
 }
 
@@ -459,6 +451,11 @@ func (h *Handler) apiKeysPage(w http.ResponseWriter, r *http.Request, p page, st
 		if res.Status >= 500 {
 			w.Header().Set("Retry-After", "5")
 		}
+		for _, k := range []string{"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} {
+			if v := res.Header.Get(k); v != "" {
+				w.Header().Set(k, v)
+			}
+		}
 		p.Error, status = msg, res.Status
 	} else if err := json.Unmarshal(res.Body, &d.Keys); err != nil {
 		h.serverError(w, r, err)
@@ -495,7 +492,7 @@ func (h *Handler) revokeAPIKey(w http.ResponseWriter, r *http.Request, s *sessio
 		return
 	}
 	if id == s.Key.ID.String() { // this session's own key: the session has ended with it
-		h.setCookie(w, r, sessionCookie, "", -1)
+		h.setCookie(w, r, "", -1)
 		h.redirect(w, r, "/login", "signed-out")
 		return
 	}

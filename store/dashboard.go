@@ -16,15 +16,13 @@ import (
 // signed out, expired, or belonging to a key that was revoked or has expired.
 var ErrNoSession = errors.New("no such dashboard session")
 
-// DashboardSession is a signed-in dashboard user: the API key that signed in and the session's
-// CSRF token, which every state-changing form must carry.
+// DashboardSession is a signed-in dashboard user: the API key that signed in, until ExpiresAt.
 type DashboardSession struct {
 	Key       APIKey
-	CSRFToken string
 	ExpiresAt time.Time
 }
 
-// newSessionToken returns 32 random bytes, base64url: a cookie value or a CSRF token.
+// newSessionToken returns 32 random bytes, base64url: a cookie value.
 func newSessionToken() string {
 	var b [32]byte
 	if _, err := rand.Read(b[:]); err != nil {
@@ -37,7 +35,7 @@ func newSessionToken() string {
 // the key's own expiry). It returns the cookie token (stored only as its SHA-256) and the
 // session. Expired sessions of every key are removed on the way.
 func (s *Store) CreateDashboardSession(ctx context.Context, key APIKey, ttl time.Duration) (string, DashboardSession, error) {
-	token, csrf := newSessionToken(), newSessionToken()
+	token := newSessionToken()
 	expires := s.now().Add(ttl)
 	if key.ExpiresAt != nil && key.ExpiresAt.Before(expires) {
 		expires = *key.ExpiresAt
@@ -46,11 +44,11 @@ func (s *Store) CreateDashboardSession(ctx context.Context, key APIKey, ttl time
 		return "", DashboardSession{}, fmt.Errorf("prune dashboard sessions: %w", err)
 	}
 	if _, err := s.pool.Exec(ctx,
-		`INSERT INTO dashboard_sessions (token_hash, api_key_id, csrf_token, expires_at) VALUES ($1, $2, $3, $4)`,
-		TokenHash(token), key.ID, csrf, expires); err != nil {
+		`INSERT INTO dashboard_sessions (token_hash, api_key_id, expires_at) VALUES ($1, $2, $3)`,
+		TokenHash(token), key.ID, expires); err != nil {
 		return "", DashboardSession{}, fmt.Errorf("create dashboard session: %w", err)
 	}
-	return token, DashboardSession{Key: key, CSRFToken: csrf, ExpiresAt: expires}, nil
+	return token, DashboardSession{Key: key, ExpiresAt: expires}, nil
 }
 
 // DashboardSession returns the live session of a cookie token. The key must still be valid:
@@ -61,12 +59,12 @@ func (s *Store) DashboardSession(ctx context.Context, token string) (DashboardSe
 	}
 	var ds DashboardSession
 	k, err := scanAPIKey(s.pool.QueryRow(ctx, `
-		SELECT `+apiKeyColumns+`, session_csrf, session_expires FROM (
-			SELECT k.*, s.csrf_token AS session_csrf, s.expires_at AS session_expires
+		SELECT `+apiKeyColumns+`, session_expires FROM (
+			SELECT k.*, s.expires_at AS session_expires
 			FROM dashboard_sessions s JOIN api_keys k ON k.id = s.api_key_id
 			WHERE s.token_hash = $1 AND s.expires_at > now()
 			  AND k.revoked_at IS NULL AND (k.expires_at IS NULL OR k.expires_at > now())) x`, TokenHash(token)),
-		&ds.CSRFToken, &ds.ExpiresAt)
+		&ds.ExpiresAt)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return DashboardSession{}, ErrNoSession
 	}
