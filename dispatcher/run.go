@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -159,32 +160,39 @@ func (d *Dispatcher) free() int {
 	return d.cfg.Workers - d.active
 }
 
-// claim takes up to limit due deliveries (store.Queue.Claim: fairly across webhooks, none for
-// a webhook at its per-webhook cap on this instance) and reports whether it drained the queue.
+// claim takes up to limit due deliveries (store.Queue.Claim: fairly across orgs, then across
+// each org's webhooks; none for a webhook or org at its cap on this instance) and reports whether it drained the queue.
 // Called by the claiming goroutine only.
 func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
 	d.mu.Lock()
-	busy := make(map[uuid.UUID]int, len(d.perHook))
-	for id, n := range d.perHook {
-		busy[id] = n
-	}
+	busy := maps.Clone(d.perHook)
+	busyOrgs := maps.Clone(d.perOrg)
 	d.mu.Unlock()
 	c, err := d.queue.Claim(ctx, store.QueueClaim{Instance: d.cfg.InstanceID, Lease: d.cfg.Lease, Limit: limit,
-		PerWebhook: d.cfg.PerWebhook, Busy: busy, After: d.cursor})
+		PerWebhook: d.cfg.PerWebhook, Busy: busy, PerOrg: d.cfg.PerOrg, BusyOrgs: busyOrgs, After: d.cursors})
 	if err != nil {
 		return nil, false, err
 	}
-	d.cursor = c.Next
+	if len(c.Next) > 100000 {
+		clear(c.Next) // (orgs that once had work: start them over rather than grow forever)
+	}
+	d.cursors = c.Next
+	if c.Reclaimed > 0 {
+		d.reclaimed.Add(int64(c.Reclaimed))
+		d.log.Warn("claimed deliveries whose lease had expired (an instance crashed or stalled)", zap.Int("count", c.Reclaimed))
+	}
 	return c.Deliveries, c.Drained, nil
 }
 
-// start runs the claimed jobs within the per-webhook cap; the others are handed back at once.
+// start runs the claimed jobs within the per-webhook and per-org caps; the others are handed
+// back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 	for _, j := range jobs {
 		d.mu.Lock()
-		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.active < d.cfg.Workers
+		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.active < d.cfg.Workers
 		if run {
 			d.perHook[j.WebhookID]++
+			d.perOrg[j.OrgID]++
 			d.active++
 		}
 		d.mu.Unlock()
@@ -212,18 +220,23 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 			}()
 			r = d.attempt(ctx, j)
 		}()
-		d.done(j.WebhookID)
+		// The slots are freed once the writer has the result: a writer that falls behind holds
+		// back new claims instead of letting finished attempts queue up while their leases run.
 		d.results <- r
+		d.done(j)
 	}()
 }
 
 // done frees the slots of a finished attempt.
-func (d *Dispatcher) done(webhookID uuid.UUID) {
+func (d *Dispatcher) done(j job) {
 	d.mu.Lock()
-	wasFull := d.active >= d.cfg.Workers || d.perHook[webhookID] >= d.cfg.PerWebhook
+	wasFull := d.active >= d.cfg.Workers || d.perHook[j.WebhookID] >= d.cfg.PerWebhook || d.perOrg[j.OrgID] >= d.cfg.PerOrg
 	d.active--
-	if d.perHook[webhookID]--; d.perHook[webhookID] <= 0 {
-		delete(d.perHook, webhookID)
+	if d.perHook[j.WebhookID]--; d.perHook[j.WebhookID] <= 0 {
+		delete(d.perHook, j.WebhookID)
+	}
+	if d.perOrg[j.OrgID]--; d.perOrg[j.OrgID] <= 0 {
+		delete(d.perOrg, j.OrgID)
 	}
 	d.mu.Unlock()
 	if wasFull {
@@ -239,9 +252,11 @@ func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
 	if ok && now.Before(c.expires) {
 		return c.secret, nil
 	}
-	// Well inside the lease: a lookup that stalls past it would let another instance claim and
-	// send the same delivery.
-	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, d.cfg.Lease/4))
+	// Well inside the lease, with the attempt's Timeout after it: the lookup takes at most
+	// half of what the lease leaves beyond the Timeout, so that lookup and attempt end, and the
+	// outcome is recorded, before the lease does (a claim that outlives its lease is reclaimed
+	// and sent again by another claim).
+	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, (d.cfg.Lease-d.cfg.Timeout)/2))
 	defer cancel()
 	s, err := d.secrets(ctx, id)
 	if err != nil {
@@ -452,6 +467,7 @@ func (d *Dispatcher) flush(batch []result) {
 			var recorded int
 			recorded, err = d.queue.Record(ctx, d.cfg.InstanceID, outs)
 			if lost := len(outs) - recorded; err == nil && lost > 0 {
+				d.lostClaims.Add(int64(lost))
 				// (or, after a retried write, already recorded by the try that failed)
 				d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed, "+
 					"or the deliveries were deleted", zap.Int("count", lost))
