@@ -126,6 +126,8 @@ type Dispatcher struct {
 	log     *zap.Logger
 	client  *http.Client
 
+	failures *failureLog // failed attempts, for the operator
+
 	wake     chan struct{} // new work may be due (notification, own retry timer)
 	slotFree chan struct{} // a saturated worker pool or webhook has a free slot again
 	results  chan result   // finished attempts and releases for the completion writer
@@ -214,6 +216,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cfg:       cfg,
 		log:       logger,
 		client:    newClient(cfg),
+		failures:  &failureLog{log: logger},
 		wake:      make(chan struct{}, 1),
 		slotFree:  make(chan struct{}, 1),
 		results:   make(chan result, cfg.Workers+cfg.BatchSize),

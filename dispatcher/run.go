@@ -2,9 +2,9 @@ package dispatcher
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -33,8 +33,9 @@ type result struct {
 	ok         bool
 	started    time.Time
 	duration   time.Duration
-	statusCode int // 0: no response
-	errMsg     string
+	statusCode int    // 0: no response
+	errMsg     string // the delivery log's text (a class, see classify)
+	detail     string // the full error, for the operator's log only
 	body       string
 	final      bool // no retry, whatever the attempt number
 }
@@ -308,7 +309,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	r := result{job: j, started: time.Now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.URL, bytes.NewReader(j.Payload))
 	if err != nil {
-		r.errMsg = "invalid webhook url: " + err.Error()
+		r.errMsg, r.detail = ClassInvalidURL, err.Error()
 		return r
 	}
 	svc, id, ts, sig := Sign(secret, j.EventID, r.started, j.Payload)
@@ -322,7 +323,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	resp, err := d.client.Do(req)
 	if err != nil {
 		r.duration = time.Since(r.started)
-		r.errMsg = describe(err, d.cfg.Timeout)
+		r.errMsg, r.detail = classify(err), err.Error()
 		return r
 	}
 	r.statusCode = resp.StatusCode
@@ -331,29 +332,16 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // allow connection reuse
 	resp.Body.Close()
 	r.body = cleanText(body)
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		r.ok = true
-	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		r.errMsg = fmt.Sprintf("redirect (HTTP %d) not followed", resp.StatusCode)
-	default:
-		r.errMsg = fmt.Sprintf("HTTP %d", resp.StatusCode)
+	} else {
+		r.errMsg = HTTPClass(resp.StatusCode) // (a 3xx too: redirects are not followed)
+		r.detail = "HTTP " + resp.Status
+		if loc := resp.Header.Get("Location"); loc != "" {
+			r.detail += ", Location " + loc
+		}
 	}
 	return r
-}
-
-// describe turns a client error into a short message for the delivery log.
-func describe(err error, timeout time.Duration) string {
-	var ne interface{ Timeout() bool }
-	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
-		return "timeout: no response within " + timeout.String()
-	}
-	msg := err.Error()
-	// *url.Error repeats the method and URL; keep the cause.
-	if i := strings.Index(msg, "\": "); i >= 0 && strings.HasPrefix(msg, "Post \"") {
-		msg = msg[i+3:]
-	}
-	return msg
 }
 
 // cleanText makes b storable as Postgres text: valid UTF-8, no NUL.
@@ -453,8 +441,7 @@ func (d *Dispatcher) flush(batch []result) {
 		if r.ok {
 			d.log.Debug("delivered", zap.Stringer("delivery_id", j.ID), zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode))
 		} else {
-			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.ID), zap.Stringer("webhook_id", j.WebhookID),
-				zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", o.RetryIn < 0))
+			d.failures.failed(j, j.Attempt, r.statusCode, r.errMsg, cmp.Or(r.detail, r.errMsg), o.RetryIn < 0)
 		}
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
