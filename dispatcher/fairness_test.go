@@ -14,7 +14,9 @@ import (
 
 	"github.com/google/uuid"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -227,5 +229,59 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 	}
 	if expired != 0 {
 		t.Errorf("%d deliveries in flight with an expired lease", expired)
+	}
+}
+
+// TestUnrecordedOutcomesExplained: an outcome that comes back after its claim was lost (the
+// lease expired and the delivery was reclaimed) counts as a lost claim; one whose webhook was
+// deleted meanwhile does not (the lost-claims count is the signal that leases are too short).
+func TestUnrecordedOutcomesExplained(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lost int64
+	}{{"webhook deleted", 0}, {"lease expired", 1}} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			release := make(chan struct{})
+			var once sync.Once
+			free := func() { once.Do(func() { close(release) }) }
+			t.Cleanup(free)
+			rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+				if n == 1 {
+					<-release // the first attempt waits; any other answers at once
+				}
+			})
+			hook, _ := e.webhook(rc.srv.URL)
+			core, logs := observer.New(zapcore.DebugLevel)
+			cfg := e.config(rc)
+			d, err := New(e.pool, e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); d.Run(ctx, e.dsn) }()
+			t.Cleanup(func() { cancel(); <-done })
+			ids := e.events(1)
+			waitFor(t, "the first attempt", patience, func() bool { return len(rc.snapshot()) == 1 })
+			if c.lost == 0 {
+				if err := e.st.DeleteWebhook(context.Background(), e.org, hook); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				e.expireLease(ids[0])
+				waitFor(t, "the reclaim's delivery", patience, e.statusIs(ids[0], "delivered"))
+			}
+			free()
+			waitFor(t, "the outcome's explanation", patience, func() bool {
+				return logs.FilterMessageSnippet("not recorded").Len() > 0
+			})
+			if got := d.lostClaims.Load(); got != c.lost {
+				t.Fatalf("lost claims %d, want %d", got, c.lost)
+			}
+			if got := d.reclaimed.Load(); got != c.lost {
+				t.Fatalf("reclaimed %d, want %d", got, c.lost)
+			}
+		})
 	}
 }

@@ -446,18 +446,15 @@ func (d *Dispatcher) flush(batch []result) {
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
 	backoff := 50 * time.Millisecond
-	for {
+	for retried := false; ; retried = true {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := d.queue.Release(ctx, d.cfg.InstanceID, backs)
 		if err == nil {
 			backs = nil // written: a retry after a failed record must not repeat them
 			var recorded int
 			recorded, err = d.queue.Record(ctx, d.cfg.InstanceID, outs)
-			if lost := len(outs) - recorded; err == nil && lost > 0 {
-				d.lostClaims.Add(int64(lost))
-				// (or, after a retried write, already recorded by the try that failed)
-				d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed, "+
-					"or the deliveries were deleted", zap.Int("count", lost))
+			if err == nil && recorded < len(outs) {
+				d.unrecorded(ctx, outs, len(outs)-recorded, retried)
 			}
 		}
 		cancel()
@@ -476,6 +473,34 @@ func (d *Dispatcher) flush(batch []result) {
 	// This instance knows when its own retries fall due; other instances find them by polling.
 	if soonest >= 0 {
 		time.AfterFunc(soonest, func() { signal(d.wake) })
+	}
+}
+
+// unrecorded finds out and logs why n of outs were not recorded (store.Queue.Unrecorded).
+// Only outcomes whose claim was lost count in lostClaims and make a Warn: a lease that expired
+// under a running attempt is a fault of this instance (see Config.Lease); a webhook deleted
+// meanwhile, or an outcome already recorded by an earlier try of this write (retried), is not.
+// Without an earlier try, an attempt already recorded was recorded by the claim that took the
+// delivery over: a lost claim too.
+func (d *Dispatcher) unrecorded(ctx context.Context, outs []store.Outcome, n int, retried bool) {
+	already, deleted, lost, err := d.queue.Unrecorded(ctx, outs)
+	if !retried {
+		lost, already = lost+already, 0
+	}
+	if err != nil {
+		d.lostClaims.Add(int64(n))
+		d.log.Warn("outcomes not recorded: their claims were lost (lease expired and reclaimed) or their webhooks deleted",
+			zap.Int("count", n), zap.NamedError("explaining", err))
+		return
+	}
+	if deleted > 0 || already > 0 {
+		d.log.Debug("outcomes not recorded: webhook deleted meanwhile, or already recorded", zap.Int("deleted", deleted),
+			zap.Int("already_recorded", already))
+	}
+	if lost > 0 {
+		d.lostClaims.Add(int64(lost))
+		d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed", zap.Int("count", lost),
+			zap.Duration("lease", d.cfg.Lease), zap.Duration("timeout", d.cfg.Timeout))
 	}
 }
 

@@ -357,6 +357,33 @@ func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (in
 	return recorded, nil
 }
 
+// Unrecorded tells why outcomes that Record did not record were left out: already (the
+// delivery log counts their attempt: a retried write whose first try committed, or a reclaim
+// that made and recorded the same attempt), deleted (their webhook is gone, and its deliveries
+// with it), lost (neither: the claim was lost — its lease expired and the delivery was
+// reclaimed — before the outcome came back). Called only when some were left out.
+func (q *Queue) Unrecorded(ctx context.Context, outs []Outcome) (already, deleted, lost int, err error) {
+	n := len(outs)
+	ids, hooks := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	created, attempts := make([]time.Time, n), make([]int, n)
+	for i, o := range outs {
+		ids[i], hooks[i], created[i], attempts[i] = o.Delivery.ID, o.Delivery.WebhookID, o.Delivery.CreatedAt, o.Delivery.Attempt
+	}
+	err = q.pool.QueryRow(ctx, `
+		WITH r AS (
+			SELECT r.*,
+			       EXISTS (SELECT 1 FROM deliveries d WHERE d.id = r.id AND d.created_at = r.created_at AND d.attempts >= r.attempt) AS recorded,
+			       EXISTS (SELECT 1 FROM webhooks w WHERE w.id = r.webhook_id) AS hook
+			FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::int[]) AS r(id, webhook_id, created_at, attempt)
+		)
+		SELECT count(*) FILTER (WHERE recorded), count(*) FILTER (WHERE NOT recorded AND NOT hook),
+		       count(*) FILTER (WHERE NOT recorded AND hook) FROM r`, ids, hooks, created, attempts).Scan(&already, &deleted, &lost)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("unrecorded delivery attempts: %w", err)
+	}
+	return already, deleted, lost, nil
+}
+
 // recordArgs returns the arguments of recordSQL for outcomes of deliveries created on day.
 func recordArgs(outs []Outcome, instance string, day time.Time) []any {
 	n := len(outs)
