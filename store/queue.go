@@ -54,7 +54,8 @@ type QueueClaim struct {
 // gets an equal share of the claim (at most its free slots), however many webhooks it has:
 // an org cannot buy a larger share of the workers by creating webhooks. An org's share is split
 // across its webhooks in round-robin order after the org's cursor ($10/$11), an equal part each
-// (at most its free slots), taken oldest due first (retries and first attempts alike: a retry
+// (at most its free slots; a webhook with fewer free slots leaves the rest of the org's share
+// to the others), taken oldest due first (retries and first attempts alike: a retry
 // waits only for what fell due before it). Expired leases (a crashed or stuck instance) come
 // first, up to a quarter of the claim. Every row read is a row taken or one probe per
 // webhook: a claim never scans another webhook's backlog. The webhooks are read by primary key
@@ -87,11 +88,12 @@ WITH RECURSIVE hooks(id) AS (
 ), orgs AS (
 	SELECT org, count(*) AS hooks, least(min(ofree), sum(free)) AS room FROM cand GROUP BY org
 ), oshare AS (
-	SELECT org, hooks, least(room, ceil($3::numeric / (SELECT count(*) FROM orgs)))::int AS n FROM orgs
+	SELECT org, hooks, ceil($3::numeric / (SELECT count(*) FROM orgs))::int AS fair, room FROM orgs
 ), due AS (
-	SELECT c.id, c.org, c.turn, o.n AS org_n, least(c.free, ceil(o.n::numeric / least(o.hooks, o.n)))::int AS n
+	SELECT c.id, c.org, c.turn, least(o.room, o.fair)::int AS org_n,
+	       least(c.free, o.room, ceil(o.fair::numeric / least(o.hooks, o.fair)))::int AS n
 	FROM cand c JOIN oshare o ON o.org = c.org
-	WHERE c.turn <= o.n
+	WHERE c.turn <= least(o.room, o.fair)
 ), expired AS (
 	SELECT d.delivery_id, 0::bigint AS turn FROM delivery_queue d
 	WHERE d.status = 'in_flight' AND d.locked_until < now()
@@ -135,8 +137,8 @@ type Claimed struct {
 	Drained bool
 }
 
-// Claim takes due deliveries (see claimSQL), with their events' payloads.
-func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
+// claimArgs returns the arguments of claimSQL for c.
+func claimArgs(c QueueClaim) []any {
 	busyIDs := make([]uuid.UUID, 0, len(c.Busy))
 	busyN := make([]int, 0, len(c.Busy))
 	for id, n := range c.Busy {
@@ -156,10 +158,14 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	if perOrg <= 0 {
 		perOrg = math.MaxInt32
 	}
+	return []any{c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.PerWebhook, orgIDs, orgN, perOrg, curOrgs, curAfter}
+}
+
+// Claim takes due deliveries (see claimSQL), with their events' payloads.
+func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	// Planned for each claim (unnamed statement, still one round trip): a connection's cached
 	// generic plan, made while the tables were small or unanalysed, kept reading them whole.
-	rows, err := q.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
-		c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.PerWebhook, orgIDs, orgN, perOrg, curOrgs, curAfter)
+	rows, err := q.pool.Query(ctx, claimSQL, append([]any{pgx.QueryExecModeCacheDescribe}, claimArgs(c)...)...)
 	if err != nil {
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
