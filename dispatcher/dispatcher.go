@@ -1,9 +1,9 @@
 // Package dispatcher delivers events to customers' webhooks.
 //
 // The queue is the store's (store.Queue: table delivery_queue; this package runs no SQL). A
-// Dispatcher claims due deliveries, fairly across webhooks, under a lease longer than the
-// attempt timeout, POSTs each event with its signatures, and records the outcomes in fenced,
-// batched statements. An attempt is counted when its outcome is recorded: a lease
+// Dispatcher claims due deliveries, fairly across orgs and then their webhooks, under a lease
+// longer than the attempt timeout, POSTs each event with its signatures, and records the
+// outcomes in fenced, batched statements. An attempt is counted when its outcome is recorded: a lease
 // that expires unrecorded (a crashed or stuck instance) is reclaimed under the same attempt
 // number, so a delivery gets exactly len(RetryDelays)+1 recorded attempts, numbered from 1.
 // It wakes on LISTEN wabarelay_deliveries and polls as a backstop. Any number of instances may

@@ -162,8 +162,8 @@ func (d *Dispatcher) free() int {
 }
 
 // claim takes up to limit due deliveries (store.Queue.Claim: fairly across orgs, then across
-// each org's webhooks; none for a webhook or org at its cap on this instance) and reports whether it drained the queue.
-// Called by the claiming goroutine only.
+// each org's webhooks; none for a webhook or org at its cap on this instance) and reports
+// whether it drained the queue. Called by the claiming goroutine only.
 func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
 	d.mu.Lock()
 	busy := maps.Clone(d.perHook)
@@ -221,8 +221,9 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 			}()
 			r = d.attempt(ctx, j)
 		}()
-		// The slots are freed once the writer has the result: a writer that falls behind holds
-		// back new claims instead of letting finished attempts queue up while their leases run.
+		// The slots are freed once the result is queued for the writer: a writer that falls
+		// behind fills its queue and then holds back new claims, instead of letting finished
+		// attempts pile up while their leases run.
 		d.results <- r
 		d.done(j)
 	}()
