@@ -274,6 +274,10 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 		d.mu.Lock()
 		d.caughtUp = false
 		d.mu.Unlock()
+		// The claim that the intake's notification started may have finished before this call
+		// (and found the queue drained): claim again, or the hand-off stays off until the next
+		// poll for every intake on this instance, whoever queued.
+		signal(d.wake)
 	}
 	if reserved <= 0 {
 		return

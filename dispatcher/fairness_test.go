@@ -149,8 +149,9 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 		return false
 	})
 
-	// B: an event every 100 ms (500 deliveries each) from the start; A: 10 events every 100 ms
-	// for 5 s, starting once B's first events hold the workers they can get.
+	// B: an event every 500 ms (500 deliveries each: 1,000 a second, always more than B may
+	// run) from the start; A: 10 events every 100 ms for 5 s, starting once B's first events
+	// hold the workers they can get.
 	bDone := make(chan struct{})
 	var bWG sync.WaitGroup
 	stopB := sync.OnceFunc(func() { close(bDone); bWG.Wait() })
@@ -158,7 +159,7 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 	bWG.Add(1)
 	go func() {
 		defer bWG.Done()
-		tick := time.NewTicker(100 * time.Millisecond)
+		tick := time.NewTicker(500 * time.Millisecond)
 		defer tick.Stop()
 		for i := 0; ; i++ {
 			e.handIn(d, phoneB, fmt.Sprintf("b%d", i))
