@@ -453,8 +453,8 @@ func (a *App) startDispatcher(ctx context.Context) error {
 		if d.Workers != nil {
 			cfg.Workers = *d.Workers
 		}
-		cfg.PerWebhook = d.PerWebhook
 		cfg.PerOrg = d.PerOrg
+		cfg.PerWebhook = d.PerWebhook
 		cfg.AllowPrivateTargets = d.AllowPrivateTargets
 		if d.RootCA != "" {
 			pem, err := os.ReadFile(d.RootCA)
