@@ -167,6 +167,10 @@ type DeliveryConfig struct {
 	// PerWebhook caps concurrent attempts to one webhook per instance (its connections to the
 	// receiver). Default: 64 (dispatcher.DefaultPerWebhook).
 	PerWebhook int `json:"per_webhook,omitempty"`
+	// PerOrg caps concurrent attempts to all the webhooks of one org per instance, so that one
+	// tenant (any number of receivers that never answer) cannot hold every worker. Default:
+	// half of Workers (dispatcher.Config.PerOrg explains the choice).
+	PerOrg int `json:"per_org,omitempty"`
 	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 	// Retention is how long events, their deliveries and attempts are kept: whole days are
@@ -517,6 +521,7 @@ func (a *App) startDispatcher(ctx context.Context) error {
 		if d.Workers != nil {
 			cfg.Workers = *d.Workers
 		}
+		cfg.PerOrg = d.PerOrg
 		cfg.PerWebhook = d.PerWebhook
 		cfg.AllowPrivateTargets, cfg.RootCAs = a.allowPrivateTargets, a.rootCAs
 	}

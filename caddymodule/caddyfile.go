@@ -193,6 +193,8 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 			c.Workers = &n
 		case "per_webhook":
 			err = intArg(d, &c.PerWebhook)
+		case "per_org":
+			err = intArg(d, &c.PerOrg)
 		case "root_ca":
 			err = oneArg(d, &c.RootCA)
 		case "allow_private_targets":

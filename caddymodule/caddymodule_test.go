@@ -121,6 +121,7 @@ func TestAdaptAllOptions(t *testing.T) {
 			timeout       5s
 			workers       8
 			per_webhook   2
+			per_org       4
 			lease         30s
 			retention     48h
 			max_hold      24h
@@ -146,7 +147,7 @@ example.com {
 		`"proxy_url":"https://relay.example.com/upstream-proxy","connect_link_ttl":86400000000000,` +
 		`"meta":{"app_id":"{env.META_APP_ID}","app_secret":"{env.META_APP_SECRET}","config_id":"cfg1","verify_token":"{env.VT}",` +
 		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
-		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,` +
+		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,"per_org":4,` +
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},"skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {

@@ -1,9 +1,9 @@
 // Package dispatcher delivers events to customers' webhooks.
 //
 // The queue is the store's (store.Queue: table delivery_queue; this package runs no SQL). A
-// Dispatcher claims due deliveries, fairly across webhooks, under a lease longer than the
-// attempt timeout, POSTs each event with its signatures, and records the outcomes in fenced,
-// batched statements. An attempt is counted when its outcome is recorded: a lease
+// Dispatcher claims due deliveries, fairly across orgs and then their webhooks, under a lease
+// longer than the attempt timeout, POSTs each event with its signatures, and records the
+// outcomes in fenced, batched statements. An attempt is counted when its outcome is recorded: a lease
 // that expires unrecorded (a crashed or stuck instance) is reclaimed under the same attempt
 // number, so a delivery gets exactly len(RetryDelays)+1 recorded attempts, numbered from 1.
 // It wakes on LISTEN wabarelay_deliveries and polls as a backstop. Any number of instances may
@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"code.dny.dev/ssrf"
@@ -91,6 +92,16 @@ type Config struct {
 	// PerWebhook caps concurrent attempts to one webhook per instance (connections to one
 	// receiver). Default DefaultPerWebhook.
 	PerWebhook int
+	// PerOrg caps concurrent attempts to all the webhooks of one org per instance. Default: half
+	// of Workers (128 of the default 256), at least 1. Claims share the free workers equally
+	// among the orgs with due work whatever their number of webhooks, but slots held by a
+	// receiver that never answers stay held until Timeout: the cap keeps one tenant (any number
+	// of never-answering webhooks) from holding more than half of the workers, so the other
+	// tenants' deliveries always find free ones. Half, not less: one org may need two webhooks
+	// at their full PerWebhook (or one slow webhook at its cap beside a busy one, see
+	// bench/events -fairness) at the default sizes, and most deployments serve few orgs. Each
+	// further never-answering tenant takes at most its equal share of what is left.
+	PerOrg int
 	// PollInterval is the backstop poll when no notification arrives. Default 1s.
 	PollInterval time.Duration
 	// BatchSize is the most rows one claim takes. Default 100.
@@ -122,23 +133,31 @@ type Dispatcher struct {
 	log     *zap.Logger
 	client  *http.Client
 
+	failures *failureLog // failed attempts, for the operator
+
 	wake     chan struct{} // new work may be due (notification, own retry timer)
 	slotFree chan struct{} // a saturated worker pool or webhook has a free slot again
 	results  chan result   // finished attempts and releases for the completion writer
 
 	mu         sync.Mutex
-	active     int             // attempts running or reserved (Reserve) on this instance
-	running    bool            // Run is claiming: Reserve may hand out slots
-	caughtUp   bool            // the last claim drained the queue (store.Claimed.Drained)
-	attemptCtx context.Context // the context of attempts, set by Run
-	perHook    map[uuid.UUID]int
+	active     int               // attempts running or reserved (Reserve) on this instance
+	running    bool              // Run is claiming: Reserve may hand out slots
+	caughtUp   bool              // the last claim drained the queue (store.Claimed.Drained)
+	attemptCtx context.Context   // the context of attempts, set by Run
+	perHook    map[uuid.UUID]int // attempts running per webhook
+	perOrg     map[uuid.UUID]int // attempts running per org
 	secretTTL  time.Duration
 	cache      map[uuid.UUID]cachedSecret
 	// secretFails counts, per delivery, the attempts that found the webhook's secret unusable
 	// (see maxSecretFailures).
 	secretFails map[uuid.UUID]int
 
-	cursor uuid.UUID // round-robin cursor of the claims (store.QueueClaim.After)
+	cursors map[uuid.UUID]uuid.UUID // round-robin cursors of the claims, per org (store.QueueClaim.After)
+
+	// lostClaims counts attempts whose outcome could not be recorded because their claim was
+	// lost (the lease expired and the delivery was reclaimed, or the delivery was deleted);
+	// reclaimed counts the deliveries this instance claimed because their lease had expired.
+	lostClaims, reclaimed atomic.Int64
 
 	attempts sync.WaitGroup
 }
@@ -179,6 +198,9 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 	if cfg.PerWebhook <= 0 {
 		cfg.PerWebhook = DefaultPerWebhook
 	}
+	if cfg.PerOrg <= 0 {
+		cfg.PerOrg = max(cfg.Workers/2, 1)
+	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
@@ -201,10 +223,13 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cfg:       cfg,
 		log:       logger,
 		client:    newClient(cfg),
+		failures:  &failureLog{log: logger},
 		wake:      make(chan struct{}, 1),
 		slotFree:  make(chan struct{}, 1),
 		results:   make(chan result, cfg.Workers+cfg.BatchSize),
 		perHook:   map[uuid.UUID]int{},
+		perOrg:    map[uuid.UUID]int{},
+		cursors:   map[uuid.UUID]uuid.UUID{},
 		secretTTL: time.Minute,
 		cache:     map[uuid.UUID]cachedSecret{},
 
@@ -247,7 +272,8 @@ func (d *Dispatcher) Reserve(n int) int {
 }
 
 // Deliver starts jobs (at most reserved) on the slots taken by Reserve(reserved) and frees
-// the rest. A job over its webhook's per-instance cap is handed back to the queue. queued
+// the rest. A job over its webhook's or its org's per-instance cap is handed back to the queue
+// (due at once: a claim takes it when its webhook and org have room, fairly among the others). queued
 // reports that the intake also queued due deliveries it did not hand over: the queue then has
 // a backlog, and Reserve hands out nothing until a claim has caught up with it.
 func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
@@ -255,6 +281,10 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 		d.mu.Lock()
 		d.caughtUp = false
 		d.mu.Unlock()
+		// The claim that the intake's notification started may have finished before this call
+		// (and found the queue drained): claim again, or the hand-off stays off until the next
+		// poll for every intake on this instance, whoever queued.
+		signal(d.wake)
 	}
 	if reserved <= 0 {
 		return
@@ -266,8 +296,9 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	ctx := d.attemptCtx
 	var run, back []job
 	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
-		if d.perHook[j.WebhookID] < d.cfg.PerWebhook {
+		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg {
 			d.perHook[j.WebhookID]++
+			d.perOrg[j.OrgID]++
 			run = append(run, j)
 		} else {
 			back = append(back, j)

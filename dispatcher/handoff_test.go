@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -156,5 +157,46 @@ func TestShutdownWaitsForReservations(t *testing.T) {
 	case <-stopped:
 	case <-time.After(patience):
 		t.Fatal("Run did not return after the reservation was given back")
+	}
+}
+
+// TestHandOffOverPerOrgCapGoesBackToQueue: deliveries handed over by the intake count against
+// their org's cap like claimed ones: with per_org 1, an org's three webhooks get their event one
+// at a time, the two over the cap through the queue, without using up an attempt.
+func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
+	e := newEnv(t)
+	var running, most atomic.Int32
+	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+		}
+		time.Sleep(100 * time.Millisecond)
+		w.WriteHeader(http.StatusNoContent)
+	})
+	for range 3 {
+		e.webhook(rc.srv.URL)
+	}
+	cfg := e.config(rc)
+	cfg.PerOrg = 1
+	d, _ := e.start(cfg)
+
+	n := reserve(t, d, 3)
+	res := e.intake(1, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
+	if len(res.Claimed) != 3 {
+		t.Fatalf("intake %+v", res)
+	}
+	d.Deliver(n, jobsOf(res), false)
+	waitFor(t, "3 deliveries delivered", patience, func() bool {
+		var delivered int
+		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status = 'delivered'`).Scan(&delivered)
+		return delivered == 3
+	})
+	var attempts int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_attempts`).Scan(&attempts); err != nil {
+		t.Fatal(err)
+	}
+	if m := most.Load(); m != 1 || attempts != 3 {
+		t.Fatalf("%d attempts at once to the org (per_org 1), %d attempts recorded (want 3)", m, attempts)
 	}
 }

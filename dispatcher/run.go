@@ -2,10 +2,11 @@ package dispatcher
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
-	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"strings"
 	"time"
@@ -32,8 +33,9 @@ type result struct {
 	ok         bool
 	started    time.Time
 	duration   time.Duration
-	statusCode int // 0: no response
-	errMsg     string
+	statusCode int    // 0: no response
+	errMsg     string // the delivery log's text (a class, see classify)
+	detail     string // the full error, for the operator's log only
 	body       string
 	final      bool // no retry, whatever the attempt number
 }
@@ -159,32 +161,39 @@ func (d *Dispatcher) free() int {
 	return d.cfg.Workers - d.active
 }
 
-// claim takes up to limit due deliveries (store.Queue.Claim: fairly across webhooks, none for
-// a webhook at its per-webhook cap on this instance) and reports whether it drained the queue.
-// Called by the claiming goroutine only.
+// claim takes up to limit due deliveries (store.Queue.Claim: fairly across orgs, then across
+// each org's webhooks; none for a webhook or org at its cap on this instance) and reports
+// whether it drained the queue. Called by the claiming goroutine only.
 func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
 	d.mu.Lock()
-	busy := make(map[uuid.UUID]int, len(d.perHook))
-	for id, n := range d.perHook {
-		busy[id] = n
-	}
+	busy := maps.Clone(d.perHook)
+	busyOrgs := maps.Clone(d.perOrg)
 	d.mu.Unlock()
 	c, err := d.queue.Claim(ctx, store.QueueClaim{Instance: d.cfg.InstanceID, Lease: d.cfg.Lease, Limit: limit,
-		PerWebhook: d.cfg.PerWebhook, Busy: busy, After: d.cursor})
+		PerWebhook: d.cfg.PerWebhook, Busy: busy, PerOrg: d.cfg.PerOrg, BusyOrgs: busyOrgs, After: d.cursors})
 	if err != nil {
 		return nil, false, err
 	}
-	d.cursor = c.Next
+	if len(c.Next) > 100000 {
+		clear(c.Next) // (orgs that once had work: start them over rather than grow forever)
+	}
+	d.cursors = c.Next
+	if c.Reclaimed > 0 {
+		d.reclaimed.Add(int64(c.Reclaimed))
+		d.log.Warn("claimed deliveries whose lease had expired (an instance crashed or stalled)", zap.Int("count", c.Reclaimed))
+	}
 	return c.Deliveries, c.Drained, nil
 }
 
-// start runs the claimed jobs within the per-webhook cap; the others are handed back at once.
+// start runs the claimed jobs within the per-webhook and per-org caps; the others are handed
+// back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 	for _, j := range jobs {
 		d.mu.Lock()
-		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.active < d.cfg.Workers
+		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.active < d.cfg.Workers
 		if run {
 			d.perHook[j.WebhookID]++
+			d.perOrg[j.OrgID]++
 			d.active++
 		}
 		d.mu.Unlock()
@@ -212,18 +221,24 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 			}()
 			r = d.attempt(ctx, j)
 		}()
-		d.done(j.WebhookID)
+		// The slots are freed once the result is queued for the writer: a writer that falls
+		// behind fills its queue and then holds back new claims, instead of letting finished
+		// attempts pile up while their leases run.
 		d.results <- r
+		d.done(j)
 	}()
 }
 
 // done frees the slots of a finished attempt.
-func (d *Dispatcher) done(webhookID uuid.UUID) {
+func (d *Dispatcher) done(j job) {
 	d.mu.Lock()
-	wasFull := d.active >= d.cfg.Workers || d.perHook[webhookID] >= d.cfg.PerWebhook
+	wasFull := d.active >= d.cfg.Workers || d.perHook[j.WebhookID] >= d.cfg.PerWebhook || d.perOrg[j.OrgID] >= d.cfg.PerOrg
 	d.active--
-	if d.perHook[webhookID]--; d.perHook[webhookID] <= 0 {
-		delete(d.perHook, webhookID)
+	if d.perHook[j.WebhookID]--; d.perHook[j.WebhookID] <= 0 {
+		delete(d.perHook, j.WebhookID)
+	}
+	if d.perOrg[j.OrgID]--; d.perOrg[j.OrgID] <= 0 {
+		delete(d.perOrg, j.OrgID)
 	}
 	d.mu.Unlock()
 	if wasFull {
@@ -239,9 +254,11 @@ func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
 	if ok && now.Before(c.expires) {
 		return c.secret, nil
 	}
-	// Well inside the lease: a lookup that stalls past it would let another instance claim and
-	// send the same delivery.
-	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, d.cfg.Lease/4))
+	// Well inside the lease, with the attempt's Timeout after it: the lookup takes at most
+	// half of what the lease leaves beyond the Timeout, so that lookup and attempt end, and the
+	// outcome is recorded, before the lease does (a claim that outlives its lease is reclaimed
+	// and sent again by another claim).
+	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, (d.cfg.Lease-d.cfg.Timeout)/2))
 	defer cancel()
 	s, err := d.secrets(ctx, id)
 	if err != nil {
@@ -293,7 +310,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	r := result{job: j, started: time.Now()}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, j.URL, bytes.NewReader(j.Payload))
 	if err != nil {
-		r.errMsg = "invalid webhook url: " + err.Error()
+		r.errMsg, r.detail = ClassInvalidURL, err.Error()
 		return r
 	}
 	svc, id, ts, sig := Sign(secret, j.EventID, r.started, j.Payload)
@@ -307,7 +324,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	resp, err := d.client.Do(req)
 	if err != nil {
 		r.duration = time.Since(r.started)
-		r.errMsg = describe(err, d.cfg.Timeout)
+		r.errMsg, r.detail = classify(err), err.Error()
 		return r
 	}
 	r.statusCode = resp.StatusCode
@@ -316,29 +333,16 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // allow connection reuse
 	resp.Body.Close()
 	r.body = cleanText(body)
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
+	if resp.StatusCode >= 200 && resp.StatusCode < 300 {
 		r.ok = true
-	case resp.StatusCode >= 300 && resp.StatusCode < 400:
-		r.errMsg = fmt.Sprintf("redirect (HTTP %d) not followed", resp.StatusCode)
-	default:
-		r.errMsg = fmt.Sprintf("HTTP %d", resp.StatusCode)
+	} else {
+		r.errMsg = HTTPClass(resp.StatusCode) // (a 3xx too: redirects are not followed)
+		r.detail = "HTTP " + resp.Status
+		if loc := resp.Header.Get("Location"); loc != "" {
+			r.detail += ", Location " + loc
+		}
 	}
 	return r
-}
-
-// describe turns a client error into a short message for the delivery log.
-func describe(err error, timeout time.Duration) string {
-	var ne interface{ Timeout() bool }
-	if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, context.DeadlineExceeded) {
-		return "timeout: no response within " + timeout.String()
-	}
-	msg := err.Error()
-	// *url.Error repeats the method and URL; keep the cause.
-	if i := strings.Index(msg, "\": "); i >= 0 && strings.HasPrefix(msg, "Post \"") {
-		msg = msg[i+3:]
-	}
-	return msg
 }
 
 // cleanText makes b storable as Postgres text: valid UTF-8, no NUL.
@@ -438,23 +442,20 @@ func (d *Dispatcher) flush(batch []result) {
 		if r.ok {
 			d.log.Debug("delivered", zap.Stringer("delivery_id", j.ID), zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode))
 		} else {
-			d.log.Info("delivery attempt failed", zap.Stringer("delivery_id", j.ID), zap.Stringer("webhook_id", j.WebhookID),
-				zap.Int("attempt", j.Attempt), zap.Int("status", r.statusCode), zap.String("error", r.errMsg), zap.Bool("final", o.RetryIn < 0))
+			d.failures.failed(j, j.Attempt, r.statusCode, r.errMsg, cmp.Or(r.detail, r.errMsg), o.RetryIn < 0)
 		}
 	}
 	deadline := time.Now().Add(d.cfg.Lease)
 	backoff := 50 * time.Millisecond
-	for {
+	for retried := false; ; retried = true {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		err := d.queue.Release(ctx, d.cfg.InstanceID, backs)
 		if err == nil {
 			backs = nil // written: a retry after a failed record must not repeat them
 			var recorded int
 			recorded, err = d.queue.Record(ctx, d.cfg.InstanceID, outs)
-			if lost := len(outs) - recorded; err == nil && lost > 0 {
-				// (or, after a retried write, already recorded by the try that failed)
-				d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed, "+
-					"or the deliveries were deleted", zap.Int("count", lost))
+			if err == nil && recorded < len(outs) {
+				d.unrecorded(ctx, outs, len(outs)-recorded, retried)
 			}
 		}
 		cancel()
@@ -473,6 +474,34 @@ func (d *Dispatcher) flush(batch []result) {
 	// This instance knows when its own retries fall due; other instances find them by polling.
 	if soonest >= 0 {
 		time.AfterFunc(soonest, func() { signal(d.wake) })
+	}
+}
+
+// unrecorded finds out and logs why n of outs were not recorded (store.Queue.Unrecorded).
+// Only outcomes whose claim was lost count in lostClaims and make a Warn: a lease that expired
+// under a running attempt is a fault of this instance (see Config.Lease); a webhook deleted
+// meanwhile, or an outcome already recorded by an earlier try of this write (retried), is not.
+// Without an earlier try, an attempt already recorded was recorded by the claim that took the
+// delivery over: a lost claim too.
+func (d *Dispatcher) unrecorded(ctx context.Context, outs []store.Outcome, n int, retried bool) {
+	already, deleted, lost, err := d.queue.Unrecorded(ctx, outs)
+	if !retried {
+		lost, already = lost+already, 0
+	}
+	if err != nil {
+		d.lostClaims.Add(int64(n))
+		d.log.Warn("outcomes not recorded: their claims were lost (lease expired and reclaimed) or their webhooks deleted",
+			zap.Int("count", n), zap.NamedError("explaining", err))
+		return
+	}
+	if deleted > 0 || already > 0 {
+		d.log.Debug("outcomes not recorded: webhook deleted meanwhile, or already recorded", zap.Int("deleted", deleted),
+			zap.Int("already_recorded", already))
+	}
+	if lost > 0 {
+		d.lostClaims.Add(int64(lost))
+		d.log.Warn("outcomes of lost claims not recorded: their leases had expired and they were reclaimed", zap.Int("count", lost),
+			zap.Duration("lease", d.cfg.Lease), zap.Duration("timeout", d.cfg.Timeout))
 	}
 }
 

@@ -67,6 +67,8 @@ type Claim struct {
 // ClaimedDelivery is a delivery claimed for an attempt: by StoreEvents (Claim) or Queue.Claim.
 type ClaimedDelivery struct {
 	ID, EventID, WebhookID uuid.UUID
+	// OrgID is the webhook's org (the dispatcher's per-org cap counts its attempts).
+	OrgID uuid.UUID
 	// CreatedAt is the delivery's (and its event's) creation time: it finds their partitions.
 	CreatedAt time.Time
 	// Attempt is the number of the attempt to make (attempts recorded + 1); Claim is the
@@ -271,7 +273,7 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 	// instance (up to claim.Max, active webhooks), pending (active) or held (paused).
 	rows, err = tx.Query(ctx, `
 		WITH m AS (
-			SELECT e.id AS event_id, w.id AS webhook_id, w.status = 'active' AS active, w.url
+			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[]) AS e(id, org_id, channel_id, type)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
@@ -289,7 +291,7 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END
 			FROM n ORDER BY n.event_id, n.webhook_id
 		)
-		SELECT n.id, n.event_id, n.webhook_id, n.claimed, n.active, n.url FROM n`,
+		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url FROM n`,
 		// Planned for each call: a cached generic plan made while the tables were small or
 		// unanalysed keeps scanning them whole.
 		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
@@ -300,7 +302,7 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 	for rows.Next() {
 		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
 		var claimed, active bool
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &claimed, &active, &d.URL); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL); err != nil {
 			rows.Close()
 			return err
 		}

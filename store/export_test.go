@@ -14,6 +14,9 @@ func (s *Store) SetNow(now func() time.Time) { s.now = now }
 // ClaimSQL is the claim statement (tests measure its work).
 const ClaimSQL = claimSQL
 
+// ClaimArgs returns the arguments of ClaimSQL for c.
+func ClaimArgs(c QueueClaim) []any { return claimArgs(c) }
+
 // MigrateTo applies the migrations up to version v (tests of one migration on old data).
 func MigrateTo(ctx context.Context, conn *pgx.Conn, v int32) error {
 	m, err := migrate.NewMigrator(ctx, conn, VersionTable)

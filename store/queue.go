@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -33,20 +34,32 @@ type QueueClaim struct {
 	// instance's current counts. A webhook at its cap is not claimed for.
 	PerWebhook int
 	Busy       map[uuid.UUID]int
-	// After is the round-robin cursor: webhooks after it are served first, then the others
-	// (Claim returns the next cursor).
-	After uuid.UUID
+	// PerOrg caps the attempts in flight per org (all its webhooks) on this instance; BusyOrgs
+	// holds the instance's current counts by org id. An org at its cap is not claimed for.
+	// 0: no cap.
+	PerOrg   int
+	BusyOrgs map[uuid.UUID]int
+	// After holds the round-robin cursor of each org (org id → webhook id): the org's webhooks
+	// after it are served first, then the others (Claim returns the next cursors). An org
+	// missing from it starts from its first webhook.
+	After map[uuid.UUID]uuid.UUID
 }
 
 // claimSQL takes up to $3 due deliveries for this instance ($1, lease $2 ms), fairly across
-// webhooks. It walks the webhooks that have pending rows (a skip scan of delivery_queue_due: one
-// index probe per webhook, however long its backlog; held rows of paused webhooks are not in
-// that index at all), keeps the active ones under this instance's per-webhook cap ($7, counts in
-// $4/$5) with something due, in round-robin order after the cursor $6, and gives each an equal
-// share of the claim (at most its free slots), taken oldest due first (retries and first
-// attempts alike: a retry waits only for what fell due before it). Expired leases (a crashed or
-// stuck instance) come first, up to a quarter of the claim. Every row read is a row taken or
-// one probe per webhook: a claim never scans another webhook's backlog.
+// orgs first, then across each org's webhooks. It walks the webhooks that have pending rows (a
+// skip scan of delivery_queue_due: one index probe per webhook, however long its backlog; held
+// rows of paused webhooks are not in that index at all) and keeps the active ones with
+// something due whose webhook is under this instance's per-webhook cap ($6, counts in $4/$5)
+// and whose org is under its per-org cap ($9, counts in $7/$8). Each org with such webhooks
+// gets an equal share of the claim (at most its free slots), however many webhooks it has:
+// an org cannot buy a larger share of the workers by creating webhooks. An org's share is split
+// across its webhooks in round-robin order after the org's cursor ($10/$11), an equal part each
+// (at most its free slots; a webhook with fewer free slots leaves the rest of the org's share
+// to the others), taken oldest due first (retries and first attempts alike: a retry
+// waits only for what fell due before it). Expired leases (a crashed or stuck instance) come
+// first, up to a quarter of the claim. Every row read is a row taken or one probe per
+// webhook: a claim never scans another webhook's backlog. The webhooks are read by primary key
+// (their org and status), once per webhook with pending rows.
 //
 // A claim does not count an attempt (Record does, when it records the outcome); it increments
 // claim_seq, which fences the claim's outcome.
@@ -58,81 +71,131 @@ WITH RECURSIVE hooks(id) AS (
 	FROM hooks h WHERE h.id IS NOT NULL
 ), busy AS (
 	SELECT * FROM unnest($4::uuid[], $5::int[]) AS b(id, n)
-), due AS (
-	SELECT h.id, $7 - coalesce(b.n, 0) AS free, row_number() OVER (ORDER BY h.id <= $6, h.id) AS turn
+), obusy AS (
+	SELECT * FROM unnest($7::uuid[], $8::int[]) AS b(org, n)
+), cursors AS (
+	SELECT * FROM unnest($10::uuid[], $11::uuid[]) AS c(org, after)
+), cand AS (
+	SELECT h.id, w.org_id AS org, $6 - coalesce(b.n, 0) AS free, $9 - coalesce(ob.n, 0) AS ofree,
+	       row_number() OVER (PARTITION BY w.org_id ORDER BY h.id <= c.after IS TRUE, h.id) AS turn
 	FROM hooks h
 	JOIN webhooks w ON w.id = h.id AND w.status = 'active'
 	LEFT JOIN busy b ON b.id = h.id
-	WHERE h.id IS NOT NULL AND coalesce(b.n, 0) < $7
+	LEFT JOIN obusy ob ON ob.org = w.org_id
+	LEFT JOIN cursors c ON c.org = w.org_id
+	WHERE h.id IS NOT NULL AND coalesce(b.n, 0) < $6 AND coalesce(ob.n, 0) < $9
 	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now())
-	ORDER BY turn LIMIT $3
-), share AS (
-	SELECT id, turn, least(free, ceil($3::numeric / (SELECT count(*) FROM due)))::int AS n FROM due
+), orgs AS (
+	SELECT org, count(*) AS hooks, least(min(ofree), sum(free)) AS room FROM cand GROUP BY org
+), oshare AS (
+	SELECT org, hooks, ceil($3::numeric / (SELECT count(*) FROM orgs))::int AS fair, room FROM orgs
+), due AS (
+	SELECT c.id, c.org, c.turn, least(o.room, o.fair)::int AS org_n,
+	       least(c.free, o.room, ceil(o.fair::numeric / least(o.hooks, o.fair)))::int AS n
+	FROM cand c JOIN oshare o ON o.org = c.org
+	WHERE c.turn <= least(o.room, o.fair)
 ), expired AS (
 	SELECT d.delivery_id, 0::bigint AS turn FROM delivery_queue d
 	WHERE d.status = 'in_flight' AND d.locked_until < now()
-	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active')
-	  AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.id = d.webhook_id AND b.n >= $7)
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active'
+	              AND NOT EXISTS (SELECT 1 FROM obusy ob WHERE ob.org = w.org_id AND ob.n >= $9))
+	  AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.id = d.webhook_id AND b.n >= $6)
 	ORDER BY d.locked_until LIMIT greatest($3 / 4, 1) FOR UPDATE OF d SKIP LOCKED
 ), picked AS (
-	SELECT x.delivery_id, s.turn, x.next_attempt_at FROM share s CROSS JOIN LATERAL (
+	SELECT x.delivery_id, s.org, s.turn, s.org_n, s.n, x.next_attempt_at FROM due s CROSS JOIN LATERAL (
 		SELECT d.delivery_id, d.next_attempt_at FROM delivery_queue d
 		WHERE d.webhook_id = s.id AND d.status = 'pending' AND d.next_attempt_at <= now()
 		ORDER BY d.next_attempt_at LIMIT s.n FOR UPDATE SKIP LOCKED) x
+), ranked AS (
+	SELECT p.*, row_number() OVER (PARTITION BY p.org ORDER BY p.turn, p.next_attempt_at) AS k FROM picked p
 ), chosen AS (
-	SELECT delivery_id, turn FROM expired
+	SELECT delivery_id, turn, NULL::int AS hook_n, NULL::int AS org_n, 0::bigint AS k FROM expired
 	UNION ALL
-	(SELECT delivery_id, turn FROM picked ORDER BY turn, next_attempt_at LIMIT greatest($3 - (SELECT count(*) FROM expired), 0))
+	(SELECT delivery_id, turn, n, org_n, k FROM ranked WHERE k <= org_n
+	 ORDER BY k, random() LIMIT greatest($3 - (SELECT count(*) FROM expired), 0))
 )
 UPDATE delivery_queue d
 SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
 FROM chosen c, webhooks w
 WHERE d.delivery_id = c.delivery_id AND w.id = d.webhook_id
-RETURNING d.delivery_id, d.event_id, d.webhook_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
-	(SELECT count(*) FROM due), (SELECT count(*) FROM expired)`
+RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
+	coalesce(c.hook_n, 0), coalesce(c.org_n, 0), (SELECT count(*) FROM cand), (SELECT count(*) FROM expired)`
 
 // Claimed is what a claim took.
 type Claimed struct {
 	Deliveries []ClaimedDelivery
-	// Next is the round-robin cursor for the next claim.
-	Next uuid.UUID
+	// Next holds the round-robin cursors for the next claim: After with the cursor of every
+	// org served moved to the last webhook served.
+	Next map[uuid.UUID]uuid.UUID
+	// Reclaimed counts the deliveries taken because their lease had expired (a crashed or
+	// stuck instance, or this one's attempt outlived its lease).
+	Reclaimed int
 	// Drained reports that the claim took every delivery that was due and not locked by another
-	// claim: each webhook it served got less than its share, and no webhook or expired lease was
-	// left out for want of room. New deliveries can then go out at once without overtaking
-	// older due ones.
+	// claim: each webhook and org it served got less than its share, and no webhook or expired
+	// lease was left out for want of room. New deliveries can then go out at once without
+	// overtaking older due ones.
 	Drained bool
 }
 
-// Claim takes due deliveries (see claimSQL), with their events' payloads.
-func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
+// claimArgs returns the arguments of claimSQL for c.
+func claimArgs(c QueueClaim) []any {
 	busyIDs := make([]uuid.UUID, 0, len(c.Busy))
 	busyN := make([]int, 0, len(c.Busy))
 	for id, n := range c.Busy {
 		busyIDs, busyN = append(busyIDs, id), append(busyN, n)
 	}
+	orgIDs := make([]uuid.UUID, 0, len(c.BusyOrgs))
+	orgN := make([]int, 0, len(c.BusyOrgs))
+	for id, n := range c.BusyOrgs {
+		orgIDs, orgN = append(orgIDs, id), append(orgN, n)
+	}
+	curOrgs := make([]uuid.UUID, 0, len(c.After))
+	curAfter := make([]uuid.UUID, 0, len(c.After))
+	for org, after := range c.After {
+		curOrgs, curAfter = append(curOrgs, org), append(curAfter, after)
+	}
+	perOrg := c.PerOrg
+	if perOrg <= 0 {
+		perOrg = math.MaxInt32
+	}
+	return []any{c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.PerWebhook, orgIDs, orgN, perOrg, curOrgs, curAfter}
+}
+
+// Claim takes due deliveries (see claimSQL), with their events' payloads.
+func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	// Planned for each claim (unnamed statement, still one round trip): a connection's cached
 	// generic plan, made while the tables were small or unanalysed, kept reading them whole.
-	rows, err := q.pool.Query(ctx, claimSQL, pgx.QueryExecModeCacheDescribe,
-		c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.After, c.PerWebhook)
+	rows, err := q.pool.Query(ctx, claimSQL, append([]any{pgx.QueryExecModeCacheDescribe}, claimArgs(c)...)...)
 	if err != nil {
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
 	var out []ClaimedDelivery
-	next, last := c.After, int64(0)
+	next := make(map[uuid.UUID]uuid.UUID, len(c.After))
+	for org, after := range c.After {
+		next[org] = after
+	}
+	last := map[uuid.UUID]int64{}
 	var hooks, expired int64
-	taken := map[uuid.UUID]int{}
+	taken := map[uuid.UUID]int{}    // by webhook (not reclaimed)
+	orgTaken := map[uuid.UUID]int{} // by org (not reclaimed)
+	share := map[uuid.UUID]int{}    // webhook → its share
+	orgShare := map[uuid.UUID]int{} // org → its share
 	for rows.Next() {
 		var d ClaimedDelivery
 		var turn int64
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &turn, &hooks, &expired); err != nil {
+		var hookN, orgN int
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &turn,
+			&hookN, &orgN, &hooks, &expired); err != nil {
 			rows.Close()
 			return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 		}
-		if turn > last {
-			next, last = d.WebhookID, turn
-		}
 		if turn > 0 {
+			if turn > last[d.OrgID] {
+				next[d.OrgID], last[d.OrgID] = d.WebhookID, turn
+			}
 			taken[d.WebhookID]++
+			orgTaken[d.OrgID]++
+			share[d.WebhookID], orgShare[d.OrgID] = hookN, orgN
 		}
 		out = append(out, d)
 	}
@@ -142,15 +205,17 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	}
 	drained := len(out) == 0
 	if !drained && hooks <= int64(len(taken)) && expired < int64(max(c.Limit/4, 1)) {
-		// every webhook with due work was served; each share as claimSQL computes it
-		share := int64(c.Limit)
-		if hooks > 0 {
-			share = (share + hooks - 1) / hooks
-		}
+		// every webhook with due work was served; each below its share (and each org below its
+		// own), or it may have more
 		drained = true
 		for id, n := range taken {
-			if int64(n) >= min(int64(c.PerWebhook-c.Busy[id]), share) {
-				drained = false // it may have more
+			if n >= share[id] {
+				drained = false
+			}
+		}
+		for org, n := range orgTaken {
+			if n >= orgShare[org] {
+				drained = false
 			}
 		}
 	}
@@ -165,7 +230,7 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 		}
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
-	return Claimed{Deliveries: out, Next: next, Drained: drained}, nil
+	return Claimed{Deliveries: out, Next: next, Reclaimed: int(expired), Drained: drained}, nil
 }
 
 // byDay groups indexes of items by the UTC day of their creation time: the statements on a
@@ -296,6 +361,33 @@ func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (in
 		recorded += int(tag.RowsAffected())
 	}
 	return recorded, nil
+}
+
+// Unrecorded tells why outcomes that Record did not record were left out: already (the
+// delivery log counts their attempt: a retried write whose first try committed, or a reclaim
+// that made and recorded the same attempt), deleted (their webhook is gone, and its deliveries
+// with it), lost (neither: the claim was lost — its lease expired and the delivery was
+// reclaimed — before the outcome came back). Called only when some were left out.
+func (q *Queue) Unrecorded(ctx context.Context, outs []Outcome) (already, deleted, lost int, err error) {
+	n := len(outs)
+	ids, hooks := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	created, attempts := make([]time.Time, n), make([]int, n)
+	for i, o := range outs {
+		ids[i], hooks[i], created[i], attempts[i] = o.Delivery.ID, o.Delivery.WebhookID, o.Delivery.CreatedAt, o.Delivery.Attempt
+	}
+	err = q.pool.QueryRow(ctx, `
+		WITH r AS (
+			SELECT r.*,
+			       EXISTS (SELECT 1 FROM deliveries d WHERE d.id = r.id AND d.created_at = r.created_at AND d.attempts >= r.attempt) AS recorded,
+			       EXISTS (SELECT 1 FROM webhooks w WHERE w.id = r.webhook_id) AS hook
+			FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[], $4::int[]) AS r(id, webhook_id, created_at, attempt)
+		)
+		SELECT count(*) FILTER (WHERE recorded), count(*) FILTER (WHERE NOT recorded AND NOT hook),
+		       count(*) FILTER (WHERE NOT recorded AND hook) FROM r`, ids, hooks, created, attempts).Scan(&already, &deleted, &lost)
+	if err != nil {
+		return 0, 0, 0, fmt.Errorf("unrecorded delivery attempts: %w", err)
+	}
+	return already, deleted, lost, nil
 }
 
 // recordArgs returns the arguments of recordSQL for outcomes of deliveries created on day.

@@ -43,11 +43,7 @@ func (n planNode) tableRows(into map[string]float64) {
 func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[uuid.UUID]int, queueRows float64, buffers int) {
 	t.Helper()
 	ctx := context.Background()
-	ids, ns := []uuid.UUID{}, []int{}
-	for id, n := range c.Busy {
-		ids, ns = append(ids, id), append(ns, n)
-	}
-	args := []any{c.Instance, c.Lease.Milliseconds(), c.Limit, ids, ns, c.After, c.PerWebhook}
+	args := store.ClaimArgs(c)
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -164,5 +160,105 @@ func TestClaimNeverScansOtherBacklogs(t *testing.T) {
 	took, _, _ = claimCost(t, pool, claim)
 	if took[healthy] != 16 || took[slow] != 2 {
 		t.Fatalf("claim with 2 free slots for the slow webhook took %v", took)
+	}
+}
+
+// TestClaimSharesPerOrgFirst: a claim gives each org with due work an equal share, however many
+// webhooks it has, and splits an org's share across its webhooks round robin (the org's cursor
+// moves on from claim to claim); an org at its per-org cap on this instance gets nothing, and
+// the claim still reads no webhook's backlog beyond what it takes.
+func TestClaimSharesPerOrgFirst(t *testing.T) {
+	ctx := context.Background()
+	s, pool := newStoreAndPool(t)
+	orgA, err := s.CreateOrg(ctx, "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	orgB, err := s.CreateOrg(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hook := func(org uuid.UUID, name string) uuid.UUID {
+		w, _, err := s.CreateWebhook(ctx, org, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.ID
+	}
+	queue := func(org, w uuid.UUID, n int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `
+			WITH e AS (
+				INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+				SELECT gen_random_uuid(), $1, gen_random_uuid(), 'messages', 'k', '{}', now() FROM generate_series(1, $3)
+				RETURNING id, created_at
+			), d AS (
+				INSERT INTO deliveries (id, event_id, webhook_id, created_at)
+				SELECT gen_random_uuid(), e.id, $2, e.created_at FROM e RETURNING id, event_id, created_at
+			)
+			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
+			SELECT d.id, d.created_at, d.event_id, $2, 'pending', now() - interval '1 minute' FROM d`, org, w, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := hook(orgA.ID, "a")
+	queue(orgA.ID, a, 2000)
+	bHooks := map[uuid.UUID]bool{}
+	for i := range 60 {
+		h := hook(orgB.ID, "b"+string(rune('a'+i/26))+string(rune('a'+i%26)))
+		bHooks[h] = true
+		queue(orgB.ID, h, 50)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE delivery_queue`); err != nil {
+		t.Fatal(err)
+	}
+
+	c := store.QueueClaim{Instance: "i", Lease: time.Minute, Limit: 20, PerWebhook: 64, PerOrg: 128}
+	took, rows, _ := claimCost(t, pool, c)
+	fromB := 0
+	for h, n := range took {
+		if bHooks[h] {
+			fromB += n
+			if n != 1 {
+				t.Errorf("B's webhook %v got %d of B's share of 10 (60 webhooks: one each)", h, n)
+			}
+		}
+	}
+	if took[a] != 10 || fromB != 10 {
+		t.Fatalf("claim of 20 took %d for org A (1 webhook) and %d for org B (60 webhooks), want 10 and 10", took[a], fromB)
+	}
+	// two probes per webhook with pending rows, about two reads per row taken
+	t.Logf("claim of 20 beside 61 webhooks with pending rows: %.0f queue rows read", rows)
+	if rows > 2*61+3*20+10 {
+		t.Fatalf("claim read %.0f queue rows to take 20 beside 61 webhooks' backlogs", rows)
+	}
+
+	// Round robin within B: successive claims serve B's webhooks in turn, each once before any
+	// twice.
+	q := store.NewQueue(pool)
+	seen := map[uuid.UUID]int{}
+	for range 6 {
+		got, err := q.Claim(ctx, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.After = got.Next
+		for _, d := range got.Deliveries {
+			if d.OrgID == orgB.ID {
+				seen[d.WebhookID]++
+			} else if d.OrgID != orgA.ID || d.WebhookID != a {
+				t.Fatalf("claimed delivery %+v of neither org", d)
+			}
+		}
+	}
+	if len(seen) != 60 {
+		t.Fatalf("6 claims of 10 for B served %d of its 60 webhooks, want each once: %v", len(seen), seen)
+	}
+
+	// B at its per-org cap: all of the claim goes to A.
+	c.BusyOrgs = map[uuid.UUID]int{orgB.ID: 128}
+	took, _, _ = claimCost(t, pool, c)
+	if took[a] != 20 || len(took) != 1 {
+		t.Fatalf("with org B at its cap, the claim took %v, want 20 of A's webhook", took)
 	}
 }

@@ -1,0 +1,104 @@
+package dispatcher
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// internalText matches what a delivery log must never show a tenant: an IPv4 or IPv6 address,
+// an address with a port, or the resolver's wording.
+var internalText = regexp.MustCompile(`\d+\.\d+\.\d+\.\d+|\[?[0-9a-fA-F]*:[0-9a-fA-F:]+\]?|:\d+|lookup|no such host|dial|127\.|\.invalid`)
+
+// closedPort returns an address on which nothing listens.
+func closedPort(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// TestDeliveryErrorsAreClassified: every kind of failed attempt, against a real listener, is
+// shown in the delivery log (the attempt's error and the delivery's last error) as its class
+// only, with no address or resolver text; the full error is in the operator's log.
+func TestDeliveryErrorsAreClassified(t *testing.T) {
+	selfSigned := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	t.Cleanup(selfSigned.Close)
+	status500 := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "boom", http.StatusInternalServerError)
+	}))
+	t.Cleanup(status500.Close)
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "http://10.0.0.1/elsewhere", http.StatusFound)
+	}))
+	t.Cleanup(redirect.Close)
+
+	cases := []struct {
+		name, url, want string
+		allowPrivate    bool
+	}{
+		{"closed port", "http://" + closedPort(t) + "/hook", ClassConnectionRefused, true},
+		{"unresolvable host", "https://wabarelay-test.invalid/hook", ClassDNS, true},
+		{"self-signed certificate", selfSigned.URL + "/hook", ClassTLS, true},
+		{"never answers", hangingListener(t), ClassTimeout, true},
+		{"status 500", status500.URL + "/hook", "http_500", true},
+		{"redirect", redirect.URL + "/hook", "http_302", true},
+		{"private address refused", status500.URL + "/hook", ClassAddressNotAllowed, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.webhook(c.url)
+			ids := e.events(1)
+			core, logs := observer.New(zapcore.DebugLevel)
+			cfg := Config{RetryDelays: []time.Duration{}, Timeout: time.Second, Lease: 30 * time.Second,
+				PollInterval: 50 * time.Millisecond, AllowPrivateTargets: c.allowPrivate, InstanceID: "test-" + uuid.NewString()[:6]}
+			d, err := New(e.pool, e.st.WebhookSecret, cfg, zap.New(core))
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { defer close(done); d.Run(ctx, e.dsn) }()
+			t.Cleanup(func() { cancel(); <-done })
+
+			waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+			at := e.attemptRows(ids[0])
+			row := e.delivery(ids[0])
+			if len(at) != 1 || at[0].err == nil || row.lastErr == nil {
+				t.Fatalf("attempts %+v, delivery %+v", at, row)
+			}
+			for _, got := range []string{*at[0].err, *row.lastErr} {
+				if got != c.want {
+					t.Errorf("delivery log error %q, want %q", got, c.want)
+				}
+				if internalText.MatchString(got) {
+					t.Errorf("delivery log error %q shows an address or resolver text", got)
+				}
+			}
+			// The operator's log has the full error.
+			failed := logs.FilterMessageSnippet("delivery attempt failed").All()
+			if len(failed) == 0 {
+				t.Fatal("no log line for the failed attempt")
+			}
+			fields := failed[0].ContextMap()
+			if fields["class"] != c.want || fields["error"] == "" || fields["error"] == c.want {
+				t.Errorf("operator log fields %v", fields)
+			}
+			t.Logf("tenant sees %q; operator log: %v", *row.lastErr, fields["error"])
+		})
+	}
+}
