@@ -140,7 +140,8 @@ func (a *answer) sink(p []byte) (int, error) {
 	return a.red.Write(p)
 }
 
-// finish ends the answer once the upstream call has returned (upErr is its error): the
+// finish ends the answer once the upstream call has returned (upErr is its error, or
+// http.ErrAbortHandler for an aborted copy): the
 // decoder, if any, reads to the end, and what the redactor held back is passed on. It
 // reports a body that could not be decoded or masked; the answer is then broken.
 func (a *answer) finish(upErr error) error {
@@ -153,7 +154,9 @@ func (a *answer) finish(upErr error) error {
 		}
 		<-d.done
 		a.dec = nil
-		if err = d.err; err != nil && a.state == inspecting {
+		// A decoding error of its own (not the upstream's failure passed through the pipe)
+		// found before anything was passed: the relay answers in its place.
+		if err = d.err; err != nil && a.state == inspecting && (upErr == nil || !errors.Is(err, upErr)) {
 			a.undecodable = true
 		}
 	}

@@ -95,8 +95,12 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	a := newAnswer(discard{}, http.MethodGet, "/"+id, ch, false)
 	defer a.free()
 	a.limit = 1 << 20
-	err, _ := call(up, a, obj)
-	a.finish(err)
+	err, aborted := call(up, a, obj)
+	upErr := err
+	if aborted && upErr == nil {
+		upErr = http.ErrAbortHandler
+	}
+	a.finish(upErr)
 	switch {
 	case a.refused || a.undecodable:
 		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)

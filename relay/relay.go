@@ -370,7 +370,11 @@ func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Relay
 	defer a.free()
 	start := time.Now()
 	err, aborted := call(up, a, r)
-	if ferr := a.finish(err); ferr != nil && a.written() {
+	upErr := err
+	if aborted {
+		upErr = http.ErrAbortHandler
+	}
+	if ferr := a.finish(upErr); ferr != nil && a.written() {
 		aborted = true // a body that could not be decoded or masked: the caller sees it broken
 	}
 	if rl.Metrics != nil {

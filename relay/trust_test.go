@@ -240,3 +240,25 @@ func TestRelayKeyCoversTheQuery(t *testing.T) {
 		t.Fatalf("upstream sends = %d", n)
 	}
 }
+
+// TestRelayCorruptEncodingLikeReverseProxy: an upstream copy that aborts when its write fails
+// (as reverse_proxy does) still gets the relay's 502 for a corrupt gzip body, not a broken
+// answer.
+func TestRelayCorruptEncodingLikeReverseProxy(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	w := f.serve("GET", "/"+tWABA+"/message_templates", "", func(w http.ResponseWriter, r *http.Request) error {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(200)
+		body := []byte("\x1f\x8b not really gzip " + strings.Repeat(tUpstream, 4096))
+		for len(body) > 0 {
+			n := min(len(body), 1024)
+			if _, err := w.Write(body[:n]); err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			body = body[n:]
+		}
+		return nil
+	})
+	expectError(t, w, http.StatusBadGateway, MsgUpstreamEncoding)
+}
