@@ -191,7 +191,7 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"},"idempotency_key":"zero-1"}`
 	stripped := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"}}`
 	k := relay.ClaimKey(ch.ID, "zero-1")
-	res, err := idem.Begin(context.Background(), k, idempotency.Fingerprint("POST", "/"+pnid+"/messages", []byte(stripped)))
+	res, err := idem.Begin(context.Background(), k, idempotency.Fingerprint("POST", "/"+pnid+"/messages", "", []byte(stripped)))
 	if err != nil || res.Outcome != idempotency.Acquired {
 		t.Fatalf("begin: %+v %v", res, err)
 	}

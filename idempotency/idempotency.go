@@ -180,13 +180,19 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Fingerprint returns the hex SHA-256 of method, path and body (the body without the
-// idempotency key), each length-prefixed so that different splits never collide. Callers may
-// use any other stable fingerprint instead.
-func Fingerprint(method, path string, body []byte) string {
+// Fingerprint returns the hex SHA-256 of method, path, body (the body without the idempotency
+// key) and query (the raw query string as forwarded), each length-prefixed so that different
+// splits never collide. An empty query adds nothing: the fingerprint of a call without a query
+// is the one earlier versions computed, so records stored before the query counted still
+// replay. Callers may use any other stable fingerprint instead.
+func Fingerprint(method, path, query string, body []byte) string {
 	h := sha256.New()
 	var n [8]byte
-	for _, part := range [][]byte{[]byte(method), []byte(path), body} {
+	parts := [][]byte{[]byte(method), []byte(path), body, []byte(query)}
+	if query == "" {
+		parts = parts[:3]
+	}
+	for _, part := range parts {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
 		h.Write(n[:])
 		h.Write(part)

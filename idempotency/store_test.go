@@ -3,6 +3,9 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"net/http"
 	"reflect"
@@ -539,23 +542,41 @@ func testResponseRoundTrip(t *testing.T, newStores newStores) {
 }
 
 func TestFingerprint(t *testing.T) {
-	a := Fingerprint("POST", "/v21.0/123/messages", []byte(`{"to":"1"}`))
+	a := Fingerprint("POST", "/v21.0/123/messages", "", []byte(`{"to":"1"}`))
 	if len(a) != 64 {
 		t.Fatalf("len = %d", len(a))
 	}
-	if a != Fingerprint("POST", "/v21.0/123/messages", []byte(`{"to":"1"}`)) {
+	if a != Fingerprint("POST", "/v21.0/123/messages", "", []byte(`{"to":"1"}`)) {
 		t.Fatal("not stable")
 	}
+	// without a query, the fingerprint of earlier versions (records stored before still replay)
+	if a != earlierFingerprint("POST", "/v21.0/123/messages", []byte(`{"to":"1"}`)) {
+		t.Fatal("an empty query changed the fingerprint")
+	}
 	for _, other := range []string{
-		Fingerprint("POST", "/v21.0/123/messages", []byte(`{"to":"2"}`)),
-		Fingerprint("POST", "/v21.0/124/messages", []byte(`{"to":"1"}`)),
-		Fingerprint("PUT", "/v21.0/123/messages", []byte(`{"to":"1"}`)),
-		Fingerprint("POS", "T/v21.0/123/messages", []byte(`{"to":"1"}`)),
+		Fingerprint("POST", "/v21.0/123/messages", "", []byte(`{"to":"2"}`)),
+		Fingerprint("POST", "/v21.0/124/messages", "", []byte(`{"to":"1"}`)),
+		Fingerprint("PUT", "/v21.0/123/messages", "", []byte(`{"to":"1"}`)),
+		Fingerprint("POS", "T/v21.0/123/messages", "", []byte(`{"to":"1"}`)),
+		Fingerprint("POST", "/v21.0/123/messages", "to=19999999999", []byte(`{"to":"1"}`)),
+		Fingerprint("POST", "/v21.0/123/messages", "x", []byte(`{"to":"1"}`)),
 	} {
 		if other == a {
 			t.Fatal("collision")
 		}
 	}
+}
+
+// earlierFingerprint is Fingerprint as it was before the query counted.
+func earlierFingerprint(method, path string, body []byte) string {
+	h := sha256.New()
+	var n [8]byte
+	for _, part := range [][]byte{[]byte(method), []byte(path), body} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write(part)
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func TestOptionsDefaults(t *testing.T) {

@@ -2,6 +2,9 @@ package relay
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -17,6 +20,12 @@ import (
 // from the caller's until then, so that an answer the relay substitutes carries only the
 // relay's own headers. A send with an idempotency key also keeps a copy of what was passed
 // through (capture), up to a cap, to store it for replays.
+//
+// Every body byte bound for the caller passes the redactor (the upstream token masked) and
+// every header value is masked too, whatever the answer's size, status or type. An answer in
+// an encoding the relay did not ask for is decoded on the way (gzip, deflate; Content-Encoding
+// and Content-Length dropped) or, in any other encoding, refused: nothing of it is passed and
+// the relay answers 502 [MsgUpstreamEncoding].
 type answer struct {
 	w   http.ResponseWriter
 	hdr http.Header // the upstream's headers
@@ -33,7 +42,15 @@ type answer struct {
 	copyLimit  int
 	copyFailed bool // the copy outgrew copyLimit and was dropped
 	passErr    error
+
+	red         redactor // what goes to the caller passes it
+	dec         *decoder // decodes an encoded answer, in a goroutine of its own; nil if none
+	refused     bool     // an encoding the relay cannot decode: nothing is passed
+	undecodable bool     // the encoded body could not be decoded (found before anything was passed)
 }
+
+// errRefusedEncoding stops the upstream's copy of an answer the relay refused.
+var errRefusedEncoding = errors.New("relay: upstream answer in an encoding the relay cannot decode")
 
 type answerState uint8
 
@@ -56,6 +73,17 @@ func (a *answer) WriteHeader(status int) {
 		return
 	}
 	a.status = status
+	switch ce := strings.ToLower(strings.TrimSpace(strings.Join(a.hdr.Values("Content-Encoding"), ","))); ce {
+	case "", "identity":
+	case "gzip", "x-gzip", "deflate":
+		a.hdr.Del("Content-Encoding")
+		a.hdr.Del("Content-Length")
+		a.hdr.Del("Etag") // the validator of the encoded bytes
+		a.dec = startDecoder(a, ce)
+	default:
+		a.refused = true
+		return
+	}
 	if a.mustInspect() {
 		a.state = inspecting
 		return
@@ -70,30 +98,78 @@ func (a *answer) pass() {
 	a.w.WriteHeader(a.status)
 }
 
+// passHeader copies the upstream's headers to the caller's, the upstream token masked.
 func (a *answer) passHeader() {
 	h := a.w.Header()
 	for name, vals := range a.hdr {
 		h[name] = vals
 	}
+	if a.ch != nil {
+		redactHeader(h, a.ch.UpstreamToken)
+	}
 }
 
 func (a *answer) Write(p []byte) (int, error) {
-	if a.state == undecided {
+	if a.state == undecided && !a.refused {
 		a.WriteHeader(http.StatusOK)
 	}
+	switch {
+	case a.refused:
+		return 0, errRefusedEncoding
+	case a.dec != nil:
+		return a.dec.pw.Write(p) // the decoder's goroutine passes it to sink
+	}
+	return a.sink(p)
+}
+
+// sink takes the (decoded) body: buffered while inspecting, else through the redactor to the
+// caller.
+func (a *answer) sink(p []byte) (int, error) {
 	if a.state == inspecting {
 		if a.buf.Len()+len(p) <= a.limit {
 			return a.buf.Write(p)
 		}
-		// Too large to inspect: what came so far and the rest go to the caller untouched.
+		// Too large to inspect: what came so far and the rest go to the caller as they come,
+		// the token masked (paging links are not rewritten).
 		a.pass()
-		if _, err := a.write(a.buf.Bytes()); err != nil {
+		if _, err := a.red.Write(a.buf.Bytes()); err != nil {
 			return 0, err
 		}
 		a.buf.Reset()
 	}
-	return a.write(p)
+	return a.red.Write(p)
 }
+
+// finish ends the answer once the upstream call has returned (upErr is its error, or
+// http.ErrAbortHandler for an aborted copy): the
+// decoder, if any, reads to the end, and what the redactor held back is passed on. It
+// reports a body that could not be decoded or masked; the answer is then broken.
+func (a *answer) finish(upErr error) error {
+	var err error
+	if d := a.dec; d != nil {
+		if upErr != nil {
+			d.pw.CloseWithError(upErr)
+		} else {
+			d.pw.Close()
+		}
+		<-d.done
+		a.dec = nil
+		// A decoding error of its own (not the upstream's failure passed through the pipe)
+		// found before anything was passed: the relay answers in its place.
+		if err = d.err; err != nil && a.state == inspecting && (upErr == nil || !errors.Is(err, upErr)) {
+			a.undecodable = true
+		}
+	}
+	if a.state == passing {
+		a.red.flush() // a failed write is the caller's hang-up, seen as such already
+	}
+	return err
+}
+
+// toCaller is the redactor's destination: [answer.write].
+type toCaller answer
+
+func (c *toCaller) Write(p []byte) (int, error) { return (*answer)(c).write(p) }
 
 // write passes p to the caller and to the copy. When a copy is kept (a send), a caller that
 // went away does not stop the answer: it is read to its end, so that it can be stored and
@@ -126,15 +202,16 @@ func (a *answer) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // Flush passes a flush on once the answer streams (reverse_proxy flushes streamed answers).
+// A decoded answer is written by its decoder's goroutine: it is flushed when it ends.
 func (a *answer) Flush() {
-	if a.state == passing {
+	if a.state == passing && a.dec == nil {
 		http.NewResponseController(a.w).Flush()
 	}
 }
 
 // FlushError is Flush for http.ResponseController.
 func (a *answer) FlushError() error {
-	if a.state == passing {
+	if a.state == passing && a.dec == nil {
 		return http.NewResponseController(a.w).Flush()
 	}
 	return nil
@@ -173,14 +250,25 @@ func newAnswer(w http.ResponseWriter, method, upath string, ch *store.RelayChann
 	a := answers.Get().(*answer)
 	a.w, a.hdr, a.method, a.upath, a.ch = w, make(http.Header, 8), method, upath, ch
 	a.limit, a.capture, a.copyLimit = maxInspectBody, capture, maxStoredBody
+	secret := ""
+	if ch != nil {
+		secret = ch.UpstreamToken
+	}
+	a.red.reset((*toCaller)(a), secret)
 	return a
 }
 
 // free returns a to the pool; nothing of it may be used afterwards.
 func (a *answer) free() {
 	const keep = 64 << 10
-	buf, cp := a.buf, a.copy
+	if a.dec != nil { // an answer left unfinished: its decoder must not outlive it
+		a.finish(errRefusedEncoding)
+	}
+	buf, cp, red := a.buf, a.copy, a.red
 	*a = answer{}
+	if cap(red.held)+cap(red.work) <= keep {
+		a.red.held, a.red.work = red.held[:0], red.work[:0]
+	}
 	if buf.Cap() <= keep {
 		buf.Reset()
 		a.buf = buf
@@ -190,4 +278,67 @@ func (a *answer) free() {
 		a.copy = cp
 	}
 	answers.Put(a)
+}
+
+// decoder decodes an encoded answer body as the upstream writes it: the upstream's writes go
+// into a pipe, a goroutine reads the decoded bytes and hands them to the answer's sink (which
+// is then used by that goroutine alone until [answer.finish] waits for it).
+type decoder struct {
+	pw   *io.PipeWriter
+	done chan struct{}
+	err  error // set before done closes
+}
+
+func startDecoder(a *answer, encoding string) *decoder {
+	pr, pw := io.Pipe()
+	d := &decoder{pw: pw, done: make(chan struct{})}
+	go func() {
+		defer close(d.done)
+		d.err = decode(pr, encoding, a)
+		if d.err != nil {
+			pr.CloseWithError(d.err) // the upstream's writes fail from now on
+		} else {
+			io.Copy(io.Discard, pr) // trailing bytes after the encoded stream
+		}
+	}()
+	return d
+}
+
+// decode copies the decoded body of r to a's sink. An empty body (HEAD, 204, 304) is no error.
+func decode(r io.Reader, encoding string, a *answer) error {
+	cr := &countReader{r: r}
+	var dr io.ReadCloser
+	var err error
+	if encoding == "deflate" {
+		dr, err = zlib.NewReader(cr)
+	} else {
+		dr, err = gzip.NewReader(cr)
+	}
+	if err != nil {
+		if err == io.EOF && cr.n == 0 {
+			return nil
+		}
+		return err
+	}
+	defer dr.Close()
+	buf := copyBufs.Get().(*[]byte)
+	defer copyBufs.Put(buf)
+	_, err = io.CopyBuffer(sinkWriter{a}, dr, *buf)
+	return err
+}
+
+// sinkWriter hands decoded bytes to the answer's sink (io.CopyBuffer uses the buffer given).
+type sinkWriter struct{ a *answer }
+
+func (s sinkWriter) Write(p []byte) (int, error) { return s.a.sink(p) }
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
 }

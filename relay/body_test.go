@@ -49,6 +49,9 @@ func FuzzRemoveKey(f *testing.F) {
 	f.Add([]byte(`{"a":1,"idempotency_key":"k","b":[1,2]}`))
 	f.Add([]byte(`{"idempotency_key":"k"}`))
 	f.Add([]byte(`{"idempotency\u005fkey":"k"}`))
+	for _, in := range hugeSeeds() {
+		f.Add([]byte(in))
+	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		out, _, found, err := RemoveKey(in, "idempotency_key")
 		if !found {

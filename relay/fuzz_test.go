@@ -3,6 +3,7 @@ package relay
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -18,6 +19,8 @@ func FuzzScope(f *testing.F) {
 		f.Add(s, "")
 	}
 	f.Add("/1001/messages", "/1001%2Fmessages")
+	f.Add("/1001/"+strings.Repeat("m", 1<<20), "")                                // a 1 MiB segment
+	f.Add("/"+strings.Repeat("1001/", 64<<10), "/"+strings.Repeat("%2F", 64<<10)) // 256 KiB of segments
 	ch := &store.RelayChannel{PhoneNumberID: "1001", WabaID: "2001", Objects: store.NewObjectSet("t1")}
 	f.Fuzz(func(t *testing.T, path, raw string) {
 		if CheckPath(path, raw) != nil {
@@ -50,6 +53,9 @@ func FuzzRewriteLinks(f *testing.F) {
 	f.Add([]byte(`{"paging":{"next":1,"previous":"::"}}`))
 	f.Add([]byte(`{"error":{"message":"EAAGsecret","code":190}}`))
 	f.Add([]byte(`not json EAAGsecret`))
+	for _, in := range hugeSeeds() {
+		f.Add([]byte(in))
+	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		out := RewriteLinks(body, "https://relay.example.com/upstream-proxy", "EAAGsecret")
 		if bytes.Contains(out, []byte("EAAGsecret")) {
@@ -60,5 +66,64 @@ func FuzzRewriteLinks(f *testing.F) {
 		}
 		_ = TokenDead(400, body)
 		_, _ = Handed(&store.RelayChannel{PhoneNumberID: "1", WabaID: "2"}, "GET", "/2/message_templates", 200, body)
+	})
+}
+
+// hugeSeeds are seed inputs with huge strings: 1 MiB string values, 256 KiB keys, a paging
+// link of 1 MiB carrying the token, and the token at the end of a 1 MiB value.
+func hugeSeeds() []string {
+	mib, key := strings.Repeat("x", 1<<20), strings.Repeat("k", 256<<10)
+	return []string{
+		`{"idempotency_key":"` + mib + `","to":"1"}`,
+		`{"` + key + `":"v","idempotency_key":"k"}`,
+		`{"` + key + `":"` + mib + `"}`,
+		`{"data":[{"id":"` + mib + `"}],"paging":{"next":"https://graph.facebook.com/v26.0/9/x?access_token=EAAGsecret&after=` + mib + `"}}`,
+		`{"error":{"message":"` + mib + `EAAGsecret","code":190}}`,
+		`["` + mib + `"]`,
+	}
+}
+
+// FuzzRedactor: whatever the bytes, the secret and the way they are split into writes, the
+// redactor's output has the input's length, never holds the secret and equals the input with
+// every occurrence masked; it never holds back len(secret) bytes or more.
+func FuzzRedactor(f *testing.F) {
+	f.Add([]byte("aaab"), "aab", []byte{1, 1, 1, 1})
+	f.Add([]byte(`{"next":"https://g/x?access_token=EAAGsecret&after=A"}`), "EAAGsecret", []byte{30, 3, 0, 7})
+	f.Add([]byte("EAAGsecretEAAGsecretEAAGsecre"), "EAAGsecret", []byte{9, 1, 10})
+	f.Add([]byte("abababab"), "abab", []byte{3, 0, 3})
+	f.Add([]byte("a*b*a*b"), "*a*", []byte{2, 2})
+	f.Add([]byte(strings.Repeat("x", 1<<20)+"EAAGsecret"), "EAAGsecret", []byte{255, 0, 250})
+	f.Fuzz(func(t *testing.T, in []byte, secret string, splits []byte) {
+		if secret == "" {
+			return
+		}
+		var out bytes.Buffer
+		var r redactor
+		r.reset(&out, secret)
+		rest := in
+		for _, n := range splits {
+			k := min(int(n), len(rest))
+			if _, err := r.Write(rest[:k]); err != nil {
+				if errors.Is(err, errUnredactable) { // a secret of every byte value
+					return
+				}
+				t.Fatal(err)
+			}
+			if len(r.held) >= len(secret) {
+				t.Fatalf("held back %d bytes of a %d-byte secret", len(r.held), len(secret))
+			}
+			rest = rest[k:]
+		}
+		if _, err := r.Write(rest); errors.Is(err, errUnredactable) {
+			return
+		}
+		r.flush()
+		got := out.Bytes()
+		if len(got) != len(in) || bytes.Contains(got, []byte(secret)) {
+			t.Fatalf("redact(%q, %q) = %q", in, secret, got)
+		}
+		if w := want(string(in), secret); string(got) != w {
+			t.Fatalf("redact(%q, %q) = %q, want %q", in, secret, got, w)
+		}
 	})
 }

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"bytes"
+	"compress/gzip"
+	"compress/zlib"
 	"encoding/json"
 	"errors"
 	"io"
@@ -93,8 +95,16 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	a := newAnswer(discard{}, http.MethodGet, "/"+id, ch, false)
 	defer a.free()
 	a.limit = 1 << 20
-	err, _ := call(up, a, obj)
+	err, aborted := call(up, a, obj)
+	upErr := err
+	if aborted && upErr == nil {
+		upErr = http.ErrAbortHandler
+	}
+	a.finish(upErr)
 	switch {
+	case a.refused || a.undecodable:
+		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+		return
 	case err != nil:
 		rl.upstreamFailed(w, r, err, false)
 		return
@@ -173,19 +183,45 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 		}
 		resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), resp.Body))
 	}
+	// The bytes as they are, unless the media host encoded them anyway: gzip and deflate are
+	// decoded (their length is then unknown), anything else is refused — the token could not
+	// be looked for in it.
+	src, length := io.Reader(resp.Body), resp.ContentLength
+	switch ce := strings.ToLower(strings.TrimSpace(strings.Join(resp.Header.Values("Content-Encoding"), ","))); ce {
+	case "", "identity":
+	case "gzip", "x-gzip", "deflate":
+		if src, err = decodingReader(resp.Body, ce); err != nil {
+			rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+			return
+		}
+		length = -1
+		resp.Header.Del("Etag")
+		resp.Header.Del("Content-Range")
+	default:
+		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+		return
+	}
 	h := w.Header()
 	for _, name := range mediaHeaders {
-		if v := resp.Header.Values(name); len(v) > 0 {
+		if v := resp.Header.Values(name); len(v) > 0 && name != "Content-Length" {
 			h[name] = v
 		}
 	}
-	if resp.ContentLength >= 0 {
-		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	redactHeader(h, ch.UpstreamToken)
+	if length >= 0 {
+		h.Set("Content-Length", strconv.FormatInt(length, 10))
 	}
 	w.WriteHeader(resp.StatusCode)
+	// Media bytes pass the redactor too (a medium never names the token, but an error answer
+	// of the media host could): masks keep their length, so Content-Length and ranges hold.
+	var red redactor
+	red.reset(onlyWriter{w}, ch.UpstreamToken)
 	buf := copyBufs.Get().(*[]byte)
-	n, _ := io.CopyBuffer(onlyWriter{w}, resp.Body, *buf)
+	n, cerr := io.CopyBuffer(&red, src, *buf)
 	copyBufs.Put(buf)
+	if cerr == nil {
+		red.flush()
+	}
 	if rl.Metrics != nil {
 		rl.Metrics.MediaBytes("download", n)
 	}
@@ -215,3 +251,11 @@ func (c *countingReader) Read(p []byte) (int, error) {
 }
 
 func (c *countingReader) Close() error { return c.r.Close() }
+
+// decodingReader decodes a gzip or deflate body as it is read.
+func decodingReader(r io.Reader, encoding string) (io.Reader, error) {
+	if encoding == "deflate" {
+		return zlib.NewReader(r)
+	}
+	return gzip.NewReader(r)
+}

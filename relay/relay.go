@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +34,18 @@ const (
 	MsgBodyUnreadable  = "Request body could not be read"
 	MsgUpstreamDown    = "Upstream unavailable"
 	MsgUpstreamTimeout = "Upstream timeout"
+	// MsgUpstreamEncoding answers (502) an upstream answer in a Content-Encoding the relay
+	// cannot decode (anything but gzip and deflate), or whose encoded body is corrupt: the
+	// relay cannot look for the upstream token in it, so nothing of it is passed on.
+	MsgUpstreamEncoding = "Upstream answer could not be decoded"
+	// MsgBadQuery answers (400) a query string that does not parse unambiguously (a bad
+	// %-escape, a ';'): the relay could not tell which parameters it carries.
+	MsgBadQuery = "Invalid query string"
+	// MsgBadForm answers (400) an application/x-www-form-urlencoded body that does not parse.
+	MsgBadForm = "Invalid form body"
+	// MsgFormAccessToken answers (400) a multipart body with an access_token field: the relay
+	// strips credentials from what it forwards and will not rewrite a streamed upload.
+	MsgFormAccessToken = "access_token is not allowed in a multipart body"
 )
 
 // Limits.
@@ -135,6 +146,10 @@ func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 	if rl.Authenticated != nil {
 		rl.Authenticated(r, ch)
 	}
+	guard, ok := rl.cleanRequest(w, r)
+	if !ok {
+		return
+	}
 	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/messages") {
 		rl.send(w, r, ch, up)
 		return
@@ -152,7 +167,7 @@ func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 		uploaded = &countingReader{r: r.Body}
 		r.Body = uploaded
 	}
-	o := rl.forward(w, r, ch, up, false)
+	o := rl.forward(w, r, ch, up, false, guard)
 	if uploaded != nil && rl.Metrics != nil {
 		rl.Metrics.MediaBytes("upload", uploaded.n)
 	}
@@ -242,6 +257,8 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 		// Nothing was sent: the body is too large, or the caller went away before it arrived.
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
 			httpx.WriteError(w, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
+		} else if errors.Is(err, errFormAccessToken) {
+			httpx.WriteError(w, http.StatusBadRequest, MsgFormAccessToken)
 		} else {
 			httpx.WriteError(w, http.StatusBadRequest, MsgBodyUnreadable)
 		}
@@ -261,14 +278,14 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 	defer cancel()
 	if !found {
 		if rl.allow(w, r, ch) {
-			if o := rl.forward(w, r.WithContext(sendCtx), ch, up, false); o.aborted {
+			if o := rl.forward(w, r.WithContext(sendCtx), ch, up, false, nil); o.aborted {
 				panic(http.ErrAbortHandler)
 			}
 		}
 		return
 	}
 
-	fp := idempotency.Fingerprint(r.Method, UpstreamPath(r.URL.Path), stripped)
+	fp := idempotency.Fingerprint(r.Method, UpstreamPath(r.URL.Path), r.URL.RawQuery, stripped)
 	d, res, err := rl.Admission.Claim(r.Context(), ch.ID, key, fp)
 	if err != nil {
 		if r.Context().Err() != nil {
@@ -303,7 +320,7 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 		return
 	}
 
-	o := rl.forward(w, r.WithContext(sendCtx), ch, up, true)
+	o := rl.forward(w, r.WithContext(sendCtx), ch, up, true, nil)
 	if ReleaseKey(o.status, o.answered, o.notSent) {
 		// Synchronously, so that the caller's retry finds the key free.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
@@ -344,19 +361,36 @@ type outcome struct {
 }
 
 // forward sends the call upstream with the channel's access token and passes the answer on,
-// inspecting it only where needed. With capture, the answer is also kept for replays.
-func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool) outcome {
+// inspecting it only where needed. With capture, the answer is also kept for replays. guard,
+// if set, is the multipart body's: a body it refused is answered 400.
+func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool, guard *formGuard) outcome {
 	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
 	rl.prepare(r, ch, upath)
 	a := newAnswer(w, r.Method, upath, ch, capture)
 	defer a.free()
 	start := time.Now()
 	err, aborted := call(up, a, r)
+	upErr := err
+	if aborted {
+		upErr = http.ErrAbortHandler
+	}
+	if ferr := a.finish(upErr); ferr != nil && a.written() {
+		aborted = true // a body that could not be decoded or masked: the caller sees it broken
+	}
 	if rl.Metrics != nil {
 		rl.Metrics.UpstreamLatency(time.Since(start))
 	}
 	var o outcome
 	switch {
+	case guard != nil && guard.refused && !a.written():
+		// The body was cut off before its access_token field: the upstream got no whole request.
+		o = outcome{status: http.StatusBadRequest, notSent: true}
+		httpx.WriteError(w, http.StatusBadRequest, MsgFormAccessToken)
+	case a.refused || a.undecodable:
+		// Nothing of the answer was passed on: the relay answers in its place.
+		o = outcome{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamEncoding)}
+		rl.logger().Warn("relay: upstream answer in an encoding the relay cannot decode; refused")
+		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
 	case aborted || err != nil && a.written():
 		// The answer was cut short after it began: whether the upstream acted is unknown.
 		o = outcome{status: a.status, aborted: aborted}
@@ -402,7 +436,7 @@ func (rl *Relay) prepare(r *http.Request, ch *store.RelayChannel, upath string) 
 		// it saves.
 		r.Header.Set("Accept-Encoding", "identity")
 	}
-	r.URL.RawQuery = withoutAccessToken(r.URL.RawQuery)
+	r.URL.RawQuery, _ = cleanQuery(r.URL.RawQuery) // a query that does not parse is refused before; "" here
 	r.URL.Path = rl.UpstreamBase + upath
 	r.URL.RawPath = ""
 }
@@ -579,16 +613,4 @@ func setBody(r *http.Request, body []byte) {
 	r.ContentLength = int64(len(body))
 	r.Header.Set("Content-Length", strconv.Itoa(len(body)))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-}
-
-func withoutAccessToken(q string) string {
-	if !strings.Contains(q, "access_token") {
-		return q
-	}
-	vals, err := url.ParseQuery(q)
-	if err != nil {
-		return q
-	}
-	vals.Del("access_token")
-	return vals.Encode()
 }

@@ -1,0 +1,222 @@
+package caddymodule
+
+import (
+	"bytes"
+	"compress/gzip"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/relay"
+)
+
+// leakBody is a template listing of about size bytes whose pad holds the upstream token every
+// 256 KiB, placed across the 32 KiB write boundaries of leakUpstream, and whose paging link
+// carries it like the real upstream's.
+func leakBody(size int) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"data":[{"id":"x","pad":"`)
+	for b.Len() < size-300 {
+		next := (b.Len()/(256<<10) + 1) * (256 << 10)
+		if next-len(realToken)/2 > size-300 {
+			b.WriteString(strings.Repeat("a", size-300-b.Len()))
+			break
+		}
+		b.WriteString(strings.Repeat("a", next-len(realToken)/2-b.Len()))
+		b.WriteString(realToken)
+	}
+	b.WriteString(`"}],"paging":{"cursors":{"after":"QVFI"},"next":"https://graph.facebook.com/v26.0/` + wabaID +
+		`/message_templates?access_token=` + realToken + `&limit=2&after=QVFI"}}`)
+	return b.Bytes()
+}
+
+// leakUpstream answers every call with leakBody(?size=), gzip-encoded when ?enc=gzip whatever
+// the request asked, in flushed (chunked) writes of 32 KiB.
+func leakUpstream(bodies map[int][]byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		size, _ := strconv.Atoi(r.URL.Query().Get("size"))
+		body := bodies[size]
+		w.Header().Set("Content-Type", "application/json; charset=UTF-8")
+		w.Header().Set("X-Fb-Trace-Id", "trace")
+		if r.URL.Query().Get("enc") == "gzip" {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.WriteHeader(200)
+			zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
+			for rest := body; len(rest) > 0; {
+				n := min(len(rest), 32<<10)
+				zw.Write(rest[:n])
+				zw.Flush()
+				w.(http.Flusher).Flush()
+				rest = rest[n:]
+			}
+			zw.Close()
+			return
+		}
+		w.WriteHeader(200)
+		for rest := body; len(rest) > 0; {
+			n := min(len(rest), 32<<10)
+			w.Write(rest[:n])
+			w.(http.Flusher).Flush()
+			rest = rest[n:]
+		}
+	})
+}
+
+// peakRSS returns the peak resident memory (VmHWM) of process pid in bytes.
+func peakRSS(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}
+
+// TestRelayTokenNeverLeaks: through Caddy, answers of 1 KiB, 9 MiB and 50 MiB — plain and
+// gzip-encoded by the upstream on its own, chunked, the token across chunk boundaries and in
+// the paging link — reach the caller decoded, without a byte sequence of the upstream token,
+// with the relay's memory bounded (a 50 MiB answer is never held whole).
+func TestRelayTokenNeverLeaks(t *testing.T) {
+	e := newRelayEnv(t, "")
+	sizes := []int{1 << 10, 9 << 20, 50 << 20}
+	bodies := map[int][]byte{}
+	for _, n := range sizes {
+		bodies[n] = leakBody(n)
+	}
+	up := httptest.NewServer(leakUpstream(bodies))
+	defer up.Close()
+	port := testenv.FreePort(t)
+	cfg := fmt.Sprintf(`{
+	admin off
+	persist_config off
+	wabarelay {
+		database       {env.WBR_TEST_DATABASE}
+		encryption_key {env.WBR_TEST_KEY}
+		upstream       %s/v26.0
+	}
+}
+http://127.0.0.1:%d {
+	handle_path %s/* {
+		wabarelay_proxy
+	}
+}
+`, up.URL, port, proxyPrefix)
+	origin := e.caddyFile(cfg, port, "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64)
+	base := origin + proxyPrefix
+	pid := e.procs[origin].Process.Pid
+	ch := e.channel(true)
+	client := &http.Client{Transport: &http.Transport{DisableCompression: true}} // the caller sees the bytes as sent
+
+	fetch := func(method string, size int, enc string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, fmt.Sprintf("%s/%s/message_templates?limit=2&size=%d&enc=%s", base, wabaID, size, enc), nil)
+		req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatalf("%s %d %s: %v", method, size, enc, err)
+		}
+		defer resp.Body.Close()
+		got, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("%s %d %s: reading: %v", method, size, enc, err)
+		}
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Encoding") != "" || !bytes.HasPrefix(got, []byte(`{"data":[{"id":"x"`)) {
+			t.Fatalf("%s %d %s: %d %v %q", method, size, enc, resp.StatusCode, resp.Header, got[:min(len(got), 60)])
+		}
+		if bytes.Contains(got, []byte(realToken)) {
+			t.Fatalf("%s %d %s: the upstream token reached the caller", method, size, enc)
+		}
+		if bytes.Contains(got, []byte("access_token="+realToken[:8])) {
+			t.Fatalf("%s %d %s: a paging link carries the token's start", method, size, enc)
+		}
+		if cl := resp.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(got)) {
+			t.Fatalf("%s %d %s: Content-Length %s, %d bytes", method, size, enc, cl, len(got))
+		}
+		if len(got) < len(bodies[size])-400 {
+			t.Fatalf("%s %d %s: %d bytes of %d", method, size, enc, len(got), len(bodies[size]))
+		}
+	}
+	for _, size := range sizes[:2] {
+		for _, enc := range []string{"", "gzip"} {
+			for _, m := range []string{"GET", "POST"} {
+				fetch(m, size, enc)
+			}
+		}
+	}
+	before := peakRSS(t, pid)
+	for _, enc := range []string{"", "gzip"} {
+		for _, m := range []string{"GET", "POST"} {
+			fetch(m, 50<<20, enc)
+		}
+	}
+	// A 50 MiB answer held whole would raise the peak by at least 50 MiB.
+	if grown := peakRSS(t, pid) - before; grown > 25<<20 {
+		t.Fatalf("Caddy's peak memory grew by %d MiB over four 50 MiB answers", grown>>20)
+	}
+}
+
+// TestRelayCallerCredentialsStripped: through Caddy, a caller's access_token never reaches the
+// upstream (query, %-escaped query, form body; a multipart field is refused 400), a query that
+// does not parse is refused 400 without an upstream call, and the same idempotency key and body
+// with another query answers 422.
+func TestRelayCallerCredentialsStripped(t *testing.T) {
+	e := newRelayEnv(t, "")
+	base := e.caddy("")
+	ch := e.channel(true)
+
+	expectRelayError(t, call(t, "GET", base+"/"+pnid+"?access_token=foo&x=%zz", ch.ChannelToken, ""), 400, relay.MsgBadQuery)
+	expectRelayError(t, call(t, "GET", base+"/"+pnid+"?fields=a;access_token=foo", ch.ChannelToken, ""), 400, relay.MsgBadQuery)
+	if n := len(e.fake.Requests()); n != 0 {
+		t.Fatalf("refused queries reached the upstream %d times", n)
+	}
+	for _, q := range []string{"access_token=callers&fields=verified_name", "access%5Ftoken=callers&fields=verified_name"} {
+		if r := call(t, "GET", base+"/"+pnid+"?"+q, ch.ChannelToken, ""); r.status != 200 {
+			t.Fatalf("%s: %d %s", q, r.status, r.body)
+		}
+	}
+	req, _ := http.NewRequest("POST", base+"/"+pnid+"/messages", strings.NewReader("messaging_product=whatsapp&to=15551234567&type=text&access_token=callers"))
+	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	do(t, req)
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	mw.WriteField("messaging_product", "whatsapp")
+	fw, _ := mw.CreateFormFile("file", "a.jpg")
+	fw.Write(bytes.Repeat([]byte("\xff\xd8jpeg"), 1<<20))
+	mw.WriteField("access_token", "callers")
+	mw.Close()
+	req, _ = http.NewRequest("POST", base+"/"+pnid+"/media", &buf)
+	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
+	req.Header.Set("Content-Type", mw.FormDataContentType())
+	expectRelayError(t, do(t, req), 400, relay.MsgFormAccessToken)
+	for _, r := range e.fake.Requests() {
+		if strings.Contains(r.RawQuery, "callers") || bytes.Contains(r.Body, []byte("callers")) || strings.Contains(r.RawQuery, "access") {
+			t.Fatalf("the caller's access_token reached the upstream: %s %s?%s %q", r.Method, r.Path, r.RawQuery, r.Body[:min(len(r.Body), 200)])
+		}
+	}
+
+	// the key covers the query
+	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"q"},"idempotency_key":"query-1"}`
+	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, body); r.status != 200 {
+		t.Fatalf("first send: %d %s", r.status, r.body)
+	}
+	expectRelayError(t, call(t, "POST", base+"/"+pnid+"/messages?to=19999999999", ch.ChannelToken, body), 422, relay.MsgIdemMismatch)
+	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 2 {
+		t.Fatalf("upstream sends = %d, want 2 (the form send and the first keyed one)", n)
+	}
+}

@@ -1,0 +1,150 @@
+package relay
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+// redactAll runs s through a redactor of secret in writes of the given sizes (0 = an empty
+// write; the rest of s goes in one last write) and returns what came out.
+func redactAll(t testing.TB, s, secret string, sizes ...int) string {
+	var out bytes.Buffer
+	var r redactor
+	r.reset(&out, secret)
+	for _, n := range sizes {
+		n = min(n, len(s))
+		if k, err := r.Write([]byte(s[:n])); err != nil || k != n {
+			t.Fatalf("Write = %d, %v", k, err)
+		}
+		s = s[n:]
+	}
+	if _, err := r.Write([]byte(s)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.flush(); err != nil {
+		t.Fatal(err)
+	}
+	return out.String()
+}
+
+// want is the redactor's expected output: every occurrence, left to right, masked.
+func want(s, secret string) string {
+	if secret == "" {
+		return s
+	}
+	c, _ := maskByte([]byte(secret))
+	return strings.ReplaceAll(s, secret, strings.Repeat(string(c), len(secret)))
+}
+
+var redactCases = []struct{ s, secret string }{
+	{"", "tok"},
+	{"tok", "tok"},
+	{"xtokx", "tok"},
+	{"tokentoktok", "tok"},
+	{"aaab", "aab"}, // overlapping prefixes
+	{"aaaab aab aaab", "aab"},
+	{"abababab", "abab"},
+	{"abababa", "aba"},
+	{"no secret at all here", "EAAGsecret"},
+	{`{"paging":{"next":"https://graph.facebook.com/v26.0/2001/message_templates?access_token=EAAGsecret&after=QVFI"}}`, "EAAGsecret"},
+	{"EAAGsecretEAAGsecretEAAGsecre", "EAAGsecret"}, // ends in a prefix
+	{"EAAGEAAGsecretEAAG", "EAAGsecret"},
+	{"t", "tok"},
+	{"to", "tok"},
+	{"a*b a*b", "a*b"}, // the secret holds the usual mask byte
+	{"x", "x"},
+	{"xxxx", "x"},
+	{"short", "a much longer secret than any write"},
+	{"..a much longer secret than any write..a much longer", "a much longer secret than any write"},
+}
+
+// TestRedactorEveryBoundary: whatever the writes look like — the secret split at every
+// possible point, across three writes, byte by byte, with empty writes between — the output
+// is the input with every occurrence masked, of the same length, and never holds the secret.
+func TestRedactorEveryBoundary(t *testing.T) {
+	for _, c := range redactCases {
+		w := want(c.s, c.secret)
+		if len(w) != len(c.s) || c.secret != "" && strings.Contains(w, c.secret) {
+			t.Fatalf("reference wrong for %q", c.s)
+		}
+		check := func(got string, how string) {
+			t.Helper()
+			if got != w {
+				t.Fatalf("%q / %q in writes %s: got %q, want %q", c.s, c.secret, how, got, w)
+			}
+		}
+		check(redactAll(t, c.s, c.secret), "[all]")
+		for i := 0; i <= len(c.s); i++ {
+			check(redactAll(t, c.s, c.secret, i), "[i]")
+			check(redactAll(t, c.s, c.secret, 0, i, 0), "[0 i 0]")
+			for j := 0; j <= len(c.s)-i; j++ {
+				check(redactAll(t, c.s, c.secret, i, j), "[i j]")
+			}
+		}
+		ones := make([]int, 2*len(c.s))
+		for i := range ones {
+			ones[i] = i % 2 // byte, empty, byte, ...
+		}
+		check(redactAll(t, c.s, c.secret, ones...), "[1 0 1 0 ...]")
+	}
+}
+
+// TestRedactorPassesAtOnce: bytes that cannot start the secret are passed on by the write that
+// brought them (a streamed answer is not held back); only a tail that may start it waits.
+func TestRedactorPassesAtOnce(t *testing.T) {
+	var out bytes.Buffer
+	var r redactor
+	r.reset(&out, "EAAGsecret")
+	r.Write([]byte(`{"messaging_product":"whatsapp",`))
+	if out.String() != `{"messaging_product":"whatsapp",` {
+		t.Fatalf("held back: %q", out.String())
+	}
+	r.Write([]byte(`"x":"EAAG`))
+	if out.String() != `{"messaging_product":"whatsapp","x":"` {
+		t.Fatalf("a possible start not held back: %q", out.String())
+	}
+	if len(r.held) != len("EAAG") {
+		t.Fatalf("held %d bytes", len(r.held))
+	}
+	r.Write([]byte(`secret"}`))
+	r.flush()
+	if out.String() != `{"messaging_product":"whatsapp","x":"**********"}` {
+		t.Fatalf("got %q", out.String())
+	}
+}
+
+// TestRedactorManyOccurrencesBoundedMemory: a long stream with many occurrences, many at chunk
+// boundaries, keeps at most len(secret)-1 bytes back.
+func TestRedactorManyOccurrencesBoundedMemory(t *testing.T) {
+	secret := "EAAGrealUpstreamToken1234567890"
+	unit := "0123456789abcdefghij" + secret + "klmnop"
+	s := strings.Repeat(unit, 4000)
+	var out bytes.Buffer
+	var r redactor
+	r.reset(&out, secret)
+	for rest, n := s, 1; rest != ""; n = n%61 + 1 {
+		n = min(n, len(rest))
+		r.Write([]byte(rest[:n]))
+		if len(r.held) >= len(secret) {
+			t.Fatalf("held %d bytes", len(r.held))
+		}
+		rest = rest[n:]
+	}
+	r.flush()
+	if out.String() != want(s, secret) {
+		t.Fatal("output differs")
+	}
+}
+
+func TestRedactString(t *testing.T) {
+	if got := redactString("Bearer EAAGx; EAAGx", "EAAGx"); got != "Bearer *****; *****" {
+		t.Fatalf("got %q", got)
+	}
+	h := map[string][]string{"Link": {"<https://x/?access_token=EAAGx>", "b"}, "X": {"y"}}
+	orig := h["Link"]
+	redactHeader(h, "EAAGx")
+	if h["Link"][0] != "<https://x/?access_token=*****>" || h["Link"][1] != "b" || orig[0] != "<https://x/?access_token=EAAGx>" {
+		t.Fatalf("headers %v (original %v)", h, orig)
+	}
+}
