@@ -62,8 +62,10 @@ type App struct {
 	// that resolves empty (`redis {env.X}`, X unset) is no Redis, logged at start.
 	Redis *RedisConfig `json:"redis,omitempty"`
 
-	// EncryptionKey is base64 of 32 random bytes. It encrypts channel tokens, upstream access
-	// tokens and webhook signing secrets at rest (AES-256-GCM). Required.
+	// EncryptionKey is base64 of 32 random bytes, or a list of such keys separated by commas
+	// and/or whitespace (after placeholders are resolved). The first key encrypts channel
+	// tokens, upstream access tokens and webhook signing secrets at rest (AES-256-GCM); every
+	// listed key decrypts, so the key can be rotated (see `caddy wabarelay rekey`). Required.
 	EncryptionKey string `json:"encryption_key,omitempty"`
 
 	// Upstream is the base URL of the upstream Graph API, including its version segment.
@@ -232,12 +234,16 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	key, err := secretbox.ParseKey(rawKey)
+	keys, err := secretbox.ParseKeys(rawKey)
 	if err != nil {
 		return fmt.Errorf("encryption_key: %w", err)
 	}
-	if a.box, err = secretbox.New(key); err != nil {
+	if a.box, err = secretbox.NewKeyring(keys...); err != nil {
 		return fmt.Errorf("encryption_key: %w", err)
+	}
+	if ids := a.box.KeyIDs(); len(ids) > 1 {
+		a.logger.Info("encryption_key lists several keys: the first encrypts, all decrypt; run `caddy wabarelay rekey`, then drop the old ones",
+			zap.String("encrypting_key_id", ids[0]), zap.Strings("decrypt_only_key_ids", ids[1:]))
 	}
 	var redisCfg RedisConfig
 	redisNote := "no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only"

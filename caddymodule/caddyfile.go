@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"strconv"
+	"strings"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig"
@@ -38,7 +39,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			db          <n>
 //			tls
 //		}
-//		encryption_key  <base64 32 bytes>
+//		encryption_key  <base64 32 bytes>...  # the first encrypts, all decrypt
 //		upstream        <base url with version>
 //		connect_base    <url>
 //		proxy_url       <url>
@@ -71,7 +72,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		return d.ArgErr()
 	}
 	strOpts := map[string]*string{
-		"database": &a.Database, "encryption_key": &a.EncryptionKey,
+		"database": &a.Database,
 		"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL,
 		"register_pin": &a.RegisterPIN,
 	}
@@ -82,6 +83,12 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err := oneArg(d, strOpts[opt]); err != nil {
 				return err
 			}
+		case opt == "encryption_key":
+			keys := d.RemainingArgs()
+			if len(keys) == 0 {
+				return d.ArgErr()
+			}
+			a.EncryptionKey = strings.Join(keys, " ")
 		case opt == "connect_link_ttl":
 			if err := durationArg(d, &a.ConnectLinkTTL); err != nil {
 				return err

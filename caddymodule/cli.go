@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -21,18 +24,20 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "wabarelay",
-		Usage: "<migrate|org|apikey|channel> ...",
-		Short: "Manage the wabarelay database: migrations, orgs, API keys, channels",
+		Usage: "<migrate|org|apikey|channel|rekey> ...",
+		Short: "Manage the wabarelay database: migrations, orgs, API keys, channels, key rotation",
 		Long: `
 Operator commands for wabarelay. The database comes from --database or the
 WABARELAY_DATABASE_URL environment variable; commands that read or write
-secrets need --encryption-key or WABARELAY_ENCRYPTION_KEY (none of the current
-ones do: API keys are stored hashed, and channel commands print no secret).
+secrets (rekey) need the encryption keys: --encryption-key (repeatable, or
+comma-separated) or WABARELAY_ENCRYPTION_KEY (separated by commas and/or
+spaces), the first being the one that encrypts. API keys are stored hashed, and
+channel commands print no secret, so those need no key.
 Output is one JSON object per line.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("database", "", "Postgres connection string (default $WABARELAY_DATABASE_URL)")
-			cmd.PersistentFlags().String("encryption-key", "", "base64 encryption key (default $WABARELAY_ENCRYPTION_KEY)")
-			cmd.AddCommand(cliMigrate(), cliOrg(), cliAPIKey(), cliChannel())
+			cmd.PersistentFlags().StringArray("encryption-key", nil, "base64 encryption key; repeat it or separate keys with commas, the first encrypts (default $WABARELAY_ENCRYPTION_KEY)")
+			cmd.AddCommand(cliMigrate(), cliOrg(), cliAPIKey(), cliChannel(), cliRekey())
 		},
 	})
 }
@@ -44,28 +49,34 @@ type cliEnv struct {
 	out   *json.Encoder
 }
 
+// cliTimeout bounds a CLI command (except rekey, which runs until done or interrupted).
+const cliTimeout = 2 * time.Minute
+
 // runCLI wraps a command body: it opens the database (and the secret box when needed) and
 // turns errors into exit status 1 with a one-line message.
 func runCLI(needKey bool, fn func(env *cliEnv, cmd *cobra.Command) error) func(*cobra.Command, []string) error {
+	return runCLIFor(needKey, cliTimeout, fn)
+}
+
+// runCLIFor is runCLI with a timeout; 0 means none.
+func runCLIFor(needKey bool, timeout time.Duration, fn func(env *cliEnv, cmd *cobra.Command) error) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, _ []string) error {
 		cmd.SilenceUsage = true
-		ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Minute)
+		ctx, cancel := context.WithCancel(cmd.Context())
 		defer cancel()
+		if timeout > 0 {
+			var cancelTimeout context.CancelFunc
+			ctx, cancelTimeout = context.WithTimeout(ctx, timeout)
+			defer cancelTimeout()
+		}
 		dsn := flagOrEnv(cmd, "database", "WABARELAY_DATABASE_URL")
 		if dsn == "" {
 			return errors.New("no database: pass --database or set WABARELAY_DATABASE_URL")
 		}
 		var box *secretbox.Box
 		if needKey {
-			raw := flagOrEnv(cmd, "encryption-key", "WABARELAY_ENCRYPTION_KEY")
-			if raw == "" {
-				return errors.New("no encryption key: pass --encryption-key or set WABARELAY_ENCRYPTION_KEY")
-			}
-			key, err := secretbox.ParseKey(raw)
-			if err != nil {
-				return fmt.Errorf("encryption key (--encryption-key or WABARELAY_ENCRYPTION_KEY): %w", err)
-			}
-			if box, err = secretbox.New(key); err != nil {
+			var err error
+			if box, err = cliKeyring(cmd); err != nil {
 				return err
 			}
 		}
@@ -80,6 +91,28 @@ func runCLI(needKey bool, fn func(env *cliEnv, cmd *cobra.Command) error) func(*
 		defer pool.Close()
 		return fn(&cliEnv{ctx: ctx, store: store.New(pool, box), out: json.NewEncoder(cmd.OutOrStdout())}, cmd)
 	}
+}
+
+// cliKeyring reads the encryption keys from --encryption-key (repeatable, each a comma-separated
+// list) or else WABARELAY_ENCRYPTION_KEY (separated by commas and/or whitespace). Errors name
+// the setting, never a key.
+func cliKeyring(cmd *cobra.Command) (*secretbox.Box, error) {
+	raw := os.Getenv("WABARELAY_ENCRYPTION_KEY")
+	if flags, _ := cmd.Flags().GetStringArray("encryption-key"); len(flags) > 0 {
+		raw = strings.Join(flags, ",")
+	}
+	if strings.TrimSpace(raw) == "" {
+		return nil, errors.New("no encryption key: pass --encryption-key or set WABARELAY_ENCRYPTION_KEY")
+	}
+	keys, err := secretbox.ParseKeys(raw)
+	if err != nil {
+		return nil, fmt.Errorf("encryption key (--encryption-key or WABARELAY_ENCRYPTION_KEY): %w", err)
+	}
+	box, err := secretbox.NewKeyring(keys...)
+	if err != nil {
+		return nil, fmt.Errorf("encryption key (--encryption-key or WABARELAY_ENCRYPTION_KEY): %w", err)
+	}
+	return box, nil
 }
 
 func flagOrEnv(cmd *cobra.Command, flag, env string) string {
@@ -280,4 +313,61 @@ func cliChannel() *cobra.Command {
 	reconnect.Flags().String("ttl", "", "how long the link stays open (default 168h)")
 	channel.AddCommand(deactivate, reconnect)
 	return channel
+}
+
+// rekeySummary is the last line of `rekey`.
+type rekeySummary struct {
+	Result string `json:"result"` // "complete" or "incomplete"
+	store.RekeyResult
+	// KeyID names the key everything is now encrypted under (not secret).
+	KeyID string `json:"key_id"`
+}
+
+func cliRekey() *cobra.Command {
+	rekey := &cobra.Command{
+		Use:   "rekey [--batch-size N]",
+		Short: "Re-encrypt every stored secret under the first encryption key (key rotation)",
+		Long: `
+Re-encrypts every stored secret (channel tokens, upstream access tokens,
+registration PINs, webhook signing secrets) that is not yet under the first
+encryption key, in transactions of --batch-size values. Each value is written
+only if it is unchanged since it was read, so it is safe while instances run;
+values already under the first key are skipped, so an interrupted run is
+finished by running it again. Every instance must already list the new key
+first (see docs/operations.md, "Rotating the encryption key").
+
+Prints one JSON line per batch, {"table","column","done","total"}, then a
+summary {"result","rekeyed","concurrent","unreadable","remaining","key_id"}.
+Exits non-zero when values remain that no listed key opens.`,
+		RunE: runCLIFor(true, 0, func(env *cliEnv, cmd *cobra.Command) error {
+			batch, _ := cmd.Flags().GetInt("batch-size")
+			if batch <= 0 {
+				return errors.New("--batch-size must be a positive integer")
+			}
+			ctx, stop := signal.NotifyContext(env.ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			var outErr error
+			res, err := env.store.Rekey(ctx, store.RekeyOptions{BatchSize: batch, Progress: func(p store.RekeyProgress) {
+				if e := env.out.Encode(p); e != nil && outErr == nil {
+					outErr = e
+				}
+			}})
+			if err != nil && !errors.Is(err, store.ErrRekeyIncomplete) {
+				return fmt.Errorf("rekey interrupted after %d values (run it again to finish): %w", res.Rekeyed, err)
+			}
+			sum := rekeySummary{Result: "complete", RekeyResult: res, KeyID: env.store.Box().KeyIDs()[0]}
+			if err != nil {
+				sum.Result = "incomplete"
+			}
+			if e := env.out.Encode(sum); e != nil && outErr == nil {
+				outErr = e
+			}
+			if err != nil {
+				return err
+			}
+			return outErr
+		}),
+	}
+	rekey.Flags().Int("batch-size", store.DefaultRekeyBatch, "values re-encrypted per transaction")
+	return rekey
 }

@@ -3,10 +3,14 @@ package caddymodule
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -55,4 +59,135 @@ func TestCLIWithoutKey(t *testing.T) {
 	if _, err := runCLITest(t, "channel", "deactivate", "--id", ch.ID.String()); err == nil || !strings.Contains(err.Error(), "WABARELAY_DATABASE_URL") {
 		t.Fatalf("missing database: %v", err)
 	}
+}
+
+// TestCLIRekey: `caddy wabarelay rekey` takes the keys from repeated or comma-separated
+// --encryption-key or from WABARELAY_ENCRYPTION_KEY, re-encrypts every secret under the first,
+// prints one progress line per batch and a summary, never a secret; a missing or malformed key
+// is named in the error without its value.
+func TestCLIRekey(t *testing.T) {
+	dsn := testenv.Postgres(t)
+	pool, err := pgxpool.New(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ctx := context.Background()
+	newKey := func() (string, []byte) {
+		k := make([]byte, 32)
+		rand.Read(k)
+		return base64.StdEncoding.EncodeToString(k), k
+	}
+	a64, a := newKey()
+	b64, b := newKey()
+	c64, c := newKey()
+	boxA, _ := secretbox.New(a)
+	st := store.New(pool, boxA)
+	org, _ := st.CreateOrg(ctx, "acme")
+	var secrets []string
+	var channels []store.Channel
+	for i := range 5 {
+		ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		up := fmt.Sprintf("EAAG-cli-upstream-%d", i)
+		if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: fmt.Sprint(3000 + i), WabaID: "w", UpstreamToken: up}); err != nil {
+			t.Fatal(err)
+		}
+		channels = append(channels, ch)
+		secrets = append(secrets, ch.ChannelToken, up)
+	}
+	_, whsec, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://r.example/h", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secrets = append(secrets, whsec, a64, b64, c64)
+	t.Setenv("WABARELAY_DATABASE_URL", dsn)
+
+	// errors: no key, a malformed one (named by position, never shown)
+	t.Setenv("WABARELAY_ENCRYPTION_KEY", "")
+	if _, err := runCLITest(t, "rekey"); err == nil || !strings.Contains(err.Error(), "WABARELAY_ENCRYPTION_KEY") {
+		t.Fatalf("no key: %v", err)
+	}
+	for _, args := range [][]string{{"--encryption-key", b64 + ",c2hvcnQ="}, {"--encryption-key", b64, "--encryption-key", "!!" + a64}} {
+		_, err := runCLITest(t, append([]string{"rekey"}, args...)...)
+		if err == nil || !strings.Contains(err.Error(), "--encryption-key") || !strings.Contains(err.Error(), "key 2 of 2") ||
+			strings.Contains(err.Error(), b64) || strings.Contains(err.Error(), a64) {
+			t.Fatalf("malformed key %v: %v", args[1:], err)
+		}
+	}
+	if _, err := runCLITest(t, "rekey", "--encryption-key", b64, "--batch-size", "0"); err == nil || !strings.Contains(err.Error(), "--batch-size") {
+		t.Fatalf("bad batch size: %v", err)
+	}
+
+	// repeated flags: [B, A]
+	out, err := runCLITest(t, "rekey", "--encryption-key", b64, "--encryption-key", a64, "--batch-size", "2")
+	if err != nil {
+		t.Fatalf("rekey: %v %v", out, err)
+	}
+	raw, _ := json.Marshal(out)
+	for _, s := range secrets {
+		if strings.Contains(string(raw), s) {
+			t.Fatal("rekey output shows a secret")
+		}
+	}
+	last := out[len(out)-1]
+	boxB, _ := secretbox.New(b)
+	if last["result"] != "complete" || last["rekeyed"] != float64(11) || last["remaining"] != float64(0) || last["key_id"] != boxB.KeyIDs()[0] {
+		t.Fatalf("summary: %v", last)
+	}
+	var sawBatch bool
+	for _, l := range out[:len(out)-1] {
+		if l["table"] == "channels" && l["column"] == "upstream_token" && l["done"] == float64(2) && l["total"] == float64(5) {
+			sawBatch = true
+		}
+	}
+	if !sawBatch || len(out) < 3+3+1+1 {
+		t.Fatalf("progress lines: %v", out)
+	}
+	stB := store.New(pool, boxB)
+	for i, ch := range channels {
+		rc, err := stB.RelayChannelByToken(ctx, ch.ChannelToken)
+		if err != nil || rc.UpstreamToken != fmt.Sprintf("EAAG-cli-upstream-%d", i) {
+			t.Fatalf("B alone: channel %d: %v", i, err)
+		}
+	}
+
+	// the environment, comma- or space-separated: [C, B] moves everything on to C; a second
+	// run finds nothing to do
+	for i, env := range []string{c64 + ", " + b64, c64 + " " + b64} {
+		t.Setenv("WABARELAY_ENCRYPTION_KEY", env)
+		out, err = runCLITest(t, "rekey")
+		want := float64(11)
+		if i == 1 {
+			want = 0
+		}
+		if err != nil || out[len(out)-1]["rekeyed"] != want || out[len(out)-1]["result"] != "complete" {
+			t.Fatalf("rekey from the environment #%d: %v %v", i, out, err)
+		}
+	}
+	boxC, _ := secretbox.New(c)
+	if s, err := store.New(pool, boxC).WebhookSecret(ctx, mustWebhookID(t, pool)); err != nil || s != whsec {
+		t.Fatalf("C alone: webhook secret: %v", err)
+	}
+
+	// a value no key opens: the rest is done, the summary says incomplete, exit is non-zero
+	if _, err := pool.Exec(ctx, `UPDATE channels SET register_pin_enc = $2 WHERE id = $1`, channels[0].ID,
+		boxA.SealString("123456", "channels.register_pin:"+channels[0].ID.String())); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runCLITest(t, "rekey")
+	if err == nil || !strings.Contains(err.Error(), channels[0].ID.String()) || out[len(out)-1]["result"] != "incomplete" || out[len(out)-1]["unreadable"] != float64(1) {
+		t.Fatalf("unreadable value: %v %v", out, err)
+	}
+}
+
+func mustWebhookID(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
+	t.Helper()
+	var id uuid.UUID
+	if err := pool.QueryRow(context.Background(), `SELECT id FROM webhooks LIMIT 1`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

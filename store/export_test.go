@@ -28,3 +28,7 @@ func MigrateTo(ctx context.Context, conn *pgx.Conn, v int32) error {
 	}
 	return m.MigrateTo(ctx, v)
 }
+
+// SetRekeyBeforeWrite sets the hook Rekey runs between reading a batch of table.column and
+// writing it.
+func (o *RekeyOptions) SetRekeyBeforeWrite(f func(table, column string)) { o.beforeWrite = f }

@@ -1,0 +1,337 @@
+package caddymodule
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/caddyserver/caddy/v2"
+	"github.com/caddyserver/caddy/v2/caddyconfig"
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// TestRekeyLive rotates the encryption key on a running instance while it relays sends and
+// delivers events the whole time, following docs/operations.md: start with key A; reload with
+// [B, A]; run `caddy wabarelay rekey` concurrently with the traffic; reload with [B] alone.
+// Every relay call must succeed with its own channel's upstream token (the fake upstream records
+// the token it saw), every event must be delivered with a valid signature, and at the end no
+// secret is left that B alone does not open.
+func TestRekeyLive(t *testing.T) {
+	e := newRelayEnv(t, "") // its store seals with key A
+	ctx := context.Background()
+	keyB := make([]byte, 32)
+	rand.Read(keyB)
+	keyB64 := base64.StdEncoding.EncodeToString(keyB)
+
+	// connected channels, each on its own number with its own upstream token
+	type liveChannel struct {
+		id               uuid.UUID
+		pnid, token, ups string
+	}
+	var live []liveChannel
+	for i := range 16 {
+		pn, up := fmt.Sprint(4100+i), fmt.Sprintf("EAAG-live-upstream-%d", i)
+		e.fake.AddNumber(pn, wabaID, "+1 555 0100", "Acme")
+		e.fake.AddToken(up, []string{pn}, []string{wabaID})
+		c, err := e.store.CreateChannel(ctx, e.org, "live", time.Hour)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pn, WabaID: wabaID, UpstreamToken: up}); err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, liveChannel{c.ID, pn, c.ChannelToken, up})
+	}
+	// more sealed values, so that rekey runs many batches while the traffic goes on
+	const idle = 1200
+	for range idle {
+		if _, err := e.store.CreateChannel(ctx, e.org, "idle", time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// two receivers, each with its own webhook and signing secret
+	var receivers []*receiver
+	caPath := filepath.Join(t.TempDir(), "ca.pem")
+	var pems []byte
+	for range 2 {
+		rc := newReceiver(t)
+		_, secret, err := e.store.CreateWebhook(ctx, e.org, store.NewWebhook{Name: "r", URL: rc.srv.URL + "/hook", Events: []string{"messages"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rc.secret = secret
+		receivers = append(receivers, rc)
+		pems = append(pems, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rc.srv.Certificate().Raw})...)
+	}
+	os.WriteFile(caPath, pems, 0o600)
+
+	port, adminPort := freePortPair(t)
+	config := func(keys string) string {
+		return fmt.Sprintf(`{
+	admin 127.0.0.1:%d
+	persist_config off
+	wabarelay {
+		database       {env.WBR_TEST_DATABASE}
+		encryption_key %s
+		upstream       %s/v26.0
+		meta {
+			app_secret   %s
+			verify_token %s
+		}
+		delivery {
+			retry_delays 200ms 200ms 200ms
+			timeout      5s
+			lease        10s
+			root_ca      %s
+			allow_private_targets
+		}
+	}
+}
+http://127.0.0.1:%d {
+	handle_path %s/* {
+		wabarelay_proxy
+	}
+	handle /webhooks/upstream {
+		wabarelay_inbound
+	}
+}
+`, adminPort, keys, e.fake.URL(), testAppSecret, testVerifyToken, caPath, port, proxyPrefix)
+	}
+	origin := e.caddyFile(config("{env.WBR_KEY_A}"), port, "WBR_TEST_DATABASE="+e.dsn, "WBR_KEY_A="+e.keyB64, "WBR_KEY_B="+keyB64)
+	reload := func(keys string) {
+		t.Helper()
+		resp, err := http.Post(fmt.Sprintf("http://127.0.0.1:%d/load", adminPort), "text/caddyfile", strings.NewReader(config(keys)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("reload with %s: %d %s", keys, resp.StatusCode, b)
+		}
+	}
+
+	// traffic for the whole procedure: sends round-robin over the channels (each channel well
+	// under its 100/min), and upstream event posts of one message each
+	var stop atomic.Bool
+	var sendsOK, sendConnErrs, posted, postConnErrs atomic.Int64
+	var failMu sync.Mutex
+	var failures []string
+	fail := func(format string, args ...any) {
+		failMu.Lock()
+		failures = append(failures, fmt.Sprintf(format, args...))
+		failMu.Unlock()
+	}
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // sender
+		defer wg.Done()
+		for i := 0; !stop.Load(); i++ {
+			c := live[i%len(live)]
+			req, _ := http.NewRequest("POST", origin+proxyPrefix+"/"+c.pnid+"/messages", strings.NewReader(textBody))
+			req.Header.Set("Authorization", "Bearer "+c.token)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				sendConnErrs.Add(1) // a connection reset by the listener handover of a reload
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				fail("send on channel %d: %d %s", i%len(live), resp.StatusCode, b)
+			} else {
+				sendsOK.Add(1)
+			}
+			time.Sleep(75 * time.Millisecond) // pacing under the rate limit, not synchronisation
+		}
+	}()
+	go func() { // upstream events
+		defer wg.Done()
+		for i := 0; !stop.Load(); i++ {
+			c := live[i%len(live)]
+			body := upstreamBatch(map[string][2][]string{c.pnid: {{fmt.Sprint("live", i)}, nil}})
+			req, _ := http.NewRequest("POST", origin+"/webhooks/upstream", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(body)))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				postConnErrs.Add(1)
+				i-- // not taken: post the same message again
+				continue
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				fail("event post %d: %d %s", i, resp.StatusCode, b)
+			} else {
+				posted.Store(int64(i + 1))
+			}
+			time.Sleep(30 * time.Millisecond) // pacing, not synchronisation
+		}
+	}()
+	t.Cleanup(func() { stop.Store(true); wg.Wait() })
+	delivered := func() int64 {
+		n := int64(-1)
+		for _, rc := range receivers {
+			d, _, _ := rc.ledger()
+			if n < 0 || int64(d) < n {
+				n = int64(d)
+			}
+		}
+		return n
+	}
+	// progress: more sends answered and more events delivered (to both receivers) than before
+	progress := func(what string) {
+		t.Helper()
+		s0, d0 := sendsOK.Load(), delivered()
+		waitFor(t, time.Minute, func() bool { return sendsOK.Load() >= s0+10 && delivered() >= d0+10 })
+		t.Logf("%s: %d sends ok, %d events delivered to each receiver", what, sendsOK.Load(), delivered())
+	}
+
+	progress("key A")
+	reload("{env.WBR_KEY_B} {env.WBR_KEY_A}")
+	progress("keys [B, A]")
+
+	// rekey concurrently with the traffic; the traffic must make progress while it runs
+	type rekeyOut struct {
+		lines []map[string]any
+		err   error
+	}
+	done := make(chan rekeyOut, 1)
+	go func() {
+		lines, err := runCLITest(t, "rekey", "--database", e.dsn, "--encryption-key", keyB64+","+e.keyB64, "--batch-size", "5")
+		done <- rekeyOut{lines, err}
+	}()
+	var out rekeyOut
+	s0 := sendsOK.Load()
+	select {
+	case out = <-done:
+	case <-time.After(2 * time.Minute):
+		t.Fatal("rekey did not finish within 2 minutes")
+	}
+	if out.err != nil || len(out.lines) == 0 || out.lines[len(out.lines)-1]["result"] != "complete" || out.lines[len(out.lines)-1]["remaining"] != float64(0) {
+		t.Fatalf("rekey: %v %v", out.lines, out.err)
+	}
+	t.Logf("rekey: %d lines, summary %v; %d sends ok while it ran", len(out.lines), out.lines[len(out.lines)-1], sendsOK.Load()-s0)
+	progress("after rekey")
+	reload("{env.WBR_KEY_B}")
+	progress("key B alone")
+	stop.Store(true)
+	wg.Wait()
+
+	// every event posted is delivered to both receivers, every delivery correctly signed
+	total := posted.Load()
+	waitFor(t, 2*time.Minute, func() bool { return delivered() == total })
+	for i, rc := range receivers {
+		if d, _, bad := rc.ledger(); bad != 0 || int64(d) != total {
+			t.Fatalf("receiver %d: %d of %d events, %d bad signatures", i, d, total, bad)
+		}
+	}
+	failMu.Lock()
+	if len(failures) > 0 {
+		t.Fatalf("%d failed calls during the rotation, first: %s", len(failures), failures[0])
+	}
+	failMu.Unlock()
+	// the upstream saw each channel's own token on every send
+	byNumber := map[string]string{}
+	for _, c := range live {
+		byNumber[c.pnid] = c.ups
+	}
+	sends := 0
+	for _, r := range e.fake.RequestsTo("POST", "/messages") {
+		pn := strings.Split(strings.TrimPrefix(r.Path, "/v26.0/"), "/")[0]
+		if want := byNumber[pn]; r.Header.Get("Authorization") != "Bearer "+want {
+			t.Fatalf("upstream send for %s carried the wrong token", pn)
+		}
+		sends++
+	}
+	if int64(sends) < sendsOK.Load() {
+		t.Fatalf("upstream saw %d sends, the relay answered %d", sends, sendsOK.Load())
+	}
+	t.Logf("%d sends and %d events (x%d receivers) through the rotation; %d send and %d post connection resets at reloads",
+		sends, total, len(receivers), sendConnErrs.Load(), postConnErrs.Load())
+
+	// nothing is left under A: B alone opens every secret (listing the channels opens every
+	// channel token)
+	boxB, _ := secretbox.New(keyB)
+	stB := store.New(e.pool, boxB)
+	chans, err := stB.ListChannels(ctx, e.org)
+	if err != nil || len(chans) != idle+len(live) {
+		t.Fatalf("B alone: list channels: %d %v", len(chans), err)
+	}
+	for _, c := range live {
+		rc, err := stB.RelayChannelByToken(ctx, c.token)
+		if err != nil || rc.UpstreamToken != c.ups {
+			t.Fatalf("B alone: upstream token of %s: %v", c.id, err)
+		}
+	}
+	for _, rc := range receivers {
+		var id uuid.UUID
+		e.pool.QueryRow(ctx, `SELECT id FROM webhooks WHERE url = $1`, rc.srv.URL+"/hook").Scan(&id)
+		if s, err := stB.WebhookSecret(ctx, id); err != nil || s != rc.secret {
+			t.Fatalf("B alone: webhook secret: %v", err)
+		}
+	}
+}
+
+// freePortPair returns two distinct free ports.
+func freePortPair(t *testing.T) (int, int) {
+	t.Helper()
+	a := testenv.FreePort(t)
+	for {
+		if b := testenv.FreePort(t); b != a {
+			return a, b
+		}
+	}
+}
+
+// TestEncryptionKeyList: `encryption_key` takes several arguments (joined into the one JSON
+// string) or one value holding a comma/space-separated list; Provision accepts a list and refuses
+// a duplicate or malformed key, naming its position and never its value.
+func TestEncryptionKeyList(t *testing.T) {
+	cfg := adapt(t, "{\n wabarelay {\n database {env.DB}\n encryption_key {env.NEW} {file./run/old}\n }\n}\n:80 {\n respond ok\n}")
+	if !strings.Contains(string(cfg), `"encryption_key":"{env.NEW} {file./run/old}"`) {
+		t.Fatalf("adapted: %s", cfg)
+	}
+	if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte("{\n wabarelay {\n encryption_key\n }\n}\n:80 {\n respond ok\n}"), nil); err == nil {
+		t.Fatal("encryption_key without a key adapted")
+	}
+	k := func() string {
+		b := make([]byte, 32)
+		rand.Read(b)
+		return base64.StdEncoding.EncodeToString(b)
+	}
+	a, b := k(), k()
+	t.Setenv("WBR_TEST_DATABASE", "postgres://x@127.0.0.1/db")
+	for _, tc := range []struct{ keys, wantErr string }{
+		{b + "," + a, ""}, {b + " " + a, ""}, {b + ", " + a + "\n", ""},
+		{b + "," + b, "keys 1 and 2 are the same"}, {b + ",c2hvcnQ=", "key 2 of 2"}, {" , ", "no encryption key"},
+	} {
+		t.Setenv("WBR_TEST_KEY", tc.keys)
+		err := caddy.Validate(mustConfig(t, adapt(t, caddyfileFor(testenv.FreePort(t), ""))))
+		if tc.wantErr == "" && err != nil {
+			t.Fatalf("keys %d long: %v", len(tc.keys), err)
+		}
+		if tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr) || !strings.Contains(err.Error(), "encryption_key") ||
+			strings.Contains(err.Error(), b) || strings.Contains(err.Error(), a)) {
+			t.Fatalf("want an error with %q: %v", tc.wantErr, err)
+		}
+	}
+}
