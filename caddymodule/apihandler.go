@@ -66,6 +66,10 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 // managementHandler returns the management API handler over the app's store, limiter and
 // settings; the API module serves it, the dashboard makes its changes through it.
 func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
+	var limits LimitsConfig // zero: managementapi's defaults
+	if a.Limits != nil {
+		limits = *a.Limits
+	}
 	return managementapi.New(managementapi.Options{
 		Store:          a.store,
 		Limiter:        a.mgmtLimiter.Limiter,
@@ -86,6 +90,8 @@ func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
 				repl.Set("http.auth.user.id", key.ID.String())
 			}
 		},
+		MaxWebhooksPerOrg: limits.WebhooksPerOrg,
+		MaxAPIKeysPerOrg:  limits.APIKeysPerOrg,
 	})
 }
 

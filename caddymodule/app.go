@@ -96,6 +96,10 @@ type App struct {
 	// ManagementRateLimit limits management API requests per API key. Default: 600 per 1m.
 	ManagementRateLimit *RateLimitConfig `json:"management_rate_limit,omitempty"`
 
+	// Limits caps what one organization may create through the management API (and so the
+	// dashboard).
+	Limits *LimitsConfig `json:"limits,omitempty"`
+
 	// SkipMigrations, when true, does not apply schema migrations at start (run
 	// `caddy wabarelay migrate` instead). Default: false (migrations run at start under a
 	// Postgres advisory lock, so concurrent starts are safe).
@@ -189,6 +193,17 @@ type DeliveryConfig struct {
 	// only): true, false, or an {env.NAME} placeholder resolved at provision (empty: false).
 	// When on, every start and reload logs a warning. Default: false.
 	AllowPrivateTargets Switch `json:"allow_private_targets,omitempty"`
+}
+
+// LimitsConfig caps what one organization may create through the management API and the
+// dashboard; at a cap, a creation is answered 422 naming the limit. The operator's CLI
+// (`apikey create`) is not capped.
+type LimitsConfig struct {
+	// WebhooksPerOrg is the most webhooks an organization may have. Default: 100.
+	WebhooksPerOrg int `json:"webhooks_per_org,omitempty"`
+	// APIKeysPerOrg is the most API keys an organization may have that are neither revoked nor
+	// expired. Default: 100.
+	APIKeysPerOrg int `json:"api_keys_per_org,omitempty"`
 }
 
 // RateLimitConfig is a request limit per window.
@@ -311,6 +326,9 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	if a.ManagementRateLimit.Window <= 0 {
 		a.ManagementRateLimit.Window = caddy.Duration(DefaultManagementWindow)
+	}
+	if l := a.Limits; l != nil && (l.WebhooksPerOrg < 0 || l.APIKeysPerOrg < 0) {
+		return errors.New("limits: webhooks_per_org and api_keys_per_org must be positive")
 	}
 
 	if a.pool, a.poolKey, err = acquirePool(a.database); err != nil {

@@ -65,6 +65,10 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			allow_private_targets
 //		}
 //		management_rate_limit <requests> [<window>]
+//		limits {
+//			webhooks_per_org <n>
+//			api_keys_per_org <n>              # neither revoked nor expired
+//		}
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // option name
@@ -132,6 +136,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				rl.Window = caddy.Duration(w)
 			}
 			a.ManagementRateLimit = rl
+		case opt == "limits":
+			a.Limits = new(LimitsConfig)
+			if err := a.Limits.unmarshal(d); err != nil {
+				return err
+			}
 		default:
 			return d.Errf("unrecognized wabarelay option %q", opt)
 		}
@@ -217,6 +226,27 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 			}
 		default:
 			return d.Errf("unrecognized delivery option %q", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *LimitsConfig) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		return d.ArgErr()
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "webhooks_per_org":
+			err = intArg(d, &c.WebhooksPerOrg)
+		case "api_keys_per_org":
+			err = intArg(d, &c.APIKeysPerOrg)
+		default:
+			return d.Errf("unrecognized limits option %q", d.Val())
 		}
 		if err != nil {
 			return err

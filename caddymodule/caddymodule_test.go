@@ -129,6 +129,10 @@ func TestAdaptAllOptions(t *testing.T) {
 			allow_private_targets
 		}
 		management_rate_limit 100 30s
+		limits {
+			webhooks_per_org 5
+			api_keys_per_org 7
+		}
 	}
 }
 example.com {
@@ -149,7 +153,8 @@ example.com {
 		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
 		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,"per_org":4,` +
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
-		`"management_rate_limit":{"requests":100,"window":30000000000},"skip_migrations":true}`
+		`"management_rate_limit":{"requests":100,"window":30000000000},` +
+		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
 		t.Fatalf("app JSON:\n got %s\nwant %s", parsed.Apps.Wabarelay, want)
 	}
@@ -161,6 +166,9 @@ example.com {
 		`{ wabarelay { delivery { workers none } } }`,
 		`{ wabarelay { delivery { workers -1 } } }`,
 		`{ wabarelay { meta { nope x } } }`,
+		`{ wabarelay { limits { webhooks_per_org 0 } } }`,
+		`{ wabarelay { limits { api_keys_per_org many } } }`,
+		`{ wabarelay { limits { channels_per_org 5 } } }`,
 	} {
 		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(bad+"\n:80 {\n respond ok\n}"), nil); err == nil {
 			t.Errorf("adapted invalid config %q", bad)

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -185,7 +186,7 @@ func cliAPIKey() *cobra.Command {
 	apikey := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
 	create := &cobra.Command{
 		Use:   "create --org ORG_ID [--name N] [--expires-in DURATION]",
-		Short: "Create an API key (printed once; only its hash is stored)",
+		Short: "Create an API key (printed once; only its hash is stored; the per-org cap does not apply)",
 		RunE: runCLI(false, func(env *cliEnv, cmd *cobra.Command) error {
 			orgID, err := uuidFlag(cmd, "org")
 			if err != nil {
@@ -194,7 +195,7 @@ func cliAPIKey() *cobra.Command {
 			name, _ := cmd.Flags().GetString("name")
 			var expiresAt *time.Time
 			if s, _ := cmd.Flags().GetString("expires-in"); s != "" {
-				d, err := caddy.ParseDuration(s)
+				d, err := managementapi.ParseLifetime(s)
 				if err != nil || d <= 0 {
 					return fmt.Errorf("--expires-in: invalid duration %q", s)
 				}

@@ -25,7 +25,9 @@ func (h *Handler) listAPIKeys(q *request) {
 	httpx.WriteJSON(q.w, http.StatusOK, out)
 }
 
-// createAPIKey creates a key and answers it in clear, this once.
+// createAPIKey creates a key and answers it in clear, this once. A key that expires cannot
+// create a key that outlives it: it must give "expires_in", at most its own remaining lifetime.
+// The org's cap on live keys applies.
 func (h *Handler) createAPIKey(q *request) {
 	obj, e := readObject(q.w, q.r)
 	if e != nil {
@@ -43,12 +45,32 @@ func (h *Handler) createAPIKey(q *request) {
 		t := time.Now().Add(in.expiresIn).UTC().Truncate(time.Millisecond)
 		expiresAt = &t
 	}
-	k, key, err := h.opt.Store.CreateAPIKey(q.r.Context(), q.orgID, in.name, expiresAt)
+	if e := outlives(expiresAt, q.key.ExpiresAt); e != nil {
+		clientError(q.w, e)
+		return
+	}
+	k, key, err := h.opt.Store.CreateAPIKeyCapped(q.r.Context(), q.orgID, in.name, expiresAt, h.opt.MaxAPIKeysPerOrg)
 	if err != nil {
-		h.serverError(q.w, q.r, err)
+		h.storeError(q, err)
 		return
 	}
 	httpx.WriteJSON(q.w, http.StatusCreated, APIKeyCreated{APIKey: NewAPIKey(k), Key: key})
+}
+
+// outlives refuses a new key's expiry (nil: never) that is later than that of the key creating
+// it (nil: never), so that a short-lived key cannot mint a longer-lived or permanent one.
+func outlives(expiresAt, creatorExpiresAt *time.Time) *apiError {
+	if creatorExpiresAt == nil {
+		return nil
+	}
+	until := creatorExpiresAt.UTC().Format(TimeLayout)
+	if expiresAt == nil {
+		return unprocessable(`"expires_in" is required: the creating key expires at %s, and a key cannot create a key that outlives it`, until)
+	}
+	if expiresAt.After(*creatorExpiresAt) {
+		return unprocessable(`"expires_in" must not exceed the creating key's remaining lifetime: it expires at %s`, until)
+	}
+	return nil
 }
 
 // revokeAPIKey revokes a key of the org; revoking a revoked key succeeds again. The key making

@@ -71,7 +71,26 @@ type Options struct {
 	// and refuses an address that failed too often with 429 before any lookup, so a flood of
 	// bad keys costs no queries.
 	AuthGuard *authguard.Guard
+	// MaxWebhooksPerOrg is the most webhooks an org may have: creating one more is refused
+	// with 422 (MsgWebhookLimit). 0 means DefaultMaxWebhooksPerOrg.
+	MaxWebhooksPerOrg int
+	// MaxAPIKeysPerOrg is the most live API keys (neither revoked nor expired) an org may
+	// have: creating one more through the API is refused with 422 (MsgAPIKeyLimit). 0 means
+	// DefaultMaxAPIKeysPerOrg.
+	MaxAPIKeysPerOrg int
 }
+
+// Default per-org caps (Options.MaxWebhooksPerOrg, Options.MaxAPIKeysPerOrg).
+const (
+	DefaultMaxWebhooksPerOrg = 100
+	DefaultMaxAPIKeysPerOrg  = 100
+)
+
+// Messages of the per-org caps, formatted with the cap.
+const (
+	MsgWebhookLimit = "Webhook limit reached: an organization may have at most %d webhooks (wabarelay limits webhooks_per_org)"
+	MsgAPIKeyLimit  = "API key limit reached: an organization may have at most %d API keys that are neither revoked nor expired (wabarelay limits api_keys_per_org)"
+)
 
 // Handler serves the management API. Paths are relative to {base_url}: the mount point must
 // strip its prefix (Caddy's handle_path).
@@ -94,6 +113,12 @@ func New(opt Options) *Handler {
 	if opt.ConnectLinkTTL <= 0 {
 		opt.ConnectLinkTTL = 168 * time.Hour
 	}
+	if opt.MaxWebhooksPerOrg <= 0 {
+		opt.MaxWebhooksPerOrg = DefaultMaxWebhooksPerOrg
+	}
+	if opt.MaxAPIKeysPerOrg <= 0 {
+		opt.MaxAPIKeysPerOrg = DefaultMaxAPIKeysPerOrg
+	}
 	logger := opt.Logger
 	if logger == nil {
 		logger = zap.NewNop()
@@ -106,6 +131,8 @@ type request struct {
 	w     http.ResponseWriter
 	r     *http.Request
 	orgID uuid.UUID
+	// key is the API key making the call.
+	key store.APIKey
 	// params are the path segments after the route's fixed part (ids).
 	params []string
 }
@@ -242,7 +269,7 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKe
 			httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
 			return
 		}
-		fn(h, &request{w: w, r: r, orgID: key.OrgID, params: params})
+		fn(h, &request{w: w, r: r, orgID: key.OrgID, key: *key, params: params})
 		return
 	}
 	httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
@@ -491,6 +518,7 @@ func (h *Handler) createWebhook(q *request) {
 		clientError(q.w, e)
 		return
 	}
+	in.MaxPerOrg = h.opt.MaxWebhooksPerOrg
 	wh, secret, err := h.opt.Store.CreateWebhook(q.r.Context(), q.orgID, in)
 	if err != nil {
 		h.storeError(q, err)
@@ -600,6 +628,10 @@ func (h *Handler) storeError(q *request, err error) {
 		httpx.WriteError(q.w, http.StatusConflict, MsgDeliveryNotFailed)
 	case errors.Is(err, store.ErrChannelsNotInOrg):
 		clientError(q.w, errChannelsOrg)
+	case errors.Is(err, store.ErrWebhookLimit):
+		clientError(q.w, unprocessable(MsgWebhookLimit, h.opt.MaxWebhooksPerOrg))
+	case errors.Is(err, store.ErrAPIKeyLimit):
+		clientError(q.w, unprocessable(MsgAPIKeyLimit, h.opt.MaxAPIKeysPerOrg))
 	default:
 		h.serverError(q.w, q.r, err)
 	}

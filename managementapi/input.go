@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -51,7 +52,7 @@ var (
 	errHTTPSURL     = unprocessable(`"url" must start with https://`)
 	errInvalidURL   = unprocessable(`"url" must be a valid URL`)
 	errForceBoolean = unprocessable(`"force" must be a boolean`)
-	errExpiresIn    = unprocessable(`"expires_in" must be a duration such as 720h or 90m`)
+	errExpiresIn    = unprocessable(`"expires_in" must be a duration such as 720h, 90m or 30d`)
 	errExpiresInPos = unprocessable(`"expires_in" must be positive`)
 )
 
@@ -178,8 +179,8 @@ type apiKeyInput struct {
 }
 
 // parseAPIKeyInput validates a POST /api_keys body: both fields are optional; name is checked
-// first. "expires_in" is a Go duration string ("720h", "1h30m"); absent, null, empty or only
-// white space means no expiry.
+// first. "expires_in" is a duration as ParseLifetime reads it ("720h", "1h30m", "30d"); absent,
+// null, empty or only white space means no expiry.
 func parseAPIKeyInput(o object) (apiKeyInput, *apiError) {
 	var in apiKeyInput
 	var err *apiError
@@ -193,7 +194,7 @@ func parseAPIKeyInput(o object) (apiKeyInput, *apiError) {
 	if raw = strings.TrimSpace(raw); raw == "" {
 		return in, nil
 	}
-	d, perr := time.ParseDuration(raw)
+	d, perr := ParseLifetime(raw)
 	if perr != nil {
 		return in, errExpiresIn
 	}
@@ -202,6 +203,39 @@ func parseAPIKeyInput(o object) (apiKeyInput, *apiError) {
 	}
 	in.expiresIn = d
 	return in, nil
+}
+
+// maxLifetimeLen bounds the text ParseLifetime reads; real lifetimes are a few characters.
+const maxLifetimeLen = 64
+
+// ParseLifetime parses a key lifetime: a Go duration string (time.ParseDuration) in which d,
+// a day of 24h, may also be used as a unit: "720h", "1h30m", "90d", "1.5d", "1d12h". The API's
+// "expires_in" and the CLI's `apikey create --expires-in` both read it.
+func ParseLifetime(s string) (time.Duration, error) {
+	if len(s) > maxLifetimeLen {
+		return 0, fmt.Errorf("duration %.20q…: too long", s)
+	}
+	var sb strings.Builder
+	num := 0 // start of the number before s[i]
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= '0' && c <= '9' || c == '.':
+			continue
+		case c == 'd' && num < i:
+			days, err := strconv.ParseFloat(s[num:i], 64)
+			if err != nil {
+				return 0, fmt.Errorf("duration %q: invalid number of days", s)
+			}
+			sb.WriteString(strconv.FormatFloat(days*24, 'f', -1, 64))
+			sb.WriteString("h")
+		default:
+			sb.WriteString(s[num : i+1])
+		}
+		num = i + 1
+	}
+	sb.WriteString(s[num:])
+	return time.ParseDuration(sb.String())
 }
 
 // parseWebhookInput validates a POST /webhooks body. Fields are checked in the order name, url,

@@ -10,11 +10,14 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+
+	"github.com/wabarelay/wabarelay/managementapi"
 )
 
 // TestMutatedRequests: 2,000 seeded mutations of valid management requests — bodies with NUL
-// characters, invalid UTF-8, wrong types, truncation, random bytes; mutated paths, query
-// strings and keys — served over real connections: no 5xx, no dropped connection, every
+// characters, invalid UTF-8, wrong types, truncation, random bytes, huge strings; mutated paths,
+// query strings and keys — then huge strings in every field (managementapi.HugeBodies) —
+// served over real connections: no 5xx, no dropped connection, every
 // refusal a JSON {"error": ...}, and what was stored before is intact afterwards.
 func TestMutatedRequests(t *testing.T) {
 	e := newEnv(t)
@@ -43,7 +46,8 @@ func TestMutatedRequests(t *testing.T) {
 		{"GET", "/api_keys", ""},
 	}
 	rng := rand.New(rand.NewSource(42))
-	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `\`, "\n", `{}`, `[]`, `null`, `1e999`, strings.Repeat("x", 5000)}
+	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `\`, "\n", `{}`, `[]`, `null`, `1e999`, strings.Repeat("x", 5000),
+		strings.Repeat("x", 256<<10), strings.Repeat("x", 1<<20)}
 	mutate := func(s string) string {
 		if s == "" {
 			s = `{"name":"x"}`
@@ -95,29 +99,14 @@ func TestMutatedRequests(t *testing.T) {
 		}
 	}
 	client := srv.Client()
-	for i := 0; i < 2000; i++ {
-		v := valid[rng.Intn(len(valid))]
-		method, path, body := v.method, v.path, v.body
-		switch rng.Intn(4) {
-		case 0:
-			path = mutatePath(path)
-		case 1:
-			// (not DELETE: deleting the kept resources is a valid request)
-			method = []string{"GET", "PUT", "PATCH", "POST", "OPTIONS"}[rng.Intn(5)]
-		default:
-			body = mutate(body)
-		}
+	send := func(method, path, body, key, desc string) {
+		t.Helper()
 		req, err := http.NewRequest(method, srv.URL+path, strings.NewReader(body))
 		if err != nil {
-			continue // not something a client can send
+			return // not something a client can send
 		}
 		req.Header.Set("Content-Type", "application/json")
-		key := e.keyA
-		if rng.Intn(20) == 0 {
-			key = []string{e.keyB, "crt_pk_" + strings.Repeat("0", 44), "", "crt_pk_\u00e9"}[rng.Intn(4)]
-		}
 		req.Header.Set("X-Api-Key", key)
-		desc := fmt.Sprintf("#%d %s %s %q", i, method, path, body)
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Fatalf("%s: connection lost: %v", desc, err)
@@ -140,6 +129,40 @@ func TestMutatedRequests(t *testing.T) {
 		if resp.StatusCode < 300 && strings.Contains(path, wh.ID) && method != "GET" {
 			e.do("PATCH", "/webhooks/"+wh.ID, e.keyA, `{"status":"active"}`)
 			e.do("POST", "/webhooks/"+wh.ID+"/channels/"+cid, e.keyA, "")
+		}
+	}
+	short := func(s string) string {
+		if len(s) > 200 {
+			return fmt.Sprintf("%s…(%d bytes)", s[:200], len(s))
+		}
+		return s
+	}
+	for i := 0; i < 2000; i++ {
+		v := valid[rng.Intn(len(valid))]
+		method, path, body := v.method, v.path, v.body
+		switch rng.Intn(4) {
+		case 0:
+			path = mutatePath(path)
+		case 1:
+			// (not DELETE: deleting the kept resources is a valid request)
+			method = []string{"GET", "PUT", "PATCH", "POST", "OPTIONS"}[rng.Intn(5)]
+		default:
+			body = mutate(body)
+		}
+		key := e.keyA
+		if rng.Intn(20) == 0 {
+			key = []string{e.keyB, "crt_pk_" + strings.Repeat("0", 44), "", "crt_pk_\u00e9"}[rng.Intn(4)]
+		}
+		send(method, path, body, key, fmt.Sprintf("#%d %s %s %q", i, method, path, short(body)))
+	}
+	// huge strings in every field of every request with a body: 1 MiB values, values just
+	// short of the body limit, 256 KiB field names
+	for _, v := range valid {
+		if v.body == "" {
+			continue
+		}
+		for i, body := range managementapi.HugeBodies() {
+			send(v.method, v.path, body, e.keyA, fmt.Sprintf("huge #%d %s %s %q", i, v.method, v.path, short(body)))
 		}
 	}
 	if c1, w1 := before(); c1 != c0 || w1 != w0 {

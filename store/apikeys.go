@@ -62,19 +62,50 @@ func hashKey(key string) []byte {
 	return sum[:]
 }
 
+// ErrAPIKeyLimit is returned by CreateAPIKeyCapped when the org already has the most live keys
+// it may have.
+var ErrAPIKeyLimit = errors.New("api key limit reached")
+
 // CreateAPIKey creates a key for org and returns the record and the key, which is not kept
-// anywhere and cannot be shown again. expiresAt may be nil (no expiry).
+// anywhere and cannot be shown again. expiresAt may be nil (no expiry). It applies no cap (the
+// operator's CLI); see CreateAPIKeyCapped.
 func (s *Store) CreateAPIKey(ctx context.Context, orgID uuid.UUID, name string, expiresAt *time.Time) (APIKey, string, error) {
+	return s.CreateAPIKeyCapped(ctx, orgID, name, expiresAt, 0)
+}
+
+// CreateAPIKeyCapped is CreateAPIKey with a cap: when maxLive is positive and the org already
+// has maxLive live keys (neither revoked nor past their expiry), nothing is created and the
+// error is ErrAPIKeyLimit. The cap holds under concurrent creations. 0 means no cap.
+func (s *Store) CreateAPIKeyCapped(ctx context.Context, orgID uuid.UUID, name string, expiresAt *time.Time, maxLive int) (APIKey, string, error) {
 	key := APIKeyPrefix + randomBase62(apiKeyLookupLen+apiKeySecretLen)
 	k := APIKey{ID: newID(), OrgID: orgID, Name: name, Prefix: key[:apiKeyDisplayLen], ExpiresAt: expiresAt}
-	err := s.pool.QueryRow(ctx, `
-		INSERT INTO api_keys (id, org_id, name, prefix, key_hash, expires_at)
-		VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at`,
-		k.ID, k.OrgID, k.Name, k.Prefix, hashKey(key), k.ExpiresAt).Scan(&k.CreatedAt)
-	if isForeignKeyViolation(err) {
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if maxLive > 0 {
+			if err := lockOrg(ctx, tx, orgID); err != nil {
+				return err
+			}
+			var n int
+			if err := tx.QueryRow(ctx, `
+				SELECT count(*) FROM api_keys
+				WHERE org_id = $1 AND revoked_at IS NULL AND (expires_at IS NULL OR expires_at > $2)`,
+				orgID, s.now()).Scan(&n); err != nil {
+				return err
+			}
+			if n >= maxLive {
+				return ErrAPIKeyLimit
+			}
+		}
+		return tx.QueryRow(ctx, `
+			INSERT INTO api_keys (id, org_id, name, prefix, key_hash, expires_at)
+			VALUES ($1, $2, $3, $4, $5, $6) RETURNING created_at`,
+			k.ID, k.OrgID, k.Name, k.Prefix, hashKey(key), k.ExpiresAt).Scan(&k.CreatedAt)
+	})
+	switch {
+	case errors.Is(err, ErrAPIKeyLimit), errors.Is(err, ErrOrgNotFound):
+		return APIKey{}, "", err
+	case isForeignKeyViolation(err):
 		return APIKey{}, "", ErrOrgNotFound
-	}
-	if err != nil {
+	case err != nil:
 		return APIKey{}, "", fmt.Errorf("create api key: %w", err)
 	}
 	return k, key, nil

@@ -45,6 +45,28 @@ type NewWebhook struct {
 	URL        string
 	Events     []string
 	ChannelIDs []uuid.UUID
+	// MaxPerOrg, when positive, is the most webhooks the org may have: when it has that many
+	// already, nothing is created and CreateWebhook returns ErrWebhookLimit. 0 means no cap.
+	MaxPerOrg int
+}
+
+// ErrWebhookLimit is returned by CreateWebhook when the org already has NewWebhook.MaxPerOrg
+// webhooks.
+var ErrWebhookLimit = errors.New("webhook limit reached")
+
+// lockOrg takes org's row lock for a capped creation, so that the count and the insert that
+// follow cannot interleave with another capped creation for the org: concurrent creations queue
+// on the lock and each counts what the one before it committed (read committed takes a new
+// snapshot per statement). FOR NO KEY UPDATE does not conflict with the FOR KEY SHARE locks that
+// foreign keys take, so inserts that reference the org elsewhere (channels, deliveries) are
+// not held up. An unknown org gives ErrOrgNotFound.
+func lockOrg(ctx context.Context, tx pgx.Tx, orgID uuid.UUID) error {
+	var one int
+	err := tx.QueryRow(ctx, `SELECT 1 FROM orgs WHERE id = $1 FOR NO KEY UPDATE`, orgID).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrOrgNotFound
+	}
+	return err
 }
 
 // NewWebhookSecret returns a fresh signing secret: "whsec_" + base64 of 32 random bytes.
@@ -70,7 +92,8 @@ func scanWebhook(row pgx.Row) (Webhook, error) {
 
 // CreateWebhook creates a webhook config and returns it with its signing secret, which is
 // stored encrypted and never returned again. Channel ids that are not channels of the org give
-// ErrChannelsNotInOrg and nothing is created.
+// ErrChannelsNotInOrg and nothing is created; so does reaching in.MaxPerOrg (ErrWebhookLimit),
+// which holds under concurrent creations.
 func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhook) (Webhook, string, error) {
 	id := newID()
 	secret := NewWebhookSecret()
@@ -80,6 +103,18 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 	}
 	var w Webhook
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if in.MaxPerOrg > 0 {
+			if err := lockOrg(ctx, tx, orgID); err != nil {
+				return err
+			}
+			var n int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM webhooks WHERE org_id = $1`, orgID).Scan(&n); err != nil {
+				return err
+			}
+			if n >= in.MaxPerOrg {
+				return ErrWebhookLimit
+			}
+		}
 		if len(in.ChannelIDs) > 0 {
 			var found int
 			// FOR SHARE keeps the channels from being deleted before the assignment commits.
@@ -109,7 +144,7 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 		return err
 	})
 	switch {
-	case errors.Is(err, ErrChannelsNotInOrg):
+	case errors.Is(err, ErrChannelsNotInOrg), errors.Is(err, ErrWebhookLimit), errors.Is(err, ErrOrgNotFound):
 		return Webhook{}, "", err
 	case isForeignKeyViolation(err):
 		return Webhook{}, "", ErrOrgNotFound
