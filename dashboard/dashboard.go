@@ -61,11 +61,6 @@ const (
 	securePrefix  = "__Secure-"
 )
 
-// limitKeyPrefix prefixes a key id in the management rate limiter: the same bucket the
-// management API charges for that key (managementapi's allow), so page reads and API calls
-// share one budget.
-const limitKeyPrefix = "mgmt:"
-
 // maxFormBytes caps a form post's body.
 const maxFormBytes = 64 << 10
 
@@ -341,7 +336,7 @@ func (h *Handler) allow(w http.ResponseWriter, r *http.Request, s *session) bool
 	if h.opt.Limiter == nil {
 		return true
 	}
-	d, err := h.opt.Limiter.Allow(r.Context(), limitKeyPrefix+s.Key.ID.String())
+	d, err := h.opt.Limiter.Allow(r.Context(), managementapi.LimitKey(s.Key.ID))
 	if err != nil {
 		h.logger.Warn("management rate limiter unavailable; page allowed", zap.Error(err))
 		return true

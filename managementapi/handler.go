@@ -328,13 +328,17 @@ func (h *Handler) authFailed(addr string) {
 	}
 }
 
+// LimitKey names an API key's bucket in the management rate limiter. The dashboard charges its
+// page reads to the same bucket, so a key's API calls and page loads share one budget.
+func LimitKey(keyID uuid.UUID) string { return "mgmt:" + keyID.String() }
+
 // allow applies the per-key rate limit. A limiter failure lets the request through (logged):
 // the management API is not worth an outage when the limiter's store is down.
 func (h *Handler) allow(w http.ResponseWriter, r *http.Request, key store.APIKey) bool {
 	if h.opt.Limiter == nil {
 		return true
 	}
-	d, err := h.opt.Limiter.Allow(r.Context(), "mgmt:"+key.ID.String())
+	d, err := h.opt.Limiter.Allow(r.Context(), LimitKey(key.ID))
 	if err != nil {
 		h.logger.Warn("management rate limiter unavailable; request allowed", zap.Error(err))
 		return true
