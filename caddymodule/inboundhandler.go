@@ -153,6 +153,10 @@ func (h *InboundHandler) receive(w http.ResponseWriter, r *http.Request) {
 		h.app.metrics.inboundUnknown.Add(float64(res.Unknown))
 		h.app.logger.Warn("inbound: items for unknown phone numbers dropped", zap.Int("count", res.Unknown))
 	}
+	if res.SkippedObjectIDs > 0 {
+		h.app.logger.Warn("inbound: media ids not text or too long for the relay scope not recorded; events stored",
+			zap.Int("count", res.SkippedObjectIDs), zap.Int("max_bytes", store.MaxObjectIDLen))
+	}
 	if err := h.accountChanges(r.Context(), batch.Accounts); err != nil {
 		h.app.logger.Warn("inbound: account change not applied; the upstream will retry", zap.Error(err))
 		w.Header().Set("Retry-After", "5")

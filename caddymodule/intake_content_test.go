@@ -175,12 +175,15 @@ func TestIntakeBanStates(t *testing.T) {
 }
 
 // TestIntakeMutations: 500 seeded mutations of a valid signed batch (byte flips, \u0000 and
-// invalid UTF-8 inserted in strings, truncation, type swaps, random bytes), each signed
-// correctly: never a 5xx, never a dropped connection.
+// invalid UTF-8 inserted in strings, 256 KiB strings, truncation, type swaps, random bytes),
+// each signed correctly: never a 5xx, never a dropped connection. Then every field of a full
+// batch in turn holds a huge string (256 KiB, 1 MiB): 200, and the re-post is recognised as a
+// duplicate (one event per item).
 func TestIntakeMutations(t *testing.T) {
-	_, url, _ := intakeEnv(t)
+	e, url, _ := intakeEnv(t)
 	rng := rand.New(rand.NewSource(7))
-	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `{}`, `[]`, `null`, `123`, `1e999`, `-`, strings.Repeat("9", 400)}
+	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `{}`, `[]`, `null`, `123`, `1e999`, `-`, strings.Repeat("9", 400),
+		hugeString(rng, 256<<10)}
 	client := &http.Client{}
 	for i := 0; i < 500; i++ {
 		b := []byte(upstreamBatch(map[string][2][]string{pnid: {{fmt.Sprint("m", i)}, {fmt.Sprint("s", i)}}}))
@@ -222,7 +225,85 @@ func TestIntakeMutations(t *testing.T) {
 			t.Fatalf("#%d %q: answer cut off: %v", i, b, err)
 		}
 		if resp.StatusCode >= 500 {
-			t.Fatalf("#%d %q: %d %s", i, b, resp.StatusCode, got)
+			t.Fatalf("#%d %.300q: %d %s", i, b, resp.StatusCode, got)
+		}
+	}
+	t.Run("huge fields", func(t *testing.T) { intakeHugeFields(t, e, url, rng) })
+}
+
+// hugeBatch is a full upstream post — two messages (text, image) and a status, with contact,
+// context, conversation, pricing and errors — for pnid; fields[name] replaces a field's value
+// (names: the {placeholders}), the others are defaults unique to n.
+const hugeBatch = `{"object":"whatsapp_business_account","entry":[{"id":"{waba}","time":1700000000,"changes":[{"field":"messages","value":{"messaging_product":"whatsapp",` +
+	`"metadata":{"display_phone_number":"{display}","phone_number_id":"{pnid}"},` +
+	`"contacts":[{"profile":{"name":"{name}"},"wa_id":"{wa_id}"}],` +
+	`"messages":[{"from":"{from}","id":"{message_id}","timestamp":"{timestamp}","type":"{type}","context":{"from":"{context_from}","id":"{context_id}"},"text":{"body":"{body}"}},` +
+	`{"from":"15550001111","id":"{image_message_id}","timestamp":"1700000000","type":"image","image":{"id":"{media_id}","mime_type":"{mime_type}","sha256":"{sha256}","caption":"{caption}"}}],` +
+	`"statuses":[{"id":"{status_id}","status":"{status}","timestamp":"{status_timestamp}","recipient_id":"{recipient_id}","biz_opaque_callback_data":"{opaque}",` +
+	`"conversation":{"id":"{conversation_id}","expiration_timestamp":"{expiration}","origin":{"type":"{origin}"}},` +
+	`"pricing":{"billable":true,"pricing_model":"{pricing_model}","category":"{category}"},` +
+	`"errors":[{"code":131026,"title":"{error_title}","message":"{error_message}","error_data":{"details":"{error_details}"}}]}],` +
+	`"errors":[{"code":1,"title":"{value_error}"}]}}]}]}`
+
+// hugeFieldNames are the placeholders of hugeBatch.
+var hugeFieldNames = []string{"message_id", "status_id", "status", "image_message_id", "media_id", "from", "recipient_id", "wa_id",
+	"phone_number_id", "display", "waba", "timestamp", "status_timestamp", "type", "conversation_id", "expiration", "origin",
+	"pricing_model", "category", "error_title", "error_message", "error_details", "value_error", "name", "context_from",
+	"context_id", "body", "mime_type", "sha256", "caption", "opaque"}
+
+// hugeString returns n random letters and digits (incompressible, like the fuzzer's strings:
+// a repeated character would be compressed below the index row limit).
+func hugeString(rng *rand.Rand, n int) string {
+	const abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = abc[rng.Intn(len(abc))]
+	}
+	return string(b)
+}
+
+// intakeHugeFields posts hugeBatch with each field in turn holding a 256 KiB and a 1 MiB string,
+// twice: the first post stores its three items (none for a number no channel has), the second
+// is all duplicates, and the database holds one event per item.
+func intakeHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
+	for _, size := range []int{256 << 10, 1 << 20} {
+		for i, field := range hugeFieldNames {
+			n := fmt.Sprint(size, "-", i)
+			vals := map[string]string{"waba": wabaID, "display": "15550100", "pnid": pnid, "name": "Ann", "wa_id": "15550001111",
+				"from": "15550001111", "message_id": "wamid.m" + n, "timestamp": "1700000000", "type": "text", "context_from": "15550100",
+				"context_id": "wamid.c" + n, "body": "hi", "image_message_id": "wamid.i" + n, "media_id": "media" + n, "mime_type": "image/jpeg",
+				"sha256": "abc", "caption": "cap", "status_id": "wamid.s" + n, "status": "delivered", "status_timestamp": "1700000001",
+				"recipient_id": "15550001111", "opaque": "x", "conversation_id": "conv" + n, "expiration": "1700090000", "origin": "service",
+				"pricing_model": "CBP", "category": "service", "error_title": "t", "error_message": "m", "error_details": "d", "value_error": "v"}
+			key := field
+			if field == "phone_number_id" {
+				key = "pnid"
+			}
+			if _, ok := vals[key]; !ok {
+				t.Fatalf("no placeholder {%s}", key)
+			}
+			vals[key] = hugeString(rng, size)
+			post := hugeBatch
+			for k, v := range vals {
+				post = strings.ReplaceAll(post, "{"+k+"}", v)
+			}
+			want := 3
+			if field == "phone_number_id" {
+				want = 0 // no channel's number: dropped
+			}
+			before := e.count("events")
+			status, body := signedPost(t, url, testAppSecret, post)
+			if status != 200 || !strings.Contains(body, fmt.Sprintf(`"events":%d}`, want)) {
+				t.Errorf("%s of %d bytes: %d %s, want 200 with %d events", field, size, status, body, want)
+				continue
+			}
+			status, body = signedPost(t, url, testAppSecret, post)
+			if status != 200 || !strings.Contains(body, fmt.Sprintf(`"duplicates":%d,`, want)) || !strings.Contains(body, `"events":0}`) {
+				t.Errorf("%s of %d bytes, re-posted: %d %s, want 200 with %d duplicates", field, size, status, body, want)
+			}
+			if got := e.count("events") - before; got != want {
+				t.Errorf("%s of %d bytes: %d events stored, want %d", field, size, got, want)
+			}
 		}
 	}
 }

@@ -1,6 +1,7 @@
 package connect
 
 import (
+	"flag"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -17,6 +18,18 @@ func FuzzReadCompletion(f *testing.F) {
 		`{"code":" ","phone_number_id":" 1 ","waba_id":"+2"}`,
 	} {
 		f.Add([]byte(s))
+	}
+	// Huge strings in every field: past the body limit (256 KiB, 1 MiB) and just under it. Run
+	// with the seed corpus (go test); under -fuzz they are left out, as in managementapi's
+	// FuzzRequestBody: their baseline coverage would take the fuzz time.
+	if fl := flag.Lookup("test.fuzz"); fl == nil || fl.Value.String() == "" {
+		for _, n := range []int{256 << 10, 1 << 20, 60 << 10} {
+			for _, huge := range []string{strings.Repeat("7", n), strings.Repeat("x", n)} {
+				f.Add([]byte(`{"code":"` + huge + `","phone_number_id":"1","waba_id":"2"}`))
+				f.Add([]byte(`{"code":"AQB","phone_number_id":"` + huge + `","waba_id":"2"}`))
+				f.Add([]byte(`{"code":"AQB","phone_number_id":"1","waba_id":"` + huge + `"}`))
+			}
+		}
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := httptest.NewRequest("POST", "/connect/complete", strings.NewReader(string(body)))

@@ -3,6 +3,8 @@ package store
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -24,12 +26,16 @@ type IncomingItem struct {
 	Type string
 	// PhoneNumberID routes the item to its channel.
 	PhoneNumberID string
-	// DedupeKey identifies the upstream item and state; a repeat is dropped.
+	// DedupeKey identifies the upstream item and state; a repeat is dropped. Any length and
+	// any bytes: a key longer than MaxDedupeKeyLen bytes, or not text, is stored and matched
+	// by its digest (see dedupeKey). Keys beginning with "h:" are reserved for those digests.
 	DedupeKey string
 	// Data is the event's data object, stored verbatim.
 	Data json.RawMessage
 	// ObjectIDs are upstream object ids (media) the item hands to its channel; they are
-	// recorded with the events, so the relay's scope admits them from then on.
+	// recorded with the events, so the relay's scope admits them from then on. An id that is
+	// not text or longer than MaxObjectIDLen bytes is not recorded (IntakeResult.SkippedObjectIDs):
+	// no upstream object has such an id, and the event is stored all the same.
 	ObjectIDs []string
 	// Sent is the upstream's timestamp of the item (zero: unknown). An earlier copy can only
 	// have been stored after it, so the look-up for duplicates starts on its day instead of
@@ -52,6 +58,31 @@ type IntakeResult struct {
 	// ObjectChannels are the channels handed new objects (media ids) by the batch: a caller
 	// holding their relay scope in memory reloads them.
 	ObjectChannels []uuid.UUID
+	// SkippedObjectIDs counts the items' object ids not recorded for the relay scope: not
+	// text, or longer than MaxObjectIDLen bytes.
+	SkippedObjectIDs int
+}
+
+// MaxDedupeKeyLen is the longest dedupe key (bytes) stored as it is. A longer one is stored as
+// its digest, so that no upstream identifier, whatever its length, is refused by the events'
+// unique index (a btree row holds at most about 2.7 kB): see dedupeKey.
+const MaxDedupeKeyLen = 256
+
+// MaxObjectIDLen is the longest object id (bytes) recorded for a channel's relay scope from
+// its events. Upstream ids are tens of bytes; a longer one names no upstream object, and the
+// scope's primary key would refuse one of a few kilobytes.
+const MaxObjectIDLen = 512
+
+// dedupeKey returns the key stored for the upstream item key k: k itself when it is text of
+// at most MaxDedupeKeyLen bytes, else "h:" + hex SHA-256 of its bytes (66 bytes, whatever k
+// holds). Migration 012 gave the rows stored before it the same form, so a re-send of an item
+// stored then is still recognised.
+func dedupeKey(k string) string {
+	if len(k) <= MaxDedupeKeyLen && IsText(k) {
+		return k
+	}
+	sum := sha256.Sum256([]byte(k))
+	return "h:" + hex.EncodeToString(sum[:])
 }
 
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
@@ -172,9 +203,13 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		}
 		id := newID()
 		ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
-		types, keys = append(types, it.Type), append(keys, textKey(it.DedupeKey))
+		types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
 		payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, it.PhoneNumberID, it.Data))
-		for _, o := range textOnly(it.ObjectIDs) {
+		for _, o := range it.ObjectIDs {
+			if len(o) > MaxObjectIDLen || !IsText(o) {
+				res.SkippedObjectIDs++
+				continue
+			}
 			objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
 		}
 	}
@@ -187,7 +222,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if isMissingPartition(err) {
 		// The partition manager is behind (or the clock jumped): make today's and retry once.
 		if err = s.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead)); err == nil {
-			res = IntakeResult{ByType: map[string]int{}, Unknown: res.Unknown}
+			res = IntakeResult{ByType: map[string]int{}, Unknown: res.Unknown, SkippedObjectIDs: res.SkippedObjectIDs}
 			err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 		}
 	}

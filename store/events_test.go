@@ -2,6 +2,7 @@ package store_test
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"slices"
 	"strings"
@@ -371,5 +372,79 @@ func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
 	}
 	if n := count(`SELECT count(*) FROM delivery_attempts`); n != 2 {
 		t.Fatalf("%d attempts left, want the other webhook's 2", n)
+	}
+}
+
+// hugeText returns n incompressible bytes of text (random letters and digits): a repeated
+// character would be compressed below the index row limit and hide the problem.
+func hugeText(n int) string {
+	const abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+	b := make([]byte, n)
+	rand.Read(b)
+	for i := range b {
+		b[i] = abc[int(b[i])%len(abc)]
+	}
+	return string(b)
+}
+
+// TestStoreEventsHugeIdentifiers: upstream identifiers of any length — 256 KiB, 1 MiB, and just
+// around the limits — are stored and recognised when re-sent (also from an earlier day's
+// partition), never refused by an index; the keys stored are at most MaxDedupeKeyLen bytes;
+// object ids longer than MaxObjectIDLen are not recorded for the scope (counted), shorter ones
+// are; a huge number is no channel's.
+func TestStoreEventsHugeIdentifiers(t *testing.T) {
+	s, _ := storeWithChannel(t)
+	ctx := context.Background()
+	now := time.Now().UTC()
+	keys := []string{
+		"m:" + hugeText(256<<10), "m:" + hugeText(1<<20), "s:" + hugeText(256<<10) + ":" + hugeText(1<<20),
+		"m:" + hugeText(store.MaxDedupeKeyLen-2), "m:" + hugeText(store.MaxDedupeKeyLen-1), "m:" + hugeText(3000),
+		"m:\x00" + hugeText(1<<20), "m:" + hugeText(1<<20) + "\xff",
+	}
+	okID, longID := hugeText(store.MaxObjectIDLen), hugeText(store.MaxObjectIDLen+1)
+	items := func() []store.IncomingItem {
+		var its []store.IncomingItem
+		for i, k := range keys {
+			it := store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: k,
+				Data: json.RawMessage(`{"message":{"id":"` + hugeText(1<<20) + `"}}`)}
+			if i == 0 {
+				it.ObjectIDs = []string{"media1", okID, longID, hugeText(1 << 20)}
+			}
+			its = append(its, it)
+		}
+		return append(its, store.IncomingItem{Type: "messages", PhoneNumberID: hugeText(1 << 20), DedupeKey: "m:x", Data: json.RawMessage(`{}`)})
+	}
+	res, err := s.StoreEvents(ctx, items(), store.Claim{})
+	if err != nil {
+		t.Fatalf("huge identifiers refused: %v", err)
+	}
+	if res.Events != len(keys) || res.Duplicates != 0 || res.Unknown != 1 || res.SkippedObjectIDs != 2 {
+		t.Fatalf("first post: %+v, want %d events, 1 unknown, 2 object ids skipped", res, len(keys))
+	}
+	if res, err = s.StoreEvents(ctx, items(), store.Claim{}); err != nil || res.Events != 0 || res.Duplicates != len(keys) {
+		t.Fatalf("re-post: %+v %v, want %d duplicates", res, err, len(keys))
+	}
+	var longest, n int
+	if err := s.Pool().QueryRow(ctx, `SELECT max(octet_length(dedupe_key)), count(*) FROM events`).Scan(&longest, &n); err != nil {
+		t.Fatal(err)
+	}
+	if longest > store.MaxDedupeKeyLen || n != len(keys) {
+		t.Fatalf("%d events, longest key %d bytes; want %d events, keys of at most %d bytes", n, longest, len(keys), store.MaxDedupeKeyLen)
+	}
+	var objects []string
+	rows, _ := s.Pool().Query(ctx, `SELECT object_id FROM channel_objects ORDER BY octet_length(object_id)`)
+	for rows.Next() {
+		var o string
+		rows.Scan(&o)
+		objects = append(objects, o)
+	}
+	if rows.Err() != nil || !slices.Equal(objects, []string{"media1", okID}) {
+		t.Fatalf("objects recorded: %d (%v), want media1 and the %d-byte id", len(objects), rows.Err(), store.MaxObjectIDLen)
+	}
+	// a re-send on a later day is found in the earlier partition
+	for _, k := range keys[:3] {
+		if res := storeOn(t, s, now.AddDate(0, 0, 1), k); res.Events != 0 || res.Duplicates != 1 {
+			t.Fatalf("re-send of a %d-byte key the next day: %+v, want a duplicate", len(k), res)
+		}
 	}
 }

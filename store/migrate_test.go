@@ -2,15 +2,22 @@ package store_test
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -166,5 +173,99 @@ func TestMigration011KeepsHistoryAndQueue(t *testing.T) {
 	exec(`INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload) VALUES ($1, $2, $3, 'messages', 'new', '{}')`, uuid.New(), org, uuid.New())
 	if n := count(`SELECT count(*) FROM events_p` + time.Now().UTC().Format("20060102")); n != 1 {
 		t.Fatalf("today's partition holds %d events, want the new one", n)
+	}
+}
+
+// TestMigration012KeepsDuplicatesRecognised: events stored before migration 012 with keys
+// longer than MaxDedupeKeyLen (up to what the index took: a few kilobytes), with short keys and
+// with the digests of keys that are not text — today and two days ago — are still recognised
+// as duplicates of the same items posted after it; short keys are unchanged.
+func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, srv.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	conn, err := pgx.Connect(ctx, srv.DSN("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := store.MigrateTo(ctx, conn, 11); err != nil {
+		t.Fatal(err)
+	}
+	pool, err := pgxpool.New(ctx, srv.DSN("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	key := make([]byte, secretbox.KeySize)
+	rand.Read(key)
+	box, _ := secretbox.New(key)
+	s := store.New(pool, box)
+	now := time.Now().UTC()
+	if err := s.EnsurePartitions(ctx, now.AddDate(0, 0, -3), now.AddDate(0, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%.200s: %v", sql, err)
+		}
+	}
+	org, ch := uuid.New(), uuid.New()
+	exec(`INSERT INTO orgs (id, name) VALUES ($1, 'o')`, org)
+	exec(`INSERT INTO channels (id, org_id, name, status, channel_token_hash, channel_token_enc, phone_number_id, waba_id)
+		VALUES ($1, $2, 'c', 'active', '\x01', '\x01', '1', 'w')`, ch, org)
+	nul := sha256.Sum256([]byte("m:\x00"))
+	// as the intake stored them before 012 (non-text keys: their digest; others: as they are)
+	type old struct {
+		item, stored string
+		daysAgo      int
+	}
+	olds := []old{
+		{"m:short", "m:short", 0},
+		{"m:" + hugeText(1000), "", 0},
+		{"s:" + hugeText(2000) + ":read", "", 2},
+		{"m:" + hugeText(store.MaxDedupeKeyLen-2), "", 2},
+		{"m:\x00", "h:" + hex.EncodeToString(nul[:]), 2},
+	}
+	for _, o := range olds {
+		if o.stored == "" {
+			o.stored = o.item
+		}
+		exec(`INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+			VALUES ($1, $2, $3, 'messages', $4, '\x7b7d', now() - $5 * interval '1 day')`, uuid.New(), org, ch, o.stored, o.daysAgo)
+	}
+
+	if err := store.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	var items []store.IncomingItem
+	for _, o := range olds {
+		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: o.item, Data: json.RawMessage(`{}`)})
+	}
+	res, err := s.StoreEvents(ctx, items, store.Claim{})
+	if err != nil || res.Events != 0 || res.Duplicates != len(olds) {
+		t.Fatalf("items stored before 012 posted again: %+v %v, want %d duplicates", res, err, len(olds))
+	}
+	// the keys longer than MaxDedupeKeyLen became digests of their bytes; the others are as they were
+	digest := func(k string) string { d := sha256.Sum256([]byte(k)); return "h:" + hex.EncodeToString(d[:]) }
+	want := []string{"m:short", digest(olds[1].item), digest(olds[2].item), olds[3].item, olds[4].stored}
+	slices.Sort(want)
+	var keys []string
+	rows, _ := conn.Query(ctx, `SELECT dedupe_key FROM events ORDER BY dedupe_key COLLATE "C"`)
+	for rows.Next() {
+		var k string
+		rows.Scan(&k)
+		keys = append(keys, k)
+	}
+	if rows.Err() != nil || !slices.Equal(keys, want) {
+		t.Fatalf("keys after 012: %.100q (%v), want %.100q", keys, rows.Err(), want)
 	}
 }
