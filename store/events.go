@@ -206,7 +206,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
 		payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, it.PhoneNumberID, it.Data))
 		for _, o := range it.ObjectIDs {
-			if len(o) > MaxObjectIDLen || !IsText(o) {
+			if !recordableObjectID(o) {
 				res.SkippedObjectIDs++
 				continue
 			}

@@ -222,7 +222,7 @@ func (s *Store) MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) erro
 // to a channel through the relay and returns those admitted: every id except the phone number
 // and business account ids of other channels. Rows of a deleted channel are not written.
 func (s *Store) AdmitChannelObjects(ctx context.Context, id uuid.UUID, kind string, objectIDs []string) ([]string, error) {
-	if objectIDs = textOnly(objectIDs); len(objectIDs) == 0 {
+	if objectIDs = recordableObjectIDs(objectIDs); len(objectIDs) == 0 {
 		return nil, nil
 	}
 	rows, err := s.pool.Query(ctx, `

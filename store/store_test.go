@@ -123,3 +123,25 @@ func TestChannelByTokenAndDeactivate(t *testing.T) {
 		t.Fatalf("inactive channel not deleted: %v", err)
 	}
 }
+
+// TestAdmitChannelObjectsHugeIDs: ids handed to a channel through relay answers are recorded
+// when they are text of at most MaxObjectIDLen bytes; a longer one (the scope's primary key would
+// refuse one of a few kilobytes) is skipped without failing the others.
+func TestAdmitChannelObjectsHugeIDs(t *testing.T) {
+	s := newStore(t)
+	ctx := context.Background()
+	org, _ := s.CreateOrg(ctx, "o")
+	c, err := s.CreateChannel(ctx, org.ID, "c", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	okID := hugeText(store.MaxObjectIDLen)
+	ids := []string{"tpl-1", hugeText(store.MaxObjectIDLen + 1), hugeText(256 << 10), hugeText(1 << 20), okID}
+	admitted, err := s.AdmitChannelObjects(ctx, c.ID, store.ObjectTemplate, ids)
+	if err != nil {
+		t.Fatalf("admit with huge ids: %v", err)
+	}
+	if len(admitted) != 2 || !(admitted[0] == "tpl-1" || admitted[1] == "tpl-1") || !(admitted[0] == okID || admitted[1] == okID) {
+		t.Fatalf("admitted %d ids, want tpl-1 and the %d-byte id", len(admitted), store.MaxObjectIDLen)
+	}
+}

@@ -24,13 +24,19 @@ func textKey(k string) string {
 	return "h:" + hex.EncodeToString(sum[:])
 }
 
-// textOnly returns the elements of ids that are text.
-func textOnly(ids []string) []string {
+// recordableObjectIDs returns the elements of ids that can be recorded in a channel's scope:
+// text of at most MaxObjectIDLen bytes (a longer one names no upstream object, and the scope's
+// primary key would refuse one of a few kilobytes).
+func recordableObjectIDs(ids []string) []string {
 	out := ids[:0:0]
 	for _, id := range ids {
-		if IsText(id) {
+		if recordableObjectID(id) {
 			out = append(out, id)
 		}
 	}
 	return out
 }
+
+// recordableObjectID reports an object id that can be recorded in a channel's scope (see
+// recordableObjectIDs).
+func recordableObjectID(id string) bool { return len(id) <= MaxObjectIDLen && IsText(id) }
