@@ -306,7 +306,7 @@ func startDecoder(a *answer, encoding string) *decoder {
 
 // decode copies the decoded body of r to a's sink. An empty body (HEAD, 204, 304) is no error.
 func decode(r io.Reader, encoding string, a *answer) error {
-	cr := &countReader{r: r}
+	cr := &countingReader{r: io.NopCloser(r)}
 	var dr io.ReadCloser
 	var err error
 	if encoding == "deflate" {
@@ -331,14 +331,3 @@ func decode(r io.Reader, encoding string, a *answer) error {
 type sinkWriter struct{ a *answer }
 
 func (s sinkWriter) Write(p []byte) (int, error) { return s.a.sink(p) }
-
-type countReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
-}

@@ -238,7 +238,7 @@ func (discard) Header() http.Header         { return http.Header{} }
 func (discard) WriteHeader(int)             {}
 func (discard) Write(p []byte) (int, error) { return len(p), nil }
 
-// countingReader counts the bytes read through it (upload metrics).
+// countingReader counts the bytes read through it (upload metrics, decoded answers).
 type countingReader struct {
 	r io.ReadCloser
 	n int64
