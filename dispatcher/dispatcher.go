@@ -142,7 +142,6 @@ type Dispatcher struct {
 	mu         sync.Mutex
 	active     int               // attempts running or reserved (Reserve) on this instance
 	running    bool              // Run is claiming: Reserve may hand out slots
-	caughtUp   bool              // the last claim drained the queue (store.Claimed.Drained)
 	attemptCtx context.Context   // the context of attempts, set by Run
 	perHook    map[uuid.UUID]int // attempts running per webhook
 	perOrg     map[uuid.UUID]int // attempts running per org
@@ -253,13 +252,14 @@ type Job = store.ClaimedDelivery
 
 // Reserve takes up to n free worker slots for deliveries an intake is about to insert already
 // claimed (the direct hand-off that spares the claim query and the wake-up round trip). It
-// hands out nothing while Run is not claiming or while the queue has a backlog (the last claim
-// filled its batch), so that new events never overtake older due deliveries. Every Reserve
-// must be followed by one Deliver with the same n, whatever happens to the intake.
+// hands out nothing while Run is not claiming. The intake hands off only deliveries of webhooks
+// with nothing due waiting in the queue (store.Claim), so new events never overtake older due
+// deliveries of their webhook, whatever other webhooks and orgs have queued. Every Reserve must
+// be followed by one Deliver with the same n, whatever happens to the intake.
 func (d *Dispatcher) Reserve(n int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if !d.running || !d.caughtUp || n <= 0 {
+	if !d.running || n <= 0 {
 		return 0
 	}
 	n = min(n, d.cfg.Workers-d.active)
@@ -274,16 +274,12 @@ func (d *Dispatcher) Reserve(n int) int {
 // Deliver starts jobs (at most reserved) on the slots taken by Reserve(reserved) and frees
 // the rest. A job over its webhook's or its org's per-instance cap is handed back to the queue
 // (due at once: a claim takes it when its webhook and org have room, fairly among the others). queued
-// reports that the intake also queued due deliveries it did not hand over: the queue then has
-// a backlog, and Reserve hands out nothing until a claim has caught up with it.
+// reports that the intake also queued due deliveries it did not hand over: a claim is started
+// for them.
 func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	if queued {
-		d.mu.Lock()
-		d.caughtUp = false
-		d.mu.Unlock()
 		// The claim that the intake's notification started may have finished before this call
-		// (and found the queue drained): claim again, or the hand-off stays off until the next
-		// poll for every intake on this instance, whoever queued.
+		// (and found the queue drained): claim again rather than leave them to the next poll.
 		signal(d.wake)
 	}
 	if reserved <= 0 {

@@ -12,7 +12,7 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// reserve waits until the dispatcher hands out slots (its first claim found the queue empty).
+// reserve waits until the dispatcher hands out slots (Run has started).
 func reserve(t *testing.T, d *Dispatcher, n int) int {
 	t.Helper()
 	var got int

@@ -88,7 +88,9 @@ func dedupeKey(k string) string {
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
 // claimed by Instance for Lease (in flight, claim 0, no attempt recorded yet — attempts are
 // counted when their outcome is recorded —) and to return them, so that the intake's own
-// dispatcher can start them at once. The zero Claim claims nothing.
+// dispatcher can start them at once. Only webhooks with no due delivery waiting in the queue
+// take them, so that a new event never overtakes an older due delivery of its webhook. The zero
+// Claim claims nothing.
 type Claim struct {
 	Instance string
 	Lease    time.Duration
@@ -312,10 +314,18 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[]) AS e(id, org_id, channel_id, type)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
-		), n AS (
-			SELECT m.*, gen_random_uuid() AS id,
-			       m.active AND row_number() OVER (PARTITION BY m.active ORDER BY m.event_id, m.webhook_id) <= $6 AS claimed
+		), h AS (
+			-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
+			-- queue (one probe of delivery_queue_due): new events never overtake its older due
+			-- deliveries, while other webhooks' and other orgs' backlogs do not matter
+			SELECT m.*, m.active AND $6 > 0 AND NOT EXISTS (
+				SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
+			) AS free
 			FROM m
+		), n AS (
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, gen_random_uuid() AS id,
+			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
+			FROM h
 		), log AS (
 			INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at)
 			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5 FROM n ORDER BY n.event_id, n.webhook_id

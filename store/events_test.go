@@ -448,3 +448,42 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 		}
 	}
 }
+
+// TestHandOffOnlyWithoutOwnBacklog: the intake hands a new delivery to its instance (Claim) only
+// when its webhook has nothing due waiting in the queue, so a new event never overtakes an older
+// due delivery of its webhook; another webhook's backlog does not keep a webhook from the
+// hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
+func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
+	s, org := storeWithChannel(t)
+	ctx := context.Background()
+	busy, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "busy", URL: "https://a.example.com", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	item := func(key string) []store.IncomingItem {
+		return []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}}
+	}
+	// The busy webhook gets a due delivery in the queue (no claim).
+	if res, err := s.StoreEvents(ctx, item("old"), store.Claim{}); err != nil || res.Queued != 1 {
+		t.Fatalf("stored %+v, %v", res, err)
+	}
+	idle, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "idle", URL: "https://b.example.com", Events: []string{"messages"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := store.Claim{Instance: "i1", Lease: time.Minute, Max: 8}
+	res, err := s.StoreEvents(ctx, item("new"), claim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Claimed) != 1 || res.Claimed[0].WebhookID != idle.ID || res.Queued != 1 {
+		t.Fatalf("hand-off %+v: want only the idle webhook's delivery claimed, the busy one's queued behind its backlog", res)
+	}
+	// Once the busy webhook's backlog is gone (its deliveries taken), it takes hand-offs again.
+	if _, err := s.Pool().Exec(ctx, `DELETE FROM delivery_queue WHERE webhook_id = $1`, busy.ID); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = s.StoreEvents(ctx, item("later"), claim); err != nil || len(res.Claimed) != 2 || res.Queued != 0 {
+		t.Fatalf("hand-off after the backlog: %+v, %v", res, err)
+	}
+}
