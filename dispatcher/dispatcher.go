@@ -142,6 +142,7 @@ type Dispatcher struct {
 	mu         sync.Mutex
 	active     int               // attempts running or reserved (Reserve) on this instance
 	running    bool              // Run is claiming: Reserve may hand out slots
+	caughtUp   bool              // the last claim drained the queue (store.Claimed.Drained)
 	attemptCtx context.Context   // the context of attempts, set by Run
 	perHook    map[uuid.UUID]int // attempts running per webhook
 	perOrg     map[uuid.UUID]int // attempts running per org
@@ -254,15 +255,22 @@ type Job = store.ClaimedDelivery
 // claimed (the direct hand-off that spares the claim query and the wake-up round trip). It
 // hands out nothing while Run is not claiming. The intake hands off only deliveries of webhooks
 // with nothing due waiting in the queue (store.Claim), so new events never overtake older due
-// deliveries of their webhook, whatever other webhooks and orgs have queued. Every Reserve must
-// be followed by one Deliver with the same n, whatever happens to the intake.
+// deliveries of their webhook, whatever other webhooks and orgs have queued. While the queue
+// has a backlog (the last claim did not drain it), reservations stop at three quarters of the
+// workers: slots reserved for an intake's transaction are idle until it commits, and under load
+// they would otherwise leave the claims that work off the backlog no free worker. Every Reserve
+// must be followed by one Deliver with the same n, whatever happens to the intake.
 func (d *Dispatcher) Reserve(n int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !d.running || n <= 0 {
 		return 0
 	}
-	n = min(n, d.cfg.Workers-d.active)
+	limit := d.cfg.Workers
+	if !d.caughtUp {
+		limit -= d.cfg.Workers / 4
+	}
+	n = min(n, limit-d.active)
 	if n <= 0 {
 		return 0
 	}
@@ -278,6 +286,9 @@ func (d *Dispatcher) Reserve(n int) int {
 // for them.
 func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	if queued {
+		d.mu.Lock()
+		d.caughtUp = false
+		d.mu.Unlock()
 		// The claim that the intake's notification started may have finished before this call
 		// (and found the queue drained): claim again rather than leave them to the next poll.
 		signal(d.wake)

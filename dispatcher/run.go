@@ -104,6 +104,9 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 		if free > 0 {
 			limit := min(free, d.cfg.BatchSize)
 			jobs, drained, err := d.claim(ctx, limit)
+			d.mu.Lock()
+			d.caughtUp = err == nil && drained
+			d.mu.Unlock()
 			if err != nil {
 				if ctx.Err() != nil {
 					return
