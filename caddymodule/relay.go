@@ -151,29 +151,27 @@ func setAuthUser(r *http.Request, ch *store.RelayChannel) {
 // relayMetrics records the relay's outcomes in the app's collectors.
 type relayMetrics struct {
 	m        *metrics
-	outcomes map[string]prometheus.Counter // the relay_requests_total child of each known outcome
+	outcomes map[relay.Outcome]prometheus.Counter // the relay_requests_total child of each known outcome
 }
 
 func newRelayMetrics(m *metrics) relayMetrics {
-	rm := relayMetrics{m: m, outcomes: map[string]prometheus.Counter{}}
-	for _, o := range []string{"ok", "upstream_4xx", "upstream_5xx", "upstream_error", "unauthorized",
-		"auth_throttled", "inactive", "forbidden", "disconnected", "rate_limited", "replayed",
-		"idempotency_unavailable", "unavailable"} {
-		rm.outcomes[o] = m.relayRequests.WithLabelValues(o)
+	rm := relayMetrics{m: m, outcomes: map[relay.Outcome]prometheus.Counter{}}
+	for _, o := range relay.Outcomes() {
+		rm.outcomes[o] = m.relayRequests.WithLabelValues(string(o))
 	}
 	return rm
 }
 
-func (rm relayMetrics) Answered(outcome string) {
+func (rm relayMetrics) Answered(outcome relay.Outcome) {
 	c, ok := rm.outcomes[outcome]
 	if !ok {
-		c = rm.m.relayRequests.WithLabelValues(outcome)
+		c = rm.m.relayRequests.WithLabelValues(string(outcome))
 	}
 	c.Inc()
 	switch outcome {
-	case "rate_limited":
+	case relay.OutcomeRateLimited:
 		rm.m.rateLimited.Inc()
-	case "replayed":
+	case relay.OutcomeReplayed:
 		rm.m.replays.Inc()
 	}
 }

@@ -389,10 +389,10 @@ func TestRelayRedisAdmission(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	testRateLimitBeforeClaim(t, func() (Admission, idempotency.Store) {
 		prefix := "t:" + rand.Text() + ":"
-		rl := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")
+		limitLog := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")
 		ri := idempotency.NewRedis(rdb, idempotency.Options{Prefix: prefix + "idem:"}, nil)
 		t.Cleanup(func() { ri.Close() })
-		return admission.NewRedis(rdb, rl, ri, nil, nil), ri
+		return admission.NewRedis(rdb, limitLog, ri, nil, nil), ri
 	})
 }
 
