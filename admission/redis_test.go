@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap/zaptest"
 
@@ -184,16 +185,16 @@ func TestClaimRedisDown(t *testing.T) {
 	}
 }
 
-// newTestClient returns a client with short timeouts, so that a dead Redis shows promptly.
-func newTestClient(t testing.TB, url string) *redis.Client {
-	t.Helper()
+// newTestClient returns a client of url with short timeouts (a dead Redis shows promptly),
+// closed when tb ends.
+func newTestClient(tb testing.TB, url string) *redis.Client {
 	opt, err := redis.ParseURL(url)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
-	c := redis.NewClient(opt)
-	t.Cleanup(func() { c.Close() })
+	const prompt = 500 * time.Millisecond
+	c := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, DialTimeout: prompt, ReadTimeout: prompt, WriteTimeout: prompt})
+	tb.Cleanup(func() { c.Close() })
 	return c
 }
 
@@ -237,4 +238,21 @@ func parkedClaims() int {
 		}
 	}
 	return parked
+}
+
+// BenchmarkClaimRedis measures one keyed send's admission on Redis (limit + claim in one round
+// trip), each with a new key under a limit it never reaches.
+func BenchmarkClaimRedis(b *testing.B) {
+	client := newTestClient(b, testenv.Redis(b))
+	prefix := "wabarelay:admission:bench:" + rand.Text() + ":"
+	idem := idempotency.NewRedis(client, idempotency.Options{Prefix: prefix}, nil)
+	b.Cleanup(func() { idem.Close() })
+	adm := NewRedis(client, ratelimit.NewRedis(client, 1<<30, time.Minute, prefix+"rl:"), idem, nil, nil)
+	channel, ctx := uuid.New(), context.Background()
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if _, res, err := adm.Claim(ctx, channel, strconv.Itoa(i), "fp"); err != nil || res.Outcome != idempotency.Acquired {
+			b.Fatal(res, err)
+		}
+	}
 }
