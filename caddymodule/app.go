@@ -24,7 +24,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/dispatcher"
-	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
@@ -119,7 +118,7 @@ type App struct {
 	box          *secretbox.Box
 	store        *store.Store
 	cache        *relay.Cache
-	idem         idempotency.Store
+	idem         idemStore
 	idemKey      string
 	mgmtLimiter  limiterHandle
 	// authGuard refuses client addresses that present too many bad credentials, before any

@@ -117,8 +117,16 @@ func releaseMemoryLimiter(key string) { memLimiters.Delete(key) }
 
 var idemStores = caddy.NewUsagePool()
 
-type idemDestructor struct {
+// idemStore is the app's idempotency store: on Redis when the app has Redis (redis is then
+// the same store, which the relay's admission counts and claims on in one round trip), else in
+// memory (redis nil).
+type idemStore struct {
 	idempotency.Store
+	redis *idempotency.Redis
+}
+
+type idemDestructor struct {
+	idemStore
 	close func() error
 }
 
@@ -129,7 +137,7 @@ func (d idemDestructor) Destruct() error {
 
 // acquireIdempotency returns the idempotency store shared across reloads: on the Redis client
 // (keyed by its pool key) when there is one, else in memory.
-func acquireIdempotency(rdb redis.UniversalClient, redisKey string, logger *zap.Logger) (idempotency.Store, string) {
+func acquireIdempotency(rdb redis.UniversalClient, redisKey string, logger *zap.Logger) (idemStore, string) {
 	key := "idem:memory"
 	if rdb != nil {
 		key = "idem:" + redisKey
@@ -137,12 +145,12 @@ func acquireIdempotency(rdb redis.UniversalClient, redisKey string, logger *zap.
 	v, _, _ := idemStores.LoadOrNew(key, func() (caddy.Destructor, error) {
 		if rdb != nil {
 			s := idempotency.NewRedis(rdb, idempotency.Options{}, logger)
-			return idemDestructor{s, s.Close}, nil
+			return idemDestructor{idemStore{s, s}, s.Close}, nil
 		}
 		s := idempotency.NewMemory(idempotency.Options{})
-		return idemDestructor{s, s.Close}, nil
+		return idemDestructor{idemStore{Store: s}, s.Close}, nil
 	})
-	return v.(idemDestructor).Store, key
+	return v.(idemDestructor).idemStore, key
 }
 
 func releaseIdempotency(key string) { idemStores.Delete(key) }

@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
@@ -63,12 +63,12 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 		h.Window = caddy.Duration(defaultRelayWindow)
 	}
 	a := h.app
-	var admission relay.Admission
-	admission, h.limiter = a.newRelayAdmission(h.Requests, time.Duration(h.Window))
+	adm, limiter := a.newRelayAdmission(h.Requests, time.Duration(h.Window))
+	h.limiter = limiter
 	h.relay = &relay.Relay{
 		Channels:      a.cache,
 		Objects:       a.store,
-		Admission:     admission,
+		Admission:     adm,
 		Guard:         a.authGuard,
 		UpstreamBase:  strings.TrimRight(a.upstream.Path, "/"),
 		ProxyBase:     a.proxyBase,
@@ -104,16 +104,14 @@ func (h *RelayHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, next ca
 // newRelayAdmission returns the relay's admission for a limit of limit calls per window: on
 // Redis (limit log and idempotency claim in one script; the limit falls back to memory while
 // Redis is down) when the app has Redis, else in memory.
-func (a *App) newRelayAdmission(limit int, window time.Duration) (relay.Admission, limiterHandle) {
+func (a *App) newRelayAdmission(limit int, window time.Duration) (*admission.Admission, limiterHandle) {
 	const prefix = "wabarelay:relay:"
 	mem, key := acquireMemoryLimiter(prefix, limit, window)
-	ri, ok := a.idem.(*idempotency.Redis)
-	if a.redis == nil || !ok {
-		return relay.NewAdmission(mem, a.idem), limiterHandle{mem, key}
+	if a.idem.redis == nil {
+		return admission.NewMemory(mem, a.idem), limiterHandle{mem, key}
 	}
-	rl := ratelimit.NewRedis(a.redis, limit, window, prefix)
-	limiter := ratelimit.NewFallback(rl, mem, a.logger)
-	return relay.NewRedisAdmission(limiter, rl, ri), limiterHandle{limiter, key}
+	limitLog := ratelimit.NewRedis(a.redis, limit, window, prefix)
+	return admission.NewRedis(a.redis, limitLog, a.idem.redis, mem, a.logger), limiterHandle{mem, key}
 }
 
 // proxyBase is {proxy_url}: configured, or the scheme, host and path prefix of the original
@@ -153,29 +151,27 @@ func setAuthUser(r *http.Request, ch *store.RelayChannel) {
 // relayMetrics records the relay's outcomes in the app's collectors.
 type relayMetrics struct {
 	m        *metrics
-	outcomes map[string]prometheus.Counter // the relay_requests_total child of each known outcome
+	outcomes map[relay.Outcome]prometheus.Counter // the relay_requests_total child of each known outcome
 }
 
 func newRelayMetrics(m *metrics) relayMetrics {
-	rm := relayMetrics{m: m, outcomes: map[string]prometheus.Counter{}}
-	for _, o := range []string{"ok", "upstream_4xx", "upstream_5xx", "upstream_error", "unauthorized",
-		"auth_throttled", "inactive", "forbidden", "disconnected", "rate_limited", "replayed",
-		"idempotency_unavailable", "unavailable"} {
-		rm.outcomes[o] = m.relayRequests.WithLabelValues(o)
+	rm := relayMetrics{m: m, outcomes: map[relay.Outcome]prometheus.Counter{}}
+	for _, o := range relay.Outcomes() {
+		rm.outcomes[o] = m.relayRequests.WithLabelValues(string(o))
 	}
 	return rm
 }
 
-func (rm relayMetrics) Answered(outcome string) {
+func (rm relayMetrics) Answered(outcome relay.Outcome) {
 	c, ok := rm.outcomes[outcome]
 	if !ok {
-		c = rm.m.relayRequests.WithLabelValues(outcome)
+		c = rm.m.relayRequests.WithLabelValues(string(outcome))
 	}
 	c.Inc()
 	switch outcome {
-	case "rate_limited":
+	case relay.OutcomeRateLimited:
 		rm.m.rateLimited.Inc()
-	case "replayed":
+	case relay.OutcomeReplayed:
 		rm.m.replays.Inc()
 	}
 }
@@ -194,4 +190,5 @@ var (
 	_ caddy.Provisioner           = (*RelayHandler)(nil)
 	_ caddy.CleanerUpper          = (*RelayHandler)(nil)
 	_ relay.Metrics               = relayMetrics{}
+	_ relay.Admission             = (*admission.Admission)(nil)
 )

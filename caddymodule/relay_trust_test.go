@@ -16,10 +16,10 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -190,7 +190,7 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 	defer idem.Close()
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"},"idempotency_key":"zero-1"}`
 	stripped := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"}}`
-	k := relay.ClaimKey(ch.ID, "zero-1")
+	k := admission.ClaimKey(ch.ID, "zero-1")
 	res, err := idem.Begin(context.Background(), k, idempotency.Fingerprint("POST", "/"+pnid+"/messages", "", []byte(stripped)))
 	if err != nil || res.Outcome != idempotency.Acquired {
 		t.Fatalf("begin: %+v %v", res, err)

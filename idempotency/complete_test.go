@@ -162,3 +162,7 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 	}
 }
+
+func itoa(i int) string {
+	return string(rune('a'+i/26/26%26)) + string(rune('a'+i/26%26)) + string(rune('a'+i%26))
+}

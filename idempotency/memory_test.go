@@ -3,6 +3,7 @@ package idempotency
 import (
 	"context"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -12,12 +13,18 @@ func newMemoryStores(t *testing.T, opt Options) (Store, Store) {
 	return s, s
 }
 
+// TestMemory runs the conformance cases in synctest bubbles: the store's clock, timers and
+// janitor are the bubble's.
 func TestMemory(t *testing.T) {
-	runConformance(t, newMemoryStores)
+	runConformance(t, newMemoryStores, synctest.Test)
 }
 
 // TestMemoryJanitor: expired entries are dropped without being used again.
 func TestMemoryJanitor(t *testing.T) {
+	synctest.Test(t, testMemoryJanitor)
+}
+
+func testMemoryJanitor(t *testing.T) {
 	s := NewMemory(Options{TTL: 200 * time.Millisecond, Lease: 200 * time.Millisecond})
 	defer s.Close()
 	ctx := context.Background()
@@ -34,12 +41,11 @@ func TestMemoryJanitor(t *testing.T) {
 	if s.len() != 2 {
 		t.Fatalf("len = %d, want 2", s.len())
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for s.len() != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("janitor left %d entries", s.len())
-		}
-		time.Sleep(50 * time.Millisecond)
+	// The janitor sweeps every second (its shortest interval): by then both have expired.
+	time.Sleep(time.Second)
+	synctest.Wait()
+	if s.len() != 0 {
+		t.Fatalf("janitor left %d entries", s.len())
 	}
 	if err := s.Close(); err != nil {
 		t.Fatal(err)

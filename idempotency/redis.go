@@ -15,8 +15,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
-
-	"github.com/wabarelay/wabarelay/ratelimit"
 )
 
 // Redis is a [Store] shared by every instance that uses the same Redis (7.0 or later).
@@ -167,78 +165,67 @@ return 1
 
 // Begin implements [Store.Begin].
 func (s *Redis) Begin(ctx context.Context, key, fp string) (Result, error) {
-	return s.begin(ctx, key, fp, nil)
+	c, err := s.PrepareClaim(key, fp)
+	if err != nil {
+		return Result{}, err
+	}
+	return s.begin(ctx, c, nil)
 }
 
-// limitedClaimScript counts a request against a rate limit and, if the limit lets it through,
-// claims the key, in one round trip: KEYS[1] the limit log, KEYS[2] the claim; ARGV[1..4] the
-// limiter's arguments (ratelimit.Call.Args), ARGV[5] the in-flight record, ARGV[6] the lease in
-// milliseconds. It returns {limit decision, previous record or nil}; nothing is claimed when
-// the decision refuses.
-var limitedClaimScript = redis.NewScript(ratelimit.SlidingLogLua + `
-local d = sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
-if d[1] == 0 then return {d, false} end
-return {d, redis.call('SET', KEYS[2], ARGV[5], 'NX', 'PX', ARGV[6], 'GET')}
-`)
+// ClaimLua defines the claim of [Redis.Begin] as a Lua function, for a script that claims a key
+// in the same round trip as other work (package admission counts the rate limit with it):
+//
+//	claim(key, record, lease_ms) -> the record held before, or false when the caller now owns key
+//
+// It is SET key record NX PX lease_ms GET. A script that embeds it claims a [Claim] c with
+// claim(c.Key, c.Record, c.Lease), c.Key among its KEYS, and hands the reply to
+// [Redis.ContinueClaim].
+const ClaimLua = `
+local function claim(key, record, lease)
+  return redis.call('SET', key, record, 'NX', 'PX', lease, 'GET')
+end
+`
 
-// errLimited ends a BeginLimited whose request the limiter refused.
-var errLimited = errors.New("idempotency: refused by the rate limit")
+// Claim is one claim of a key, prepared by [Redis.PrepareClaim] for a script that embeds
+// [ClaimLua]; [Redis.ContinueClaim] finishes it as Begin would.
+type Claim struct {
+	// Key is the Redis key of the claim (the store's prefix + the caller's key).
+	Key string
+	// Record is the in-flight record set when the key is free (it holds the owner token).
+	Record string
+	// Lease is the claim's lease in milliseconds.
+	Lease int64
 
-// BeginLimited is [Redis.Begin] whose first round trip also asks lim for limitKey, atomically
-// in one script: when the limiter refuses, nothing is claimed, the Decision says so and the
-// Result is zero. When it accepts, the request counts against the limit exactly as
-// lim.Allow(ctx, limitKey) would count it, and the claim proceeds like Begin (a wait for an
-// in-flight owner re-reads with plain claims, which do not count again). lim must use the
-// same Redis; under Redis Cluster both keys must hash to one slot (give them one hash tag).
-// Errors are Begin's.
-func (s *Redis) BeginLimited(ctx context.Context, lim *ratelimit.RedisLimiter, limitKey, key, fp string) (ratelimit.Decision, Result, error) {
-	call, ok := lim.Prepare(limitKey)
-	if !ok {
-		return call.Deny(), Result{}, nil
-	}
-	var d ratelimit.Decision
-	res, err := s.begin(ctx, key, fp, func(rkey, pending string) (string, error) {
-		reply, err := limitedClaimScript.Run(ctx, s.client, []string{call.Key, rkey},
-			append(call.Args, pending, millis(s.opt.Lease))...).Slice()
-		if err != nil {
-			return "", err
-		}
-		if len(reply) != 2 {
-			return "", fmt.Errorf("unexpected script reply %v", reply)
-		}
-		if d, err = call.Decision(reply[0]); err != nil {
-			return "", err
-		}
-		if !d.Allowed {
-			return "", errLimited
-		}
-		if reply[1] == nil {
-			return "", redis.Nil
-		}
-		old, ok := reply[1].(string)
-		if !ok {
-			return "", fmt.Errorf("unexpected script reply %v", reply)
-		}
-		return old, nil
-	})
-	if errors.Is(err, errLimited) {
-		return d, Result{}, nil
-	}
-	return d, res, err
+	key, fp, token string
+	deadline       time.Time // the end of a duplicate's wait
 }
 
-// begin is Begin; first, when set, makes the first claim instead of the plain one (it answers
-// like SET NX GET: the previous record, or redis.Nil when the caller now owns the key).
-func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pending string) (string, error)) (Result, error) {
+// PrepareClaim returns the claim of key for a request with fingerprint fp, as [Redis.Begin]
+// makes it, and starts the pub/sub listener if it was not running. The wait of a duplicate
+// (Options.Wait) counts from now.
+func (s *Redis) PrepareClaim(key, fp string) (Claim, error) {
 	s.start()
 	token := rand.Text()
 	pending, err := json.Marshal(record{State: statePending, FP: fp, Owner: token})
 	if err != nil {
-		return Result{}, fmt.Errorf("idempotency: encoding claim: %w", err)
+		return Claim{}, fmt.Errorf("idempotency: encoding claim: %w", err)
 	}
-	rkey := s.opt.Prefix + key
-	deadline := time.Now().Add(s.opt.Wait)
+	return Claim{Key: s.opt.Prefix + key, Record: string(pending), Lease: millis(s.opt.Lease),
+		key: key, fp: fp, token: token, deadline: time.Now().Add(s.opt.Wait)}, nil
+}
 
+// ContinueClaim finishes the Begin of c after a script made its first claim: reply is that
+// claim's reply as go-redis returns it (nil when the caller now owns the key, else the record
+// held). It answers exactly as Begin: a wait for an in-flight owner re-reads with plain claims.
+// A reply of any other type is an error wrapping [ErrUnavailable].
+func (s *Redis) ContinueClaim(ctx context.Context, c Claim, reply any) (Result, error) {
+	return s.begin(ctx, c, &reply)
+}
+
+// begin runs the claim loop of c. first, when set, is the reply of a first claim already made
+// (by ContinueClaim's caller); else the first claim is the plain one.
+func (s *Redis) begin(ctx context.Context, c Claim, first *any) (Result, error) {
+	key, fp := c.key, c.fp
 	var (
 		wake  chan struct{} // set once registered as a waiter
 		timer *time.Timer   // fires at the deadline
@@ -254,18 +241,18 @@ func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pend
 	}()
 	for {
 		// SET NX GET claims the key if it is free and otherwise reads it, in one round trip.
-		var old string
+		var (
+			old string
+			err error
+		)
 		if first != nil {
-			old, err = first(rkey, string(pending))
+			old, err = claimReply(*first)
 			first = nil
 		} else {
-			old, err = s.client.Do(ctx, "SET", rkey, pending, "NX", "PX", millis(s.opt.Lease), "GET").Text()
+			old, err = s.client.Do(ctx, "SET", c.Key, c.Record, "NX", "PX", c.Lease, "GET").Text()
 		}
 		if errors.Is(err, redis.Nil) {
-			return Result{Outcome: Acquired, Token: token}, nil
-		}
-		if errors.Is(err, errLimited) {
-			return Result{}, err
+			return Result{Outcome: Acquired, Token: c.token}, nil
 		}
 		if err != nil {
 			return Result{}, s.wrap(ctx, "claiming", key, err)
@@ -290,7 +277,7 @@ func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pend
 			// Register first, then read again at once: a completion published after this
 			// point wakes us, one published before it is seen by the read.
 			wake = s.waiters.add(key)
-			timer = time.NewTimer(time.Until(deadline))
+			timer = time.NewTimer(time.Until(c.deadline))
 			poll = time.NewTicker(s.poll)
 			continue
 		}
@@ -303,6 +290,18 @@ func (s *Redis) begin(ctx context.Context, key, fp string, first func(rkey, pend
 			return Result{}, fmt.Errorf("idempotency: waiting for key %q: %w", key, ctx.Err())
 		}
 	}
+}
+
+// claimReply decodes the reply of claim (ClaimLua) as SET NX GET's: the record held, or
+// redis.Nil when the caller now owns the key.
+func claimReply(reply any) (string, error) {
+	switch v := reply.(type) {
+	case nil:
+		return "", redis.Nil
+	case string:
+		return v, nil
+	}
+	return "", fmt.Errorf("unexpected claim reply %v", reply)
 }
 
 // Complete implements [Store.Complete].

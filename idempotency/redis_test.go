@@ -81,7 +81,7 @@ func TestRedis(t *testing.T) {
 	url := testenv.Redis(t)
 	runConformance(t, func(t *testing.T, opt Options) (Store, Store) {
 		return newRedisPair(t, url, opt)
-	})
+	}, func(t *testing.T, test func(*testing.T)) { test(t) })
 }
 
 // TestRedisWakeByPubSub: with the safety poll out of the way, a waiter on one instance is woken

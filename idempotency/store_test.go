@@ -78,18 +78,27 @@ func waitWaiting(t *testing.T, n int) {
 // (two "instances"); for Memory, the same store twice.
 type newStores func(t *testing.T, opt Options) (a, b Store)
 
-// runConformance runs the behaviour every Store must have.
-func runConformance(t *testing.T, newStores newStores) {
-	t.Run("ConcurrentBeginOneSend", func(t *testing.T) { testConcurrentBegin(t, newStores) })
-	t.Run("Mismatch", func(t *testing.T) { testMismatch(t, newStores) })
-	t.Run("ReleaseHandsOver", func(t *testing.T) { testReleaseHandsOver(t, newStores) })
-	t.Run("WaitLimitAndLease", func(t *testing.T) { testWaitLimitAndLease(t, newStores) })
-	t.Run("LeaseExpiryWhileWaiting", func(t *testing.T) { testLeaseExpiryWhileWaiting(t, newStores) })
-	t.Run("Fencing", func(t *testing.T) { testFencing(t, newStores) })
-	t.Run("TTLExpiry", func(t *testing.T) { testTTLExpiry(t, newStores) })
-	t.Run("ContextCancelWhileWaiting", func(t *testing.T) { testContextCancel(t, newStores) })
-	t.Run("NoWait", func(t *testing.T) { testNoWait(t, newStores) })
-	t.Run("ResponseRoundTrip", func(t *testing.T) { testResponseRoundTrip(t, newStores) })
+// runConformance runs the behaviour every Store must have, each case through run: the case
+// itself for Redis (whose leases and TTLs run on the server's clock), synctest.Test for Memory
+// (its leases, TTLs, waits and the tests' own pauses then take no real time).
+func runConformance(t *testing.T, stores newStores, run func(*testing.T, func(*testing.T))) {
+	for _, c := range []struct {
+		name string
+		test func(*testing.T, newStores)
+	}{
+		{"ConcurrentBeginOneSend", testConcurrentBegin},
+		{"Mismatch", testMismatch},
+		{"ReleaseHandsOver", testReleaseHandsOver},
+		{"WaitLimitAndLease", testWaitLimitAndLease},
+		{"LeaseExpiryWhileWaiting", testLeaseExpiryWhileWaiting},
+		{"Fencing", testFencing},
+		{"TTLExpiry", testTTLExpiry},
+		{"ContextCancelWhileWaiting", testContextCancel},
+		{"NoWait", testNoWait},
+		{"ResponseRoundTrip", testResponseRoundTrip},
+	} {
+		t.Run(c.name, func(t *testing.T) { run(t, func(t *testing.T) { c.test(t, stores) }) })
+	}
 }
 
 // sampleResponse is a response as the relay would store it.

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -34,7 +35,9 @@ func TestFallbackRedisOutage(t *testing.T) {
 	mem := NewMemory(3, time.Minute)
 	defer mem.Close()
 	l := NewFallback(NewRedis(client, 3, time.Minute, "rl:"), mem, zap.New(core))
-	l.(*fallbackLimiter).probeEvery = 20 * time.Millisecond
+	// The probe schedule runs on a fake clock: the test moves it past each probe time.
+	clk := newFakeClock()
+	l.(*fallbackLimiter).now = clk.Now
 
 	zcard := func(key string) int64 {
 		t.Helper()
@@ -64,21 +67,19 @@ func TestFallbackRedisOutage(t *testing.T) {
 	// Several probes fail: each call made once the clock has passed the next probe time tries
 	// Redis, and its failure moves the probe time on.
 	f := l.(*fallbackLimiter)
-	for probes, deadline := 0, time.Now().Add(30*time.Second); probes < 3; {
+	for range 3 {
 		f.mu.Lock()
 		next := f.nextProbe
 		f.mu.Unlock()
-		time.Sleep(time.Until(next) + time.Millisecond)
+		clk.Advance(next.Sub(clk.Now()) + time.Millisecond)
 		if d := mustAllow(t, l, "b"); d.Allowed {
 			t.Fatalf("during outage: allowed beyond the memory limit")
 		}
 		f.mu.Lock()
-		if f.nextProbe.After(next) {
-			probes++
-		}
+		moved := f.nextProbe.After(next)
 		f.mu.Unlock()
-		if time.Now().After(deadline) {
-			t.Fatalf("%d probes in 30 s", probes)
+		if !moved {
+			t.Fatal("a call past the probe time did not probe")
 		}
 	}
 	for range 10 {
@@ -92,7 +93,8 @@ func TestFallbackRedisOutage(t *testing.T) {
 
 	srv.Restart(t)
 	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; ; i++ {
+	for {
+		clk.Advance(defaultProbeEvery) // every call may probe
 		mustAllow(t, l, "c")
 		if zcard("c") > 0 {
 			break
@@ -100,7 +102,7 @@ func TestFallbackRedisOutage(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("Redis limiter not used again after restart")
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // polling the restarted server
 	}
 	// Back on Redis: a fresh key gets exactly the limit, recorded in Redis.
 	for i := range 5 {
@@ -183,7 +185,12 @@ func TestFallbackProbesSparingly(t *testing.T) {
 	}
 }
 
+// TestFallbackOneProbeAtATime runs in a synctest bubble, which tells when the probe is stuck.
 func TestFallbackOneProbeAtATime(t *testing.T) {
+	synctest.Test(t, testFallbackOneProbeAtATime)
+}
+
+func testFallbackOneProbeAtATime(t *testing.T) {
 	primary := &stubLimiter{}
 	primary.fail(errors.New("timeout"))
 	mem := newMemory(1000, time.Minute, time.Now, 0)
@@ -194,8 +201,9 @@ func TestFallbackOneProbeAtATime(t *testing.T) {
 	primary.block = make(chan struct{})
 	done := make(chan struct{})
 	go func() { mustAllow(t, l, "k"); close(done) }() // the probe, stuck
-	for primary.calls.Load() != 2 {
-		time.Sleep(time.Millisecond)
+	synctest.Wait()
+	if n := primary.calls.Load(); n != 2 {
+		t.Fatalf("primary called %d times, want 2 (the probe, blocked)", n)
 	}
 	var wg sync.WaitGroup
 	for range 50 {

@@ -31,9 +31,9 @@ const NotifyChannel = "wabarelay_channels"
 // Cache defaults.
 const (
 	// DefaultTTL is a backstop only: every change reaches the cache by notification, and a
-	// listener that reconnects flushes the cache (notifications may have been missed). 30 s
-	// cost a Postgres load per active channel twice a minute (bench/relay, 10,000 channels:
-	// ~2% of the relay's CPU and 4–6 µs of Postgres per request) for no freshness gained.
+	// listener that reconnects flushes the cache (notifications may have been missed). A
+	// shorter TTL costs a Postgres load per active channel and TTL for no freshness gained
+	// (figures: bench/README.md, "Figures behind the defaults (relay admission)").
 	DefaultTTL = 5 * time.Minute
 	// negativeTTL is how long a token known to be nobody's is answered from memory.
 	negativeTTL = 5 * time.Second

@@ -82,7 +82,7 @@ var copyBufs = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b 
 // the relay is no open proxy — and is fetched with the channel's token too; neither URL nor
 // token ever reaches the caller or a log line. Ranges and validators pass through (206, 304,
 // 416); nothing is buffered whole.
-func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, id string, up Upstream) {
+func (relay *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, id string, up Upstream) {
 	start := time.Now()
 	// 1. The media object.
 	obj := r.Clone(r.Context())
@@ -91,7 +91,7 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 		obj.Header.Del(h)
 	}
 	obj.URL.RawQuery = ""
-	rl.prepare(obj, ch, "/"+id)
+	relay.prepare(obj, ch, "/"+id)
 	a := newAnswer(discard{}, http.MethodGet, "/"+id, ch, false)
 	defer a.free()
 	a.limit = 1 << 20
@@ -103,19 +103,19 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	a.finish(upErr)
 	switch {
 	case a.refused || a.undecodable:
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 		return
 	case err != nil:
-		rl.upstreamFailed(w, r, err, false)
+		relay.upstreamFailed(w, r, err, false)
 		return
 	case a.state != inspecting:
 		// Not a JSON answer we could read (too large, or not JSON): not a media object.
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamDown)
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamDown)
 		return
 	}
 	body := a.buf.Bytes()
 	if TokenDead(a.status, body) {
-		rl.disconnected(w, r, ch)
+		relay.disconnected(w, r, ch)
 		return
 	}
 	if a.status != http.StatusOK {
@@ -126,21 +126,21 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 		h.Set("Content-Length", strconv.Itoa(len(out)))
 		w.WriteHeader(a.status)
 		w.Write(out)
-		rl.count(outcomeOf(a.status))
+		relay.count(outcomeOf(a.status))
 		return
 	}
 	var media struct {
 		URL string `json:"url"`
 	}
 	if json.Unmarshal(body, &media) != nil || media.URL == "" {
-		rl.logger().Warn("relay: media object without a url", zap.String("media_id", id))
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamDown)
+		relay.logger().Warn("relay: media object without a url", zap.String("media_id", id))
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamDown)
 		return
 	}
 	u, perr := url.Parse(media.URL)
 	if perr != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
-		rl.logger().Warn("relay: media object with an unusable url", zap.String("media_id", id))
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamDown)
+		relay.logger().Warn("relay: media object with an unusable url", zap.String("media_id", id))
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamDown)
 		return
 	}
 
@@ -154,7 +154,7 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 			req.Header[h] = v
 		}
 	}
-	client := rl.MediaClient
+	client := relay.MediaClient
 	if client == nil {
 		client = defaultMediaClient
 	}
@@ -167,18 +167,18 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 		if errors.As(err, &ue) {
 			err = ue.Err // without the URL
 		}
-		rl.upstreamFailed(w, r, err, false)
+		relay.upstreamFailed(w, r, err, false)
 		return
 	}
 	defer resp.Body.Close()
-	if rl.Metrics != nil {
-		rl.Metrics.MediaFirstByte(time.Since(start))
+	if relay.Metrics != nil {
+		relay.Metrics.MediaFirstByte(time.Since(start))
 	}
 	if resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnauthorized {
 		// Perhaps a dead token (code 190): a small error answer, read to tell.
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		if TokenDead(resp.StatusCode, b) {
-			rl.disconnected(w, r, ch)
+			relay.disconnected(w, r, ch)
 			return
 		}
 		resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), resp.Body))
@@ -191,14 +191,14 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	case "", "identity":
 	case "gzip", "x-gzip", "deflate":
 		if src, err = decodingReader(resp.Body, ce); err != nil {
-			rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+			relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 			return
 		}
 		length = -1
 		resp.Header.Del("Etag")
 		resp.Header.Del("Content-Range")
 	default:
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 		return
 	}
 	h := w.Header()
@@ -222,10 +222,10 @@ func (rl *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	if cerr == nil {
 		red.flush()
 	}
-	if rl.Metrics != nil {
-		rl.Metrics.MediaBytes("download", n)
+	if relay.Metrics != nil {
+		relay.Metrics.MediaBytes("download", n)
 	}
-	rl.count(outcomeOf(resp.StatusCode))
+	relay.count(outcomeOf(resp.StatusCode))
 }
 
 // onlyWriter hides every method but Write (io.CopyBuffer then uses the buffer given).

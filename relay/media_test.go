@@ -23,7 +23,7 @@ type mediaMetrics struct {
 	first int
 }
 
-func (m *mediaMetrics) Answered(string)               {}
+func (m *mediaMetrics) Answered(Outcome)              {}
 func (m *mediaMetrics) UpstreamLatency(time.Duration) {}
 func (m *mediaMetrics) MediaBytes(dir string, n int64) {
 	m.mu.Lock()

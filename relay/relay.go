@@ -88,12 +88,10 @@ type AuthGuard interface {
 	Fail(addr string)
 }
 
-// Metrics records what the relay did. Outcomes: ok, upstream_4xx, upstream_5xx,
-// upstream_error, unauthorized, auth_throttled, inactive, forbidden, disconnected,
-// rate_limited, replayed, idempotency_unavailable, unavailable.
+// Metrics records what the relay did.
 type Metrics interface {
-	// Answered counts one relay call by outcome.
-	Answered(outcome string)
+	// Answered counts one relay call by outcome (one of [Outcomes]).
+	Answered(outcome Outcome)
 	// UpstreamLatency records the time from forwarding a call to the upstream's answer.
 	UpstreamLatency(d time.Duration)
 	// MediaBytes counts media bytes relayed in a direction ("download", "upload").
@@ -103,7 +101,7 @@ type Metrics interface {
 	MediaFirstByte(d time.Duration)
 }
 
-// Relay serves calls made with channel tokens (DESIGN §5): it authenticates the token, checks
+// Relay serves calls made with channel tokens (docs/relay.md): it authenticates the token, checks
 // the path against the channel's scope, admits the call (rate limit, idempotency claim),
 // swaps the token for the channel's upstream access token, sends the call upstream and looks
 // at the answer only where it must (a dead token, objects handed to the channel, paging
@@ -138,28 +136,28 @@ type Relay struct {
 }
 
 // Serve answers one relay call, sending it upstream through up when it passes every check.
-func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
-	ch := rl.authenticate(w, r)
+func (relay *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
+	ch := relay.authenticate(w, r)
 	if ch == nil {
 		return
 	}
-	if rl.Authenticated != nil {
-		rl.Authenticated(r, ch)
+	if relay.Authenticated != nil {
+		relay.Authenticated(r, ch)
 	}
-	guard, ok := rl.cleanRequest(w, r)
+	guard, ok := relay.cleanRequest(w, r)
 	if !ok {
 		return
 	}
 	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/messages") {
-		rl.send(w, r, ch, up)
+		relay.send(w, r, ch, up)
 		return
 	}
-	if !rl.allow(w, r, ch) {
+	if !relay.allow(w, r, ch) {
 		return
 	}
 	upath := UpstreamPath(r.URL.Path)
 	if id, ok := downloadOf(r.Method, upath); ok {
-		rl.download(w, r, ch, id, up)
+		relay.download(w, r, ch, id, up)
 		return
 	}
 	var uploaded *countingReader
@@ -167,9 +165,9 @@ func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 		uploaded = &countingReader{r: r.Body}
 		r.Body = uploaded
 	}
-	o := rl.forward(w, r, ch, up, false, guard)
-	if uploaded != nil && rl.Metrics != nil {
-		rl.Metrics.MediaBytes("upload", uploaded.n)
+	o := relay.forward(w, r, ch, up, false, guard)
+	if uploaded != nil && relay.Metrics != nil {
+		relay.Metrics.MediaBytes("upload", uploaded.n)
 	}
 	if o.aborted {
 		panic(http.ErrAbortHandler)
@@ -179,18 +177,18 @@ func (rl *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 // authenticate resolves the caller's channel and checks its status and the path's scope, all
 // from memory in the common case. It answers the caller itself and returns nil when the call
 // goes no further.
-func (rl *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.RelayChannel {
+func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.RelayChannel {
 	authz := r.Header.Get("Authorization")
 	if authz == "" {
-		rl.refuse(w, "unauthorized", http.StatusUnauthorized, MsgAuthRequired)
+		relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgAuthRequired)
 		return nil
 	}
 	// An address that presented too many bad tokens is refused before any lookup.
 	addr := httpx.ClientAddr(r)
-	if rl.Guard != nil {
-		if retry, ok := rl.Guard.Check(addr); !ok {
+	if relay.Guard != nil {
+		if retry, ok := relay.Guard.Check(addr); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-			rl.refuse(w, "auth_throttled", http.StatusTooManyRequests, httpx.MsgRateLimited)
+			relay.refuse(w, OutcomeAuthThrottled, http.StatusTooManyRequests, httpx.MsgRateLimited)
 			return nil
 		}
 	}
@@ -199,33 +197,33 @@ func (rl *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.Rel
 	var ch *store.RelayChannel
 	err := ErrUnknownToken
 	if strings.EqualFold(scheme, "Bearer") && store.ValidChannelToken(token) {
-		ch, err = rl.Channels.Lookup(r.Context(), token)
+		ch, err = relay.Channels.Lookup(r.Context(), token)
 	}
 	switch {
 	case errors.Is(err, ErrUnknownToken):
-		if rl.Guard != nil {
-			rl.Guard.Fail(addr)
+		if relay.Guard != nil {
+			relay.Guard.Fail(addr)
 		}
-		rl.refuse(w, "unauthorized", http.StatusUnauthorized, MsgInvalidToken)
+		relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgInvalidToken)
 		return nil
 	case err != nil:
 		if r.Context().Err() != nil {
 			return nil // the caller went away
 		}
-		rl.logger().Warn("relay: channel lookup failed", zap.Error(err))
+		relay.logger().Warn("relay: channel lookup failed", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		rl.refuse(w, "unavailable", http.StatusServiceUnavailable, httpx.MsgUnavailable)
+		relay.refuse(w, OutcomeUnavailable, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 		return nil
 	case ch.Status != "active":
-		rl.refuse(w, "inactive", http.StatusForbidden, MsgNotActive)
+		relay.refuse(w, OutcomeInactive, http.StatusForbidden, MsgNotActive)
 		return nil
 	case ch.Disconnected:
-		rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
+		relay.refuse(w, OutcomeDisconnected, http.StatusServiceUnavailable, MsgDisconnected)
 		return nil
 	}
 	// The path's shape, then the channel's own ids and objects.
 	if CheckPath(r.URL.Path, r.URL.RawPath) != nil || !InScope(ch, UpstreamPath(r.URL.Path)) {
-		rl.refuse(w, "forbidden", http.StatusForbidden, MsgPathNotAllowed)
+		relay.refuse(w, OutcomeForbidden, http.StatusForbidden, MsgPathNotAllowed)
 		return nil
 	}
 	return ch
@@ -233,15 +231,15 @@ func (rl *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.Rel
 
 // allow counts a call without an idempotency key against the channel's limit, answering 429
 // when it is over.
-func (rl *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) bool {
-	d, err := rl.Admission.Allow(r.Context(), ch.ID)
+func (relay *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) bool {
+	d, err := relay.Admission.Allow(r.Context(), ch.ID)
 	if err != nil {
-		rl.logger().Warn("relay: rate limiter failed; call allowed", zap.Error(err))
+		relay.logger().Warn("relay: rate limiter failed; call allowed", zap.Error(err))
 		return true
 	}
 	d.SetHeaders(w.Header())
 	if !d.Allowed {
-		rl.refuse(w, "rate_limited", http.StatusTooManyRequests, httpx.MsgRateLimited)
+		relay.refuse(w, OutcomeRateLimited, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return false
 	}
 	return true
@@ -251,7 +249,7 @@ func (rl *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.RelayCh
 // at most one upstream send happens per (channel, key); repeats replay the stored answer. Once
 // a send has started it runs to its end even if the caller hangs up, so that its real answer
 // is stored and replayed to the caller's retry.
-func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream) {
+func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSendBody))
 	if err != nil {
 		// Nothing was sent: the body is too large, or the caller went away before it arrived.
@@ -277,8 +275,8 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), SendDeadline)
 	defer cancel()
 	if !found {
-		if rl.allow(w, r, ch) {
-			if o := rl.forward(w, r.WithContext(sendCtx), ch, up, false, nil); o.aborted {
+		if relay.allow(w, r, ch) {
+			if o := relay.forward(w, r.WithContext(sendCtx), ch, up, false, nil); o.aborted {
 				panic(http.ErrAbortHandler)
 			}
 		}
@@ -286,19 +284,19 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 	}
 
 	fp := idempotency.Fingerprint(r.Method, UpstreamPath(r.URL.Path), r.URL.RawQuery, stripped)
-	d, res, err := rl.Admission.Claim(r.Context(), ch.ID, key, fp)
+	d, res, err := relay.Admission.Claim(r.Context(), ch.ID, key, fp)
 	if err != nil {
 		if r.Context().Err() != nil {
 			return // the caller went away
 		}
-		rl.logger().Warn("relay: idempotency store unavailable; send with a key refused", zap.Error(err))
+		relay.logger().Warn("relay: idempotency store unavailable; send with a key refused", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		rl.refuse(w, "idempotency_unavailable", http.StatusServiceUnavailable, MsgIdemUnavailable)
+		relay.refuse(w, OutcomeIdempotencyUnavailable, http.StatusServiceUnavailable, MsgIdemUnavailable)
 		return
 	}
 	d.SetHeaders(w.Header())
 	if !d.Allowed {
-		rl.refuse(w, "rate_limited", http.StatusTooManyRequests, httpx.MsgRateLimited)
+		relay.refuse(w, OutcomeRateLimited, http.StatusTooManyRequests, httpx.MsgRateLimited)
 		return
 	}
 	switch res.Outcome {
@@ -309,7 +307,7 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 		}
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeStored(w, resp)
-		rl.count("replayed")
+		relay.count(OutcomeReplayed)
 		return
 	case idempotency.InProgress:
 		w.Header().Set("Retry-After", "1")
@@ -320,23 +318,23 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 		return
 	}
 
-	o := rl.forward(w, r.WithContext(sendCtx), ch, up, true, nil)
+	o := relay.forward(w, r.WithContext(sendCtx), ch, up, true, nil)
 	if ReleaseKey(o.status, o.answered, o.notSent) {
 		// Synchronously, so that the caller's retry finds the key free.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
-		if err := rl.Admission.Release(ctx, ch.ID, key, res.Token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
-			rl.logger().Warn("relay: releasing an idempotency key failed", zap.Error(err))
+		if err := relay.Admission.Release(ctx, ch.ID, key, res.Token); err != nil && !errors.Is(err, idempotency.ErrNotOwner) {
+			relay.logger().Warn("relay: releasing an idempotency key failed", zap.Error(err))
 		}
 		cancel()
 	} else {
 		// The answer is the caller's already; storing it for replays is off the critical path.
 		// Duplicates arriving meanwhile wait on the claim and are woken when it is stored.
 		resp := o.stored
-		rl.background(func() {
+		relay.background(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 			defer cancel()
-			if err := rl.Admission.Complete(ctx, ch.ID, key, res.Token, resp); err != nil {
-				rl.logger().Warn("relay: storing a send's answer failed", zap.Error(err))
+			if err := relay.Admission.Complete(ctx, ch.ID, key, res.Token, resp); err != nil {
+				relay.logger().Warn("relay: storing a send's answer failed", zap.Error(err))
 			}
 		})
 	}
@@ -345,8 +343,8 @@ func (rl *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayCha
 	}
 }
 
-// outcome is what came of forwarding one call.
-type outcome struct {
+// forwarded is what came of forwarding one call.
+type forwarded struct {
 	// status is the status of the answer (the upstream's or the relay's; 0 if none).
 	status int
 	// answered: the answer is the upstream's own (passed on or rewritten).
@@ -363,9 +361,9 @@ type outcome struct {
 // forward sends the call upstream with the channel's access token and passes the answer on,
 // inspecting it only where needed. With capture, the answer is also kept for replays. guard,
 // if set, is the multipart body's: a body it refused is answered 400.
-func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool, guard *formGuard) outcome {
+func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool, guard *formGuard) forwarded {
 	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
-	rl.prepare(r, ch, upath)
+	relay.prepare(r, ch, upath)
 	a := newAnswer(w, r.Method, upath, ch, capture)
 	defer a.free()
 	start := time.Now()
@@ -377,38 +375,38 @@ func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Relay
 	if ferr := a.finish(upErr); ferr != nil && a.written() {
 		aborted = true // a body that could not be decoded or masked: the caller sees it broken
 	}
-	if rl.Metrics != nil {
-		rl.Metrics.UpstreamLatency(time.Since(start))
+	if relay.Metrics != nil {
+		relay.Metrics.UpstreamLatency(time.Since(start))
 	}
-	var o outcome
+	var o forwarded
 	switch {
 	case guard != nil && guard.refused && !a.written():
 		// The body was cut off before its access_token field: the upstream got no whole request.
-		o = outcome{status: http.StatusBadRequest, notSent: true}
+		o = forwarded{status: http.StatusBadRequest, notSent: true}
 		httpx.WriteError(w, http.StatusBadRequest, MsgFormAccessToken)
 	case a.refused || a.undecodable:
 		// Nothing of the answer was passed on: the relay answers in its place.
-		o = outcome{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamEncoding)}
-		rl.logger().Warn("relay: upstream answer in an encoding the relay cannot decode; refused")
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamEncoding)
+		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamEncoding)}
+		relay.logger().Warn("relay: upstream answer in an encoding the relay cannot decode; refused")
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 	case aborted || err != nil && a.written():
 		// The answer was cut short after it began: whether the upstream acted is unknown.
-		o = outcome{status: a.status, aborted: aborted}
+		o = forwarded{status: a.status, aborted: aborted}
 		if capture {
 			o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
 		}
-		rl.count("upstream_error")
+		relay.count(OutcomeUpstreamError)
 	case err != nil:
-		o = rl.upstreamFailed(w, r, err, capture)
+		o = relay.upstreamFailed(w, r, err, capture)
 	case a.state == inspecting:
-		o = rl.inspected(w, r, ch, relayPath, upath, a, capture)
+		o = relay.inspected(w, r, ch, relayPath, upath, a, capture)
 	case a.state == undecided:
 		// The upstream wrote nothing at all: no answer to pass on or to trust.
-		o = outcome{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamDown)}
-		rl.logger().Warn("relay: the upstream call ended without an answer")
-		rl.refuse(w, "upstream_error", http.StatusBadGateway, MsgUpstreamDown)
+		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamDown)}
+		relay.logger().Warn("relay: the upstream call ended without an answer")
+		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamDown)
 	default: // passed through
-		o = outcome{status: a.status, answered: true}
+		o = forwarded{status: a.status, answered: true}
 		if capture {
 			if a.copyFailed {
 				o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
@@ -416,14 +414,14 @@ func (rl *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Relay
 				o.stored = idempotency.Response{Status: a.status, Header: replayHeaders(a.hdr), Body: bytes.Clone(a.copy.Bytes())}
 			}
 		}
-		rl.count(outcomeOf(a.status))
+		relay.count(outcomeOf(a.status))
 	}
 	return o
 }
 
 // prepare makes r a call of upath on the upstream with the channel's access token: the
 // caller's credentials removed, any access_token query parameter dropped.
-func (rl *Relay) prepare(r *http.Request, ch *store.RelayChannel, upath string) {
+func (relay *Relay) prepare(r *http.Request, ch *store.RelayChannel, upath string) {
 	r.Header.Set("Authorization", "Bearer "+ch.UpstreamToken)
 	r.Header.Del("X-Api-Key")
 	r.Header.Del("Cookie")
@@ -437,7 +435,7 @@ func (rl *Relay) prepare(r *http.Request, ch *store.RelayChannel, upath string) 
 		r.Header.Set("Accept-Encoding", "identity")
 	}
 	r.URL.RawQuery, _ = cleanQuery(r.URL.RawQuery) // a query that does not parse is refused before; "" here
-	r.URL.Path = rl.UpstreamBase + upath
+	r.URL.Path = relay.UpstreamBase + upath
 	r.URL.RawPath = ""
 }
 
@@ -456,8 +454,8 @@ func call(up Upstream, w http.ResponseWriter, r *http.Request) (err error, abort
 
 // upstreamFailed answers a call whose upstream request failed before any answer: 504 for a
 // timeout, else 502. A failure to connect means nothing was sent.
-func (rl *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, capture bool) outcome {
-	o := outcome{status: http.StatusBadGateway}
+func (relay *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, capture bool) forwarded {
+	o := forwarded{status: http.StatusBadGateway}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		o.notSent = true
@@ -471,34 +469,34 @@ func (rl *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err erro
 	} else if r.Context().Err() != nil {
 		return o // the caller went away
 	}
-	rl.logger().Warn("relay: upstream request failed", zap.Int("status", o.status), zap.Error(err))
-	rl.refuse(w, "upstream_error", o.status, msg)
+	relay.logger().Warn("relay: upstream request failed", zap.Int("status", o.status), zap.Error(err))
+	relay.refuse(w, OutcomeUpstreamError, o.status, msg)
 	return o
 }
 
 // inspected finishes an answer that was buffered: a dead access token becomes 503
 // CHANNEL_DISCONNECTED (the channel is marked), objects it hands to the channel are recorded,
 // paging links are rewritten, and the result goes to the caller.
-func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool) outcome {
+func (relay *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool) forwarded {
 	body, status := a.buf.Bytes(), a.status
 	if TokenDead(status, body) {
-		rl.disconnected(w, r, ch)
-		return outcome{status: http.StatusServiceUnavailable, notSent: true}
+		relay.disconnected(w, r, ch)
+		return forwarded{status: http.StatusServiceUnavailable, notSent: true}
 	}
 	if kind, ids := Handed(ch, r.Method, upath, status, body); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
-		err := Admit(ctx, rl.Objects, ch, kind, ids)
+		err := Admit(ctx, relay.Objects, ch, kind, ids)
 		cancel()
 		if err != nil {
-			rl.logger().Warn("relay: recording object ids failed", zap.Error(err))
+			relay.logger().Warn("relay: recording object ids failed", zap.Error(err))
 		}
 	}
 	hdr := a.hdr
-	out := RewriteLinks(body, rl.proxyBase(r, relayPath), ch.UpstreamToken)
+	out := RewriteLinks(body, relay.proxyBase(r, relayPath), ch.UpstreamToken)
 	if r.Method == http.MethodGet && status/100 == 2 && !strings.Contains(strings.Trim(upath, "/"), "/") {
 		// A media object: its url (on the media host, usable only with the upstream token)
 		// becomes the relay's download URL of the medium.
-		out = rewriteMediaURL(out, rl.proxyBase(r, relayPath)+"/"+FirstSegment(upath)+"/"+mediaDownload)
+		out = rewriteMediaURL(out, relay.proxyBase(r, relayPath)+"/"+FirstSegment(upath)+"/"+mediaDownload)
 	}
 	if len(out) != len(body) || !bytes.Equal(out, body) {
 		// A rewritten body is the relay's answer: the upstream's validators and authentication
@@ -512,8 +510,8 @@ func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.Rel
 	a.passHeader()
 	w.WriteHeader(status)
 	w.Write(body)
-	rl.count(outcomeOf(status))
-	o := outcome{status: status, answered: true}
+	relay.count(outcomeOf(status))
+	o := forwarded{status: status, answered: true}
 	if capture {
 		o.stored = idempotency.Response{Status: status, Header: replayHeaders(hdr), Body: bytes.Clone(body)}
 	}
@@ -522,60 +520,60 @@ func (rl *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.Rel
 
 // disconnected answers 503 CHANNEL_DISCONNECTED for a channel whose access token the upstream
 // rejected (code 190), and marks the channel.
-func (rl *Relay) disconnected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) {
+func (relay *Relay) disconnected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
-	err := rl.Channels.MarkDisconnected(ctx, ch.ID)
+	err := relay.Channels.MarkDisconnected(ctx, ch.ID)
 	cancel()
 	if err != nil {
-		rl.logger().Error("relay: recording a dead upstream token failed", zap.Error(err))
+		relay.logger().Error("relay: recording a dead upstream token failed", zap.Error(err))
 	}
-	rl.logger().Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
+	relay.logger().Warn("relay: upstream rejected the channel's access token (code 190); channel disconnected",
 		zap.String("channel_id", ch.ID.String()))
-	rl.refuse(w, "disconnected", http.StatusServiceUnavailable, MsgDisconnected)
+	relay.refuse(w, OutcomeDisconnected, http.StatusServiceUnavailable, MsgDisconnected)
 }
 
 // refuse writes the relay's own error answer and counts it.
-func (rl *Relay) refuse(w http.ResponseWriter, outcome string, status int, msg string) {
+func (relay *Relay) refuse(w http.ResponseWriter, outcome Outcome, status int, msg string) {
 	httpx.WriteError(w, status, msg)
-	rl.count(outcome)
+	relay.count(outcome)
 }
 
-func (rl *Relay) count(outcome string) {
-	if rl.Metrics != nil {
-		rl.Metrics.Answered(outcome)
+func (relay *Relay) count(outcome Outcome) {
+	if relay.Metrics != nil {
+		relay.Metrics.Answered(outcome)
 	}
 }
 
-func (rl *Relay) logger() *zap.Logger {
-	if rl.Logger == nil {
+func (relay *Relay) logger() *zap.Logger {
+	if relay.Logger == nil {
 		return zap.NewNop()
 	}
-	return rl.Logger
+	return relay.Logger
 }
 
-func (rl *Relay) background(f func()) {
-	if rl.Background != nil {
-		rl.Background(f)
+func (relay *Relay) background(f func()) {
+	if relay.Background != nil {
+		relay.Background(f)
 		return
 	}
 	go f()
 }
 
-func (rl *Relay) proxyBase(r *http.Request, relayPath string) string {
-	if rl.ProxyBase != nil {
-		return rl.ProxyBase(r, relayPath)
+func (relay *Relay) proxyBase(r *http.Request, relayPath string) string {
+	if relay.ProxyBase != nil {
+		return relay.ProxyBase(r, relayPath)
 	}
 	return httpx.Origin(r)
 }
 
-func outcomeOf(status int) string {
+func outcomeOf(status int) Outcome {
 	switch {
 	case status < 400:
-		return "ok"
+		return OutcomeOK
 	case status < 500:
-		return "upstream_4xx"
+		return OutcomeUpstream4xx
 	default:
-		return "upstream_5xx"
+		return OutcomeUpstream5xx
 	}
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -39,6 +40,7 @@ type relayFixture struct {
 	t       testing.TB
 	fake    *fakegraph.Server
 	store   *store.Store
+	idem    idempotency.Store // the admission's
 	relay   *Relay
 	token   string // the channel token
 	channel uuid.UUID
@@ -46,9 +48,9 @@ type relayFixture struct {
 	pending sync.WaitGroup
 }
 
-// newRelayFixture builds a relay over one connected channel; admission defaults to memory
-// stores with a limit of limit calls per minute.
-func newRelayFixture(t testing.TB, limit int, admission func() Admission) *relayFixture {
+// newRelayFixture builds a relay over one connected channel; newAdmission (the admission and
+// its idempotency store) defaults to memory stores with a limit of limit calls per minute.
+func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, idempotency.Store)) *relayFixture {
 	t.Helper()
 	cs, _, ch := cacheEnv(t)
 	st, ctx := cs.Store, context.Background()
@@ -66,17 +68,20 @@ func newRelayFixture(t testing.TB, limit int, admission func() Admission) *relay
 		fakegraph.Template{ID: "t2", Name: "order_update", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
 		fakegraph.Template{ID: "t3", Name: "promo", Status: "APPROVED", Category: "MARKETING", Language: "en_US"})
 
-	var adm Admission
-	if admission != nil {
-		adm = admission()
+	var (
+		adm  Admission
+		idem idempotency.Store
+	)
+	if newAdmission != nil {
+		adm, idem = newAdmission()
 	} else {
 		lim := ratelimit.NewMemory(limit, time.Minute)
 		t.Cleanup(func() { lim.Close() })
-		idem := idempotency.NewMemory(idempotency.Options{})
-		t.Cleanup(func() { idem.Close() })
-		adm = NewAdmission(lim, idem)
+		mem := idempotency.NewMemory(idempotency.Options{})
+		t.Cleanup(func() { mem.Close() })
+		adm, idem = admission.NewMemory(lim, mem), mem
 	}
-	f := &relayFixture{t: t, fake: fake, store: st, token: ch.ChannelToken, channel: ch.ID}
+	f := &relayFixture{t: t, fake: fake, store: st, idem: idem, token: ch.ChannelToken, channel: ch.ID}
 	f.relay = &Relay{
 		Channels:     NewCache(st, DefaultTTL),
 		Objects:      st,
@@ -382,17 +387,17 @@ func TestRelayRedisAdmission(t *testing.T) {
 	}
 	rdb := redis.NewClient(opt)
 	t.Cleanup(func() { rdb.Close() })
-	testRateLimitBeforeClaim(t, func() Admission {
+	testRateLimitBeforeClaim(t, func() (Admission, idempotency.Store) {
 		prefix := "t:" + rand.Text() + ":"
-		rl := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")
+		limitLog := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")
 		ri := idempotency.NewRedis(rdb, idempotency.Options{Prefix: prefix + "idem:"}, nil)
 		t.Cleanup(func() { ri.Close() })
-		return NewRedisAdmission(rl, rl, ri)
+		return admission.NewRedis(rdb, limitLog, ri, nil, nil), ri
 	})
 }
 
-func testRateLimitBeforeClaim(t *testing.T, admission func() Admission) {
-	f := newRelayFixture(t, 2, admission)
+func testRateLimitBeforeClaim(t *testing.T, newAdmission func() (Admission, idempotency.Store)) {
+	f := newRelayFixture(t, 2, newAdmission)
 	for i := range 2 {
 		w := f.serve("POST", "/"+tPNID+"/messages", sendBody("hi", "ok"+strconv.Itoa(i)), nil)
 		if w.Code != 200 || w.Header().Get("RateLimit-Limit") != "2" {
@@ -410,13 +415,11 @@ func testRateLimitBeforeClaim(t *testing.T, admission func() Admission) {
 	}
 	// The refused key was not claimed: another limit (a fresh admission on the same stores
 	// would do; here the claim is checked directly) finds it free.
-	res, err := claimOf(f.relay.Admission).Begin(context.Background(), ClaimKey(f.channel, "late"), "fp")
+	res, err := f.idem.Begin(context.Background(), admission.ClaimKey(f.channel, "late"), "fp")
 	if err != nil || res.Outcome != idempotency.Acquired {
 		t.Fatalf("the refused send's key was claimed: %+v %v", res, err)
 	}
 }
-
-func claimOf(a Admission) idempotency.Store { return a.(*admission).idem }
 
 // TestRelayRefusalsNeedNoUpstream: bad tokens, scope misses and bad keys are answered by the
 // relay alone.

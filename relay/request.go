@@ -49,7 +49,7 @@ var errFormHeader = errors.New("relay: multipart part header too large")
 // cleanRequest removes the caller's access_token from the query and a form body, answering 400
 // itself (and returning false) when either does not parse. A multipart body is wrapped in a
 // [formGuard], returned for the caller to tell its refusal.
-func (rl *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formGuard, bool) {
+func (relay *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formGuard, bool) {
 	if r.URL.RawQuery != "" {
 		q, ok := cleanQuery(r.URL.RawQuery)
 		if !ok {

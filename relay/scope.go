@@ -41,9 +41,9 @@ func segments(upstreamPath string) []string {
 }
 
 // InScope reports whether a channel may call upstreamPath (see [UpstreamPath]) with its token,
-// deciding from memory only (DESIGN §5 "Relay scope"): the first segment must be the channel's
-// phone number id, its business account id, or an object handed to it (ch.Objects: template
-// ids from its own template calls, media ids from its own uploads and events). The
+// deciding from memory only (docs/relay.md, "Scope rule"): the first segment must be the
+// channel's phone number id, its business account id, or an object handed to it (ch.Objects:
+// template ids from its own template calls, media ids from its own uploads and events). The
 // subscribed_apps edge is the service's own business: refused for every channel token, since
 // several channels may share a business account.
 func InScope(ch *store.RelayChannel, upstreamPath string) bool {
