@@ -183,3 +183,20 @@ func (f *Fixture) Webhook(t testing.TB, org uuid.UUID, url string, opts ...*Webh
 	}
 	return w, secret
 }
+
+// StoreWith returns a store on the fixture's pool that encrypts with keys[0] and opens with
+// any of keys (a keyring, as during a key rotation).
+func (f *Fixture) StoreWith(t testing.TB, keys ...[]byte) *store.Store {
+	t.Helper()
+	return store.New(f.Pool, Keyring(t, keys...))
+}
+
+// Keyring returns a secretbox keyring of keys (keys[0] encrypts).
+func Keyring(t testing.TB, keys ...[]byte) *secretbox.Box {
+	t.Helper()
+	b, err := secretbox.NewKeyring(keys...)
+	if err != nil {
+		t.Fatalf("testenv: keyring: %v", err)
+	}
+	return b
+}
