@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"crypto/hmac"
 	"crypto/sha256"
 	"crypto/x509"
@@ -46,7 +47,8 @@ type Delivery struct {
 type ReceiverOpts struct {
 	// TLS makes it listen on HTTPS with a certificate of its own (Roots trusts it).
 	TLS bool
-	// Respond, when set, answers the n-th request (counted from 1) instead of the default.
+	// Respond, when set, answers the n-th request (counted from 1) instead of the default; the
+	// request's body is there to read again.
 	Respond func(n int, w http.ResponseWriter, r *http.Request)
 	// Secret, when set, is the webhook secret every delivery must be signed with (see Verify).
 	Secret string
@@ -81,6 +83,7 @@ func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if rc.respond != nil {
+		r.Body = io.NopCloser(bytes.NewReader(body))
 		rc.respond(d.N, w, r)
 		return
 	}
