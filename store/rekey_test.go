@@ -19,8 +19,6 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-
-
 // sealV1 seals as builds before key lists did (version byte 1, no key id).
 func sealV1(key []byte, plaintext, aad string) []byte {
 	block, _ := aes.NewCipher(key)
