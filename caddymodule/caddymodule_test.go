@@ -25,19 +25,12 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
-func TestMain(m *testing.M) {
-	if args := os.Getenv(childEnv); args != "" {
-		// Run as a Caddy process for the relay tests.
-		os.Args = append([]string{"caddy"}, strings.Fields(args)...)
-		caddycmd.Main()
-		return
-	}
-	testenv.Main(m)
-}
+// TestMain: the relay tests run each Caddy instance as its own process, this test binary run
+// as Caddy (testenv.StartCaddy).
+func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main) }
 
 func adapt(t *testing.T, caddyfile string) []byte {
 	t.Helper()
@@ -176,7 +169,9 @@ example.com {
 	}
 }
 
-// instance is an in-process Caddy with the wabarelay app on a test database.
+// instance is an in-process Caddy with the wabarelay app on a test database. In process, not a
+// child (testenv.StartCaddy), because its tests read the app's process-wide state: the pool
+// references (pgPools) and memory limiters (memLimiters) across reloads.
 type instance struct {
 	t    *testing.T
 	port int
@@ -205,30 +200,13 @@ http://127.0.0.1:%d {
 
 func startInstance(t *testing.T) *instance {
 	t.Helper()
-	key := make([]byte, 32)
-	rand.Read(key)
-	in := &instance{t: t, port: testenv.FreePort(t), dsn: testenv.Postgres(t)}
+	f := testenv.NewStore(t)
+	in := &instance{t: t, port: testenv.FreePort(t), dsn: f.DSN, pool: f.Pool}
 	t.Setenv("WBR_TEST_DATABASE", in.dsn)
-	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(key))
+	t.Setenv("WBR_TEST_KEY", f.KeyB64)
 	in.load(caddyfileFor(in.port, ""))
 	t.Cleanup(func() { caddy.Stop() })
-
-	pool, err := pgxpool.New(context.Background(), in.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	in.pool = pool
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	org, err := st.CreateOrg(context.Background(), "org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, in.key, err = st.CreateAPIKey(context.Background(), org.ID, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, in.key = f.APIKey(t, f.Org(t).ID)
 	return in
 }
 
@@ -423,8 +401,7 @@ func runCLITest(t *testing.T, args ...string) ([]map[string]any, error) {
 func TestCLI(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	dsn := srv.DSN("postgres")
-	key := make([]byte, 32)
-	rand.Read(key)
+	key := testenv.NewKey()
 	t.Setenv("WABARELAY_DATABASE_URL", dsn)
 	t.Setenv("WABARELAY_ENCRYPTION_KEY", base64.StdEncoding.EncodeToString(key))
 
@@ -459,13 +436,7 @@ func TestCLI(t *testing.T) {
 		}
 	}
 
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
+	st := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn, Key: key}).Store
 	if _, err := st.AuthenticateAPIKey(context.Background(), apiKey); err != nil {
 		t.Fatalf("created key does not authenticate: %v", err)
 	}

@@ -2,43 +2,26 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 // TestCLIWithoutKey: commands that change no secret need no encryption key (DESIGN §4), and a
 // missing setting is named in the error.
 func TestCLIWithoutKey(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	key := make([]byte, 32)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	org, err := st.CreateOrg(context.Background(), "acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(context.Background(), org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	dsn := f.DSN
+	org := f.Org(t, &testenv.OrgOpts{Name: "acme"})
+	ch := f.Channel(t, org.ID)
 	t.Setenv("WABARELAY_DATABASE_URL", dsn)
 	t.Setenv("WABARELAY_ENCRYPTION_KEY", "")
 
@@ -66,42 +49,26 @@ func TestCLIWithoutKey(t *testing.T) {
 // prints one progress line per batch and a summary, never a secret; a missing or malformed key
 // is named in the error without its value.
 func TestCLIRekey(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	ctx := context.Background()
 	newKey := func() (string, []byte) {
-		k := make([]byte, 32)
-		rand.Read(k)
+		k := testenv.NewKey()
 		return base64.StdEncoding.EncodeToString(k), k
 	}
 	a64, a := newKey()
 	b64, b := newKey()
 	c64, c := newKey()
-	boxA, _ := secretbox.New(a)
-	st := store.New(pool, boxA)
-	org, _ := st.CreateOrg(ctx, "acme")
+	f := testenv.NewStore(t, &testenv.StoreOpts{Key: a})
+	dsn, pool, boxA := f.DSN, f.Pool, f.Box
+	org := f.Org(t, &testenv.OrgOpts{Name: "acme"})
 	var secrets []string
 	var channels []store.Channel
 	for i := range 5 {
-		ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
 		up := fmt.Sprintf("EAAG-cli-upstream-%d", i)
-		if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: fmt.Sprint(3000 + i), WabaID: "w", UpstreamToken: up}); err != nil {
-			t.Fatal(err)
-		}
+		ch := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: fmt.Sprint(3000 + i), WabaID: "w", UpstreamToken: up}})
 		channels = append(channels, ch)
 		secrets = append(secrets, ch.ChannelToken, up)
 	}
-	_, whsec, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://r.example/h", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, whsec := f.Webhook(t, org.ID, "https://r.example/h")
 	secrets = append(secrets, whsec, a64, b64, c64)
 	t.Setenv("WABARELAY_DATABASE_URL", dsn)
 
@@ -133,7 +100,7 @@ func TestCLIRekey(t *testing.T) {
 		}
 	}
 	last := out[len(out)-1]
-	boxB, _ := secretbox.New(b)
+	boxB := testenv.Keyring(t, b)
 	if last["result"] != "complete" || last["rekeyed"] != float64(11) || last["remaining"] != float64(0) || last["key_id"] != boxB.KeyIDs()[0] {
 		t.Fatalf("summary: %v", last)
 	}
@@ -146,7 +113,7 @@ func TestCLIRekey(t *testing.T) {
 	if !sawBatch || len(out) < 3+3+1+1 {
 		t.Fatalf("progress lines: %v", out)
 	}
-	stB := store.New(pool, boxB)
+	stB := f.StoreWith(t, b)
 	for i, ch := range channels {
 		rc, err := stB.RelayChannelByToken(ctx, ch.ChannelToken)
 		if err != nil || rc.UpstreamToken != fmt.Sprintf("EAAG-cli-upstream-%d", i) {
@@ -167,8 +134,7 @@ func TestCLIRekey(t *testing.T) {
 			t.Fatalf("rekey from the environment #%d: %v %v", i, out, err)
 		}
 	}
-	boxC, _ := secretbox.New(c)
-	if s, err := store.New(pool, boxC).WebhookSecret(ctx, mustWebhookID(t, pool)); err != nil || s != whsec {
+	if s, err := f.StoreWith(t, c).WebhookSecret(ctx, mustWebhookID(t, pool)); err != nil || s != whsec {
 		t.Fatalf("C alone: webhook secret: %v", err)
 	}
 

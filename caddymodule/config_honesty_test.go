@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -19,27 +17,12 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// caddyValidate runs `caddy validate` (this test binary as Caddy, see TestMain) on the
+// caddyValidate runs `caddy validate` (testenv.RunCaddy) on the
 // Caddyfile cfg with only env among the wabarelay settings of the environment, and returns its
 // output and whether it succeeded.
 func caddyValidate(t *testing.T, cfg string, env ...string) (string, bool) {
 	t.Helper()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	var base []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "WABARELAY_") && !strings.HasPrefix(kv, "META_") {
-			base = append(base, kv)
-		}
-	}
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(append(base, childEnv+"=validate --config "+path+" --adapter caddyfile",
-		"XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
-	out, err := cmd.CombinedOutput()
-	return string(out), err == nil
+	return testenv.RunCaddy(t, cfg, env, []string{"WABARELAY_", "META_"}, "validate")
 }
 
 // validateEnv is a valid database and key for caddyValidate (validate dials nothing).

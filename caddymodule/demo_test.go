@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/cookiejar"
-	"net/http/httptest"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -35,11 +34,12 @@ const (
 // demoWorld is the repo's Caddyfile as the demo runs it, with a fake upstream and a receiver.
 type demoWorld struct {
 	*relayEnv
-	origin     string // Caddy, http://localhost:<port>
-	fake       *fakegraph.Server
-	apiKey     string
-	deliveries chan []byte // bodies the receiver got
-	receiver   string      // its URL
+	origin   string // Caddy, http://localhost:<port>
+	fake     *fakegraph.Server
+	apiKey   string
+	recv     *testenv.Receiver // the webhook receiver
+	seen     int               // deliveries nextDelivery handed out
+	receiver string            // its URL
 	// fakeReceiver is the fake's own receiver (cmd/fakegraph -receiver), which the dashboard's
 	// demo page reads.
 	fakeReceiver string
@@ -53,7 +53,7 @@ func startDemo(t *testing.T) *demoWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &demoWorld{relayEnv: newRelayEnv(t, ""), deliveries: make(chan []byte, 64)}
+	w := &demoWorld{relayEnv: newRelayEnv(t, "")}
 	port := testenv.FreePort(t)
 	host := "localhost:" + strconv.Itoa(port)
 	w.origin = "http://" + host
@@ -66,13 +66,9 @@ func startDemo(t *testing.T) *demoWorld {
 	t.Cleanup(w.fake.Close)
 
 	// a webhook receiver on loopback over HTTPS, its certificate given as root_ca
-	recv := httptest.NewTLSServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		w.deliveries <- b
-		rw.WriteHeader(http.StatusNoContent)
-	}))
-	t.Cleanup(recv.Close)
-	w.receiver = recv.URL + "/receiver"
+	w.recv = testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true,
+		Respond: func(_ int, rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusNoContent) }})
+	w.receiver = w.recv.URL + "/receiver"
 	// and the fake's receiver (cmd/fakegraph -receiver -receiver-ca): root_ca holds both CAs
 	dir := t.TempDir()
 	fakeCA := filepath.Join(dir, "fake-receiver-ca.pem")
@@ -87,7 +83,7 @@ func startDemo(t *testing.T) *demoWorld {
 		t.Fatal(err)
 	}
 	caFile := filepath.Join(dir, "receiver-ca.pem")
-	if err := os.WriteFile(caFile, append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: recv.Certificate().Raw}), fakePEM...), 0o600); err != nil {
+	if err := os.WriteFile(caFile, append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: w.recv.Certificate().Raw}), fakePEM...), 0o600); err != nil {
 		t.Fatal(err)
 	}
 
@@ -101,10 +97,7 @@ func startDemo(t *testing.T) *demoWorld {
 		"WABARELAY_ALLOW_PRIVATE_TARGETS=true",
 		"WABARELAY_DELIVERY_ROOT_CA="+caFile,
 		"WABARELAY_DEMO_FAKE_UPSTREAM="+w.fake.URL(), "WABARELAY_DEMO_RECEIVER="+w.fakeReceiver)
-	_, w.apiKey, err = w.store.CreateAPIKey(context.Background(), w.org, "demo", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, w.apiKey = w.fix.APIKey(t, w.org, &testenv.APIKeyOpts{Name: "demo"})
 	return w
 }
 
@@ -226,36 +219,31 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 		t.Fatalf("%d message events stored", n)
 	}
 	want := map[string]bool{"messages": false, "sent": false, "delivered": false}
-	deadline := time.After(30 * time.Second)
 	for !want["messages"] || !want["sent"] || !want["delivered"] {
-		select {
-		case b := <-w.deliveries:
-			var ev struct {
-				Type      string `json:"type"`
-				ChannelID string `json:"channel_id"`
-				Data      struct {
-					Message struct {
-						Text struct{ Body string } `json:"text"`
-					} `json:"message"`
-					Status struct {
-						ID     string `json:"id"`
-						Status string `json:"status"`
-					} `json:"status"`
-				} `json:"data"`
-			}
-			if err := json.Unmarshal(b, &ev); err != nil || ev.ChannelID != ch.ID {
-				t.Fatalf("delivery %s", b)
-			}
-			switch {
-			case ev.Type == "messages" && ev.Data.Message.Text.Body == "Hello":
-				want["messages"] = true
-			case ev.Type == "message_status" && ev.Data.Status.ID == sent.Messages[0].ID:
-				want[ev.Data.Status.Status] = true
-			default:
-				t.Fatalf("unexpected delivery %s", b)
-			}
-		case <-deadline:
-			t.Fatalf("deliveries seen: %v", want)
+		b := w.nextDelivery(t)
+		var ev struct {
+			Type      string `json:"type"`
+			ChannelID string `json:"channel_id"`
+			Data      struct {
+				Message struct {
+					Text struct{ Body string } `json:"text"`
+				} `json:"message"`
+				Status struct {
+					ID     string `json:"id"`
+					Status string `json:"status"`
+				} `json:"status"`
+			} `json:"data"`
+		}
+		if err := json.Unmarshal(b, &ev); err != nil || ev.ChannelID != ch.ID {
+			t.Fatalf("delivery %s", b)
+		}
+		switch {
+		case ev.Type == "messages" && ev.Data.Message.Text.Body == "Hello":
+			want["messages"] = true
+		case ev.Type == "message_status" && ev.Data.Status.ID == sent.Messages[0].ID:
+			want[ev.Data.Status.Status] = true
+		default:
+			t.Fatalf("unexpected delivery %s", b)
 		}
 	}
 
@@ -264,14 +252,16 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 	if r.status != 200 || !strings.Contains(string(r.body), `"phone_number_id": "`+su2.PhoneNumberID+`"`) {
 		t.Fatalf("_fake/inbound: %d %s", r.status, r.body)
 	}
-	select {
-	case b := <-w.deliveries:
-		if !strings.Contains(string(b), `"channel_id":"`+ch2.ID+`"`) || !strings.Contains(string(b), "Hi sales") {
-			t.Fatalf("delivery %s", b)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("no delivery of the second message")
+	if b := w.nextDelivery(t); !strings.Contains(string(b), `"channel_id":"`+ch2.ID+`"`) || !strings.Contains(string(b), "Hi sales") {
+		t.Fatalf("delivery %s", b)
 	}
+}
+
+// nextDelivery waits for the receiver's next delivery and returns its body.
+func (w *demoWorld) nextDelivery(t *testing.T) []byte {
+	t.Helper()
+	w.seen++
+	return w.recv.WaitN(t, w.seen)[w.seen-1].Body
 }
 
 // TestDemoDashboard: the demo through the dashboard on the repo's Caddyfile, as a newcomer

@@ -22,7 +22,6 @@ import (
 
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -35,8 +34,7 @@ import (
 func TestRekeyLive(t *testing.T) {
 	e := newRelayEnv(t, "") // its store seals with key A
 	ctx := context.Background()
-	keyB := make([]byte, 32)
-	rand.Read(keyB)
+	keyB := testenv.NewKey()
 	keyB64 := base64.StdEncoding.EncodeToString(keyB)
 
 	// connected channels, each on its own number with its own upstream token
@@ -49,13 +47,8 @@ func TestRekeyLive(t *testing.T) {
 		pn, up := fmt.Sprint(4100+i), fmt.Sprintf("EAAG-live-upstream-%d", i)
 		e.fake.AddNumber(pn, wabaID, "+1 555 0100", "Acme")
 		e.fake.AddToken(up, []string{pn}, []string{wabaID})
-		c, err := e.store.CreateChannel(ctx, e.org, "live", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pn, WabaID: wabaID, UpstreamToken: up}); err != nil {
-			t.Fatal(err)
-		}
+		c := e.fix.Channel(t, e.org, &testenv.ChannelOpts{Name: "live",
+			Connection: &store.Connection{PhoneNumberID: pn, WabaID: wabaID, UpstreamToken: up}})
 		live = append(live, liveChannel{c.ID, pn, c.ChannelToken, up})
 	}
 	// more sealed values, so that rekey runs many batches while the traffic goes on
@@ -270,8 +263,7 @@ http://127.0.0.1:%d {
 
 	// nothing is left under A: B alone opens every secret (listing the channels opens every
 	// channel token)
-	boxB, _ := secretbox.New(keyB)
-	stB := store.New(e.pool, boxB)
+	stB := e.fix.StoreWith(t, keyB)
 	chans, err := stB.ListChannels(ctx, e.org)
 	if err != nil || len(chans) != idle+len(live) {
 		t.Fatalf("B alone: list channels: %d %v", len(chans), err)

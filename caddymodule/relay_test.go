@@ -3,20 +3,15 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -25,13 +20,8 @@ import (
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
-
-// childEnv, when set, makes the test binary run Caddy with these arguments instead of tests
-// (see TestMain): relay tests run each Caddy instance as its own process.
-const childEnv = "WABARELAY_TEST_CADDY_ARGS"
 
 // relayEnv is a relay test world: fake upstream, database, Redis, and channels.
 type relayEnv struct {
@@ -40,10 +30,12 @@ type relayEnv struct {
 	dsn      string
 	redisURL string
 	keyB64   string
+	fix      *testenv.Fixture
 	store    *store.Store
 	pool     *pgxpool.Pool
 	org      uuid.UUID
-	procs    map[string]*exec.Cmd // Caddy processes by origin
+	procs    map[string]*exec.Cmd      // Caddy processes by origin
+	caddies  map[string]*testenv.Caddy // the same, as testenv started them
 }
 
 const (
@@ -64,10 +56,8 @@ func newRelayEnv(t *testing.T, redisURL string) *relayEnv {
 // newRelayEnvOn is newRelayEnv on the database dsn (for tests that stop their own server).
 func newRelayEnvOn(t *testing.T, redisURL, dsn string) *relayEnv {
 	t.Helper()
-	key := make([]byte, 32)
-	rand.Read(key)
-	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: dsn, redisURL: redisURL,
-		keyB64: base64.StdEncoding.EncodeToString(key)}
+	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn})
+	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: dsn, redisURL: redisURL, keyB64: f.KeyB64, fix: f, store: f.Store, pool: f.Pool}
 	e.fake.Start()
 	t.Cleanup(e.fake.Close)
 	for _, n := range []string{pnid, pnid2, pnid3} {
@@ -78,18 +68,7 @@ func newRelayEnvOn(t *testing.T, redisURL, dsn string) *relayEnv {
 		fakegraph.Template{ID: "t1", Name: "hello_world", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
 		fakegraph.Template{ID: "t2", Name: "order_update", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
 		fakegraph.Template{ID: "t3", Name: "promo", Status: "APPROVED", Category: "MARKETING", Language: "en_US"})
-	pool, err := pgxpool.New(context.Background(), e.dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	box, _ := secretbox.New(key)
-	e.pool, e.store = pool, store.New(pool, box)
-	org, err := e.store.CreateOrg(context.Background(), "org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.org = org.ID
+	e.org = f.Org(t).ID
 	return e
 }
 
@@ -100,18 +79,12 @@ func (e *relayEnv) channel(connected bool) store.Channel {
 
 func (e *relayEnv) channelOn(connected bool, number string) store.Channel {
 	e.t.Helper()
-	ctx := context.Background()
-	c, err := e.store.CreateChannel(ctx, e.org, "c", time.Hour)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	opts := &testenv.ChannelOpts{}
 	if connected {
-		if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: number, WabaID: wabaID,
-			DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}); err != nil {
-			e.t.Fatal(err)
-		}
+		opts.Connection = &store.Connection{PhoneNumberID: number, WabaID: wabaID,
+			DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}
 	}
-	return c
+	return e.fix.Channel(e.t, e.org, opts)
 }
 
 // caddy starts a Caddy process running the relay and returns its base URL ({proxy_url}).
@@ -156,78 +129,24 @@ http://127.0.0.1:%d {
 // its environment, and returns its origin once it serves its configuration.
 func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 	e.t.Helper()
-	dir := e.t.TempDir()
-	path := filepath.Join(dir, "Caddyfile")
-	os.WriteFile(path, []byte(cfg), 0o600)
-	cmd := exec.Command(os.Args[0])
-	cmd.Env = append(append(os.Environ(), childEnv+"=run --config "+path+" --adapter caddyfile",
-		"XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir), env...)
-	logs := new(syncBuffer)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := testenv.StartChild(cmd); err != nil {
-		e.t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	c := testenv.StartCaddy(e.t, cfg, env...)
 	e.t.Cleanup(func() {
-		cmd.Process.Kill()
-		<-exited
-		if e.t.Failed() {
-			e.t.Logf("caddy on :%d logs:\n%s", port, logs.String())
-		}
-		if bytes.Contains(logs.Bytes(), []byte(realToken)) {
+		c.Kill()
+		logs := c.LogBytes()
+		if bytes.Contains(logs, []byte(realToken)) {
 			e.t.Errorf("the upstream token appears in Caddy's logs")
 		}
-		if bytes.Contains(logs.Bytes(), []byte("whatsapp_business/attachments")) {
+		if bytes.Contains(logs, []byte("whatsapp_business/attachments")) {
 			e.t.Errorf("a media URL appears in Caddy's logs")
 		}
 	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	// Ready once every app has started: the HTTP listener opens before the wabarelay app has
-	// finished starting (ping, migrations), and a test that stops Postgres in between would
-	// make that start fail and Caddy exit.
-	for deadline := time.Now().Add(30 * time.Second); ; {
-		if bytes.Contains(logs.Bytes(), []byte(`"msg":"serving initial configuration"`)) {
-			break
-		}
-		select {
-		case <-exited:
-			e.t.Fatalf("caddy exited:\n%s", logs.String())
-		default:
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("caddy did not start:\n%s", logs.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	origin := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	if e.procs == nil {
-		e.procs = map[string]*exec.Cmd{}
+		e.procs, e.caddies = map[string]*exec.Cmd{}, map[string]*testenv.Caddy{}
 	}
-	e.procs["http://"+addr] = cmd
-	return "http://" + addr
+	e.procs[origin], e.caddies[origin] = c.Cmd, c
+	return origin
 }
-
-// syncBuffer is a bytes.Buffer that a child process writes while the test reads it.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// Bytes returns a copy of what was written so far.
-func (b *syncBuffer) Bytes() []byte {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return bytes.Clone(b.buf.Bytes())
-}
-
-func (b *syncBuffer) String() string { return string(b.Bytes()) }
 
 type relayResp struct {
 	status int
@@ -322,14 +241,7 @@ func TestRelayAuthAndScope(t *testing.T) {
 
 func waitFor(t *testing.T, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("condition not met within %v", limit)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
+	return testenv.Eventually(t, limit, cond)
 }
 
 func TestRelayForwarding(t *testing.T) {

@@ -213,7 +213,7 @@ func TestRolesIntakeOnlyAndDispatcherOnly(t *testing.T) {
 	}
 }
 `, caPath), testenv.FreePort(t), "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64)
-	logsOf := func(origin string) string { return e.procs[origin].Stdout.(*syncBuffer).String() }
+	logsOf := func(origin string) string { return e.caddies[origin].Logs() }
 	if !strings.Contains(logsOf(a), noDispatcherLog) {
 		t.Fatalf("A (workers 0) does not log that it runs no dispatcher:\n%s", logsOf(a))
 	}

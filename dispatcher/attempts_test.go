@@ -9,12 +9,13 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 // crashedInstance returns a dispatcher that is never run: what it claims stays claimed, with no
 // attempt made or recorded, as if its instance had died right after the claim.
-func (e *env) crashedInstance(rc *receiver) *Dispatcher {
+func (e *env) crashedInstance(rc *testenv.Receiver) *Dispatcher {
 	e.t.Helper()
 	cfg := e.config(rc)
 	cfg.InstanceID = "crashed-" + uuid.NewString()[:6]
@@ -65,7 +66,7 @@ func isSequence(n []int, want int) bool {
 func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ctx := context.Background()
 
 	claimed := e.events(1)[0]
@@ -91,7 +92,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 			t.Fatalf("attempt log %+v, want attempt 1 only", at)
 		}
 	}
-	if n := len(rc.snapshot()); n != 2 {
+	if n := len(rc.Deliveries()); n != 2 {
 		t.Fatalf("%d receipts, want 2", n)
 	}
 }
@@ -104,7 +105,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	id := e.events(1)[0]
 	ctx := context.Background()
 	cfg := e.config(rc)
@@ -149,7 +150,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	recorded(3, "pending")
 	due()
 	recorded(4, "failed")
-	if n := len(rc.snapshot()); n != 4 {
+	if n := len(rc.Deliveries()); n != 4 {
 		t.Fatalf("%d receipts, want 4", n)
 	}
 }
@@ -182,7 +183,7 @@ func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool)
 func TestRetriesNotStarvedByBacklog(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ctx := context.Background()
 	ids := e.events(12)
 	// ids[0..2]: retries, due for an hour, 50 and 40 minutes; ids[3]: a lease that expired 30
@@ -212,7 +213,7 @@ func TestRetriesNotStarvedByBacklog(t *testing.T) {
 
 	// A retry that falls due after first attempts were stored waits for those only.
 	e2 := newEnv(t)
-	e2.webhook(rc.srv.URL)
+	e2.webhook(rc.URL)
 	ids = e2.events(6)
 	if _, err := e2.pool.Exec(ctx, `UPDATE delivery_queue SET next_attempt_at = now() - interval '10 minutes' WHERE event_id = ANY($1)`, ids[1:4]); err != nil {
 		t.Fatal(err)

@@ -17,7 +17,6 @@ import (
 	"math/big"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,7 +29,6 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -52,32 +50,11 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	dsn := testenv.Postgres(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, err := secretbox.New(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := store.New(pool, box)
-	ctx := context.Background()
-	org, err := st.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	phone := "1555" + strconv.Itoa(int(time.Now().UnixNano()%1e6))
-	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: phone, WabaID: "waba" + phone, UpstreamToken: "tok"}); err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	org := f.Org(t, &testenv.OrgOpts{Name: "o"})
+	conn := f.Connection()
+	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: conn})
+	dsn, pool, st, phone := f.DSN, f.Pool, f.Store, conn.PhoneNumberID
 	return &env{t: t, dsn: dsn, pool: pool, st: st, org: org.ID, phone: phone}
 }
 
@@ -126,48 +103,9 @@ func dedupeKeys(items []store.IncomingItem) []string {
 	return k
 }
 
-type hit struct {
-	at     time.Time
-	header http.Header
-	body   []byte
-}
-
-// receiver is a local HTTPS webhook receiver; respond decides each answer (n counts from 1).
-type receiver struct {
-	srv     *httptest.Server
-	mu      sync.Mutex
-	hits    []hit
-	respond func(n int, w http.ResponseWriter, r *http.Request)
-}
-
-func newReceiver(t *testing.T, respond func(n int, w http.ResponseWriter, r *http.Request)) *receiver {
-	rc := &receiver{respond: respond}
-	rc.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		rc.mu.Lock()
-		rc.hits = append(rc.hits, hit{time.Now(), r.Header.Clone(), body})
-		n := len(rc.hits)
-		rc.mu.Unlock()
-		if rc.respond != nil {
-			rc.respond(n, w, r)
-			return
-		}
-		io.WriteString(w, "ok")
-	}))
-	t.Cleanup(rc.srv.Close)
-	return rc
-}
-
-func (rc *receiver) snapshot() []hit {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	return append([]hit(nil), rc.hits...)
-}
-
-func (rc *receiver) roots() *x509.CertPool {
-	p := x509.NewCertPool()
-	p.AddCert(rc.srv.Certificate())
-	return p
+// newReceiver is the kit's receiver over HTTPS; respond decides each answer (n counts from 1).
+func newReceiver(t *testing.T, respond func(n int, w http.ResponseWriter, r *http.Request)) *testenv.Receiver {
+	return testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: respond})
 }
 
 // patience is how long a test waits for something that takes milliseconds on an idle machine:
@@ -177,14 +115,14 @@ const patience = 30 * time.Second
 // config is a test dispatcher's configuration: quick retries and polls; an attempt timeout (and
 // a lease) that a slow, loaded machine cannot run into, so that no test sees a retry it did not
 // ask for (tests of the timeout set their own).
-func (e *env) config(rc *receiver) Config {
+func (e *env) config(rc *testenv.Receiver) Config {
 	return Config{
 		RetryDelays:         []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond},
 		Timeout:             10 * time.Second,
 		Lease:               30 * time.Second,
 		PollInterval:        50 * time.Millisecond,
 		AllowPrivateTargets: true,
-		RootCAs:             rc.roots(),
+		RootCAs:             rc.Roots(),
 		InstanceID:          "test-" + uuid.NewString()[:6],
 	}
 }
@@ -216,15 +154,10 @@ func (e *env) start(cfg Config) (*Dispatcher, func()) {
 	return d, stop
 }
 
+// waitFor is testenv.Eventually naming what it waits for.
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, cond, "%s", what)
 }
 
 type deliveryRow struct {
@@ -322,12 +255,12 @@ func verifyStandard(t *testing.T, secret string, h http.Header, body []byte) {
 func TestDeliveredAndSigned(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	_, secret := e.webhook(rc.srv.URL + "/hook")
+	_, secret := e.webhook(rc.URL + "/hook")
 	ids := e.events(1)
 	e.run(e.config(rc))
 	waitFor(t, "delivered", patience, e.statusIs(ids[0], "delivered"))
 
-	hits := rc.snapshot()
+	hits := rc.Deliveries()
 	if len(hits) != 1 {
 		t.Fatalf("%d hits", len(hits))
 	}
@@ -336,24 +269,24 @@ func TestDeliveredAndSigned(t *testing.T) {
 	if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`, ids[0]).Scan(&stored); err != nil {
 		t.Fatal(err)
 	}
-	if string(h.body) != stored {
-		t.Fatalf("body %s\nstored %s", h.body, stored)
+	if string(h.Body) != stored {
+		t.Fatalf("body %s\nstored %s", h.Body, stored)
 	}
-	if h.header.Get("Content-Type") != "application/json" || h.header.Get("User-Agent") != DefaultUserAgent {
-		t.Fatalf("headers %v", h.header)
+	if h.Header.Get("Content-Type") != "application/json" || h.Header.Get("User-Agent") != DefaultUserAgent {
+		t.Fatalf("headers %v", h.Header)
 	}
-	if h.header.Get("webhook-id") != ids[0].String() {
-		t.Fatalf("webhook-id %q, event %s", h.header.Get("webhook-id"), ids[0])
+	if h.Header.Get("webhook-id") != ids[0].String() {
+		t.Fatalf("webhook-id %q, event %s", h.Header.Get("webhook-id"), ids[0])
 	}
-	ts := verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
-	if h.header.Get("webhook-timestamp") != strconv.FormatInt(ts, 10) {
-		t.Fatalf("timestamps differ: %q vs %d", h.header.Get("webhook-timestamp"), ts)
+	ts := verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
+	if h.Header.Get("webhook-timestamp") != strconv.FormatInt(ts, 10) {
+		t.Fatalf("timestamps differ: %q vs %d", h.Header.Get("webhook-timestamp"), ts)
 	}
 	// signed when sent: at most the transit (seconds on a loaded machine) before it arrived
-	if d := h.at.Sub(time.Unix(ts, 0)); d < 0 || d > patience {
-		t.Fatalf("timestamp %d is not the time of sending (received %v)", ts, h.at)
+	if d := h.At.Sub(time.Unix(ts, 0)); d < 0 || d > patience {
+		t.Fatalf("timestamp %d is not the time of sending (received %v)", ts, h.At)
 	}
-	verifyStandard(t, secret, h.header, h.body)
+	verifyStandard(t, secret, h.Header, h.Body)
 
 	row := e.delivery(ids[0])
 	if row.attempts != 1 || row.code == nil || *row.code != 200 || row.lastErr != nil {
@@ -389,25 +322,25 @@ func TestRetriesThenSucceeds(t *testing.T) {
 		}
 		io.WriteString(w, "fine")
 	})
-	_, secret := e.webhook(rc.srv.URL)
+	_, secret := e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	e.run(cfg)
 	// delivered is final and written after the receiver answered: every hit is in by now, and
 	// no further claim can pick the delivery up
 	waitFor(t, "delivered", patience, e.statusIs(ids[0], "delivered"))
-	hits := rc.snapshot()
+	hits := rc.Deliveries()
 	if len(hits) != 3 {
 		t.Fatalf("%d hits, want 3", len(hits))
 	}
 	for i, h := range hits {
-		verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
-		verifyStandard(t, secret, h.header, h.body)
-		if h.header.Get("webhook-id") != ids[0].String() {
-			t.Fatalf("hit %d webhook-id %q", i, h.header.Get("webhook-id"))
+		verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
+		verifyStandard(t, secret, h.Header, h.Body)
+		if h.Header.Get("webhook-id") != ids[0].String() {
+			t.Fatalf("hit %d webhook-id %q", i, h.Header.Get("webhook-id"))
 		}
 		if i > 0 {
-			if gap := h.at.Sub(hits[i-1].at); gap < cfg.RetryDelays[i-1] {
+			if gap := h.At.Sub(hits[i-1].At); gap < cfg.RetryDelays[i-1] {
 				t.Fatalf("gap before attempt %d is %v, want >= %v", i+1, gap, cfg.RetryDelays[i-1])
 			} else {
 				t.Logf("gap before attempt %d: %v (delay %v)", i+1, gap, cfg.RetryDelays[i-1])
@@ -427,11 +360,11 @@ func TestRetriesThenSucceeds(t *testing.T) {
 func TestAlwaysFailingEndsFailed(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) })
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(1)
 	e.run(e.config(rc))
 	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed")) // final: every hit is in
-	if n := len(rc.snapshot()); n != 4 {
+	if n := len(rc.Deliveries()); n != 4 {
 		t.Fatalf("%d hits, want 4", n)
 	}
 	row := e.delivery(ids[0])
@@ -451,7 +384,7 @@ func TestSlowReceiverIsFailure(t *testing.T) {
 		case <-r.Context().Done():
 		}
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.Timeout, cfg.RetryDelays = 200*time.Millisecond, []time.Duration{}
@@ -465,21 +398,21 @@ func TestSlowReceiverIsFailure(t *testing.T) {
 
 func TestRedirectIsFailure(t *testing.T) {
 	e := newEnv(t)
-	var rc *receiver
+	var rc *testenv.Receiver
 	rc = newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/elsewhere" {
 			return
 		}
-		http.Redirect(w, r, rc.srv.URL+"/elsewhere", http.StatusTemporaryRedirect)
+		http.Redirect(w, r, rc.URL+"/elsewhere", http.StatusTemporaryRedirect)
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.RetryDelays = []time.Duration{}
 	e.run(cfg)
 	// a followed redirect would have hit the receiver before the attempt ended
 	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
-	if hits := rc.snapshot(); len(hits) != 1 {
+	if hits := rc.Deliveries(); len(hits) != 1 {
 		t.Fatalf("%d hits: the redirect was followed", len(hits))
 	}
 	if row := e.delivery(ids[0]); *row.code != 307 || *row.lastErr != "http_307" {
@@ -490,7 +423,7 @@ func TestRedirectIsFailure(t *testing.T) {
 func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	wh, _ := e.webhook(rc.srv.URL)
+	wh, _ := e.webhook(rc.URL)
 	ctx := context.Background()
 	if _, err := e.st.SetWebhookStatus(ctx, e.org, wh, store.WebhookPaused); err != nil {
 		t.Fatal(err)
@@ -516,7 +449,7 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	if err := e.st.ConnectChannel(ctx, ch2.ID, store.Connection{PhoneNumberID: e.phone + "9", WabaID: "wm" + e.phone, UpstreamToken: "t"}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := e.st.CreateWebhook(ctx, org2.ID, store.NewWebhook{Name: "m", URL: marker.srv.URL, Events: []string{"messages"}}); err != nil {
+	if _, _, err := e.st.CreateWebhook(ctx, org2.ID, store.NewWebhook{Name: "m", URL: marker.URL, Events: []string{"messages"}}); err != nil {
 		t.Fatal(err)
 	}
 	e.run(cfg)
@@ -524,8 +457,8 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 		Data: json.RawMessage(`{"message":{"id":"marker"}}`)}}, store.Claim{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the marker delivered", patience, func() bool { return len(marker.snapshot()) == 1 })
-	if n := len(rc.snapshot()); n != 0 {
+	waitFor(t, "the marker delivered", patience, func() bool { return len(marker.Deliveries()) == 1 })
+	if n := len(rc.Deliveries()); n != 0 {
 		t.Fatalf("paused webhook got %d hits", n)
 	}
 	for _, id := range ids {
@@ -537,13 +470,13 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "delivered", patience, e.statusIs(ids[2], "delivered"))
-	hits := rc.snapshot()
+	hits := rc.Deliveries()
 	if len(hits) != 3 {
 		t.Fatalf("%d hits", len(hits))
 	}
 	for i, h := range hits {
-		if h.header.Get("webhook-id") != ids[i].String() {
-			t.Fatalf("hit %d is %s, want %s (oldest first)", i, h.header.Get("webhook-id"), ids[i])
+		if h.Header.Get("webhook-id") != ids[i].String() {
+			t.Fatalf("hit %d is %s, want %s (oldest first)", i, h.Header.Get("webhook-id"), ids[i])
 		}
 	}
 }
@@ -551,13 +484,13 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 func TestLoopbackRefusedWithoutAllowPrivate(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.AllowPrivateTargets, cfg.RetryDelays = false, []time.Duration{}
 	e.run(cfg)
 	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
-	if n := len(rc.snapshot()); n != 0 {
+	if n := len(rc.Deliveries()); n != 0 {
 		t.Fatalf("receiver got %d hits", n)
 	}
 	at := e.attemptRows(ids[0])
@@ -581,7 +514,7 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 		counts[r.Header.Get("webhook-id")]++
 		mu.Unlock()
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	const n = 200
 	ids := e.events(n)
 	cfgA, cfgB := e.config(rc), e.config(rc)
@@ -662,7 +595,7 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(2)
 	ctx := context.Background()
 	// Both: one attempt recorded, the second claimed (its instance's second claim) by an instance
@@ -687,7 +620,7 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	if row := e.delivery(ids[1]); row.status != "in_flight" || row.attempts != 1 {
 		t.Fatalf("live lease was taken: %+v", row)
 	}
-	if hits := rc.snapshot(); len(hits) != 1 || hits[0].header.Get("webhook-id") != ids[0].String() {
+	if hits := rc.Deliveries(); len(hits) != 1 || hits[0].Header.Get("webhook-id") != ids[0].String() {
 		t.Fatalf("hits %v", hits)
 	}
 	// Late completions of claims that are not ids[1]'s current one are fenced out and not
@@ -754,7 +687,7 @@ func TestPerWebhookCap(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the receiver's work, during which a 4th would overlap
 		cur.Add(-1)
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(20)
 	cfg := e.config(rc)
 	cfg.PerWebhook = 3
@@ -771,7 +704,7 @@ func TestPerWebhookCap(t *testing.T) {
 	if p := peak.Load(); p != 3 {
 		t.Fatalf("peak concurrency %d, cap 3", p)
 	}
-	if n := len(rc.snapshot()); n != 20 {
+	if n := len(rc.Deliveries()); n != 20 {
 		t.Fatalf("%d hits", n)
 	}
 }
@@ -811,7 +744,7 @@ func TestObserverAndGracefulShutdown(t *testing.T) {
 		<-release // still in flight when the dispatcher is stopped
 	})
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // (before rc.srv.Close)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	ids := e.events(1)
 	obs := &countingObserver{n: map[string]int{}}
 	cfg := e.config(rc)
@@ -847,7 +780,7 @@ func TestObserverAndGracefulShutdown(t *testing.T) {
 func TestWakesOnNotify(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	sep := "?"
 	if strings.Contains(e.dsn, "?") {
 		sep = "&"
@@ -877,7 +810,7 @@ func TestUntrustedCertificateIsFailure(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
 			rc := newReceiver(t, nil)
-			e.webhook(rc.srv.URL)
+			e.webhook(rc.URL)
 			ids := e.events(1)
 			cfg := e.config(rc)
 			cfg.RetryDelays = []time.Duration{}

@@ -103,9 +103,6 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 	var mu sync.Mutex
 	arrived := map[string]time.Time{}
 	rc := newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusNoContent)
-	})
-	rc.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var ev struct {
 			Data struct {
 				Message struct{ ID string } `json:"message"`
@@ -119,7 +116,7 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 		mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 
 	orgB, phoneB := e.tenant("b")
 	hang := hangingListener(t)
@@ -252,7 +249,7 @@ func TestUnrecordedOutcomesExplained(t *testing.T) {
 					<-release // the first attempt waits; any other answers at once
 				}
 			})
-			hook, _ := e.webhook(rc.srv.URL)
+			hook, _ := e.webhook(rc.URL)
 			core, logs := observer.New(zapcore.DebugLevel)
 			cfg := e.config(rc)
 			d, err := New(e.pool, e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
@@ -264,7 +261,7 @@ func TestUnrecordedOutcomesExplained(t *testing.T) {
 			go func() { defer close(done); d.Run(ctx, e.dsn) }()
 			t.Cleanup(func() { cancel(); <-done })
 			ids := e.events(1)
-			waitFor(t, "the first attempt", patience, func() bool { return len(rc.snapshot()) == 1 })
+			waitFor(t, "the first attempt", patience, func() bool { return len(rc.Deliveries()) == 1 })
 			if c.lost == 0 {
 				if err := e.st.DeleteWebhook(context.Background(), e.org, hook); err != nil {
 					t.Fatal(err)

@@ -43,7 +43,7 @@ func jobsOf(res store.IntakeResult) []Job {
 func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	_, secret := e.webhook(rc.srv.URL)
+	_, secret := e.webhook(rc.URL)
 	cfg := e.config(rc)
 	cfg.PollInterval = time.Hour // only the start-up claim: anything delivered later was handed off
 	d, _ := e.start(cfg)
@@ -72,18 +72,18 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	d.Deliver(n, jobsOf(res), res.Queued > 0)
 
 	// The queued one is announced (NOTIFY) and claimed; the two handed off need nothing more.
-	waitFor(t, "three receipts", patience, func() bool { return len(rc.snapshot()) == 3 })
-	for _, h := range rc.snapshot() {
+	waitFor(t, "three receipts", patience, func() bool { return len(rc.Deliveries()) == 3 })
+	for _, h := range rc.Deliveries() {
 		var stored string
 		if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`,
-			h.header.Get("webhook-id")).Scan(&stored); err != nil {
+			h.Header.Get("webhook-id")).Scan(&stored); err != nil {
 			t.Fatal(err)
 		}
-		if string(h.body) != stored {
-			t.Fatalf("body %s\nstored %s", h.body, stored)
+		if string(h.Body) != stored {
+			t.Fatalf("body %s\nstored %s", h.Body, stored)
 		}
-		verifySvc(t, secret, h.header.Get("X-Svc-Signature"), h.body)
-		verifyStandard(t, secret, h.header, h.body)
+		verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
+		verifyStandard(t, secret, h.Header, h.Body)
 	}
 	for _, c := range res.Claimed {
 		waitFor(t, "delivered", patience, e.statusIs(c.EventID, "delivered"))
@@ -95,7 +95,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 		}
 	}
 	// every delivery is final (delivered, after its receipt): no receipt can be missing or come
-	if n := len(rc.snapshot()); n != 3 {
+	if n := len(rc.Deliveries()); n != 3 {
 		t.Fatalf("%d receipts, want 3", n)
 	}
 }
@@ -106,7 +106,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		w.WriteHeader(http.StatusNoContent)
 	})
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	cfg := e.config(rc)
 	cfg.PerWebhook = 1
 	d, _ := e.start(cfg)
@@ -124,7 +124,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 			t.Fatalf("delivery %+v, attempts %+v", row, e.attemptRows(c.EventID))
 		}
 	}
-	if n := len(rc.snapshot()); n != 3 {
+	if n := len(rc.Deliveries()); n != 3 {
 		t.Fatalf("%d receipts, want 3", n)
 	}
 }
@@ -132,7 +132,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 func TestShutdownWaitsForReservations(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL)
+	e.webhook(rc.URL)
 	d, stop := e.start(e.config(rc))
 	n := reserve(t, d, 4)
 
@@ -175,7 +175,7 @@ func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
 		w.WriteHeader(http.StatusNoContent)
 	})
 	for range 3 {
-		e.webhook(rc.srv.URL)
+		e.webhook(rc.URL)
 	}
 	cfg := e.config(rc)
 	cfg.PerOrg = 1

@@ -13,6 +13,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
+
 	"github.com/wabarelay/wabarelay/secretbox"
 )
 
@@ -23,7 +25,7 @@ import (
 func TestUndecryptableSecretFails(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	wid, _ := e.webhook(rc.srv.URL + "/h")
+	wid, _ := e.webhook(rc.URL + "/h")
 	if _, err := e.pool.Exec(context.Background(),
 		`UPDATE webhooks SET secret_enc = decode('00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff', 'hex') WHERE id = $1`, wid); err != nil {
 		t.Fatal(err)
@@ -50,7 +52,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 	if n := logs.FilterMessageSnippet("cannot be decrypted").Len(); n != 1 {
 		t.Fatalf("logged %d times, want once", n)
 	}
-	if len(rc.snapshot()) != 0 {
+	if len(rc.Deliveries()) != 0 {
 		t.Fatal("the receiver was called without a signature")
 	}
 }
@@ -60,7 +62,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 func TestAttemptPanicSurvived(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
-	e.webhook(rc.srv.URL + "/h")
+	e.webhook(rc.URL + "/h")
 	ids := e.events(1)
 	core, logs := observer.New(zap.InfoLevel)
 	var calls atomic.Int64
@@ -83,7 +85,7 @@ func TestAttemptPanicSurvived(t *testing.T) {
 
 // runWithSecrets runs a dispatcher reading secrets with secrets and logging to logger, with
 // quick secret retries, until the test ends.
-func runWithSecrets(t *testing.T, e *env, rc *receiver, secrets Secrets, logger *zap.Logger) {
+func runWithSecrets(t *testing.T, e *env, rc *testenv.Receiver, secrets Secrets, logger *zap.Logger) {
 	t.Helper()
 	cfg := e.config(rc)
 	cfg.secretRetry = 20 * time.Millisecond

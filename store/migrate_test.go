@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -14,10 +13,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -199,15 +196,8 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 	if err := store.MigrateTo(ctx, conn, 11); err != nil {
 		t.Fatal(err)
 	}
-	pool, err := pgxpool.New(ctx, srv.DSN("old"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	s := store.New(pool, box)
+	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.DSN("old")})
+	s := f.Store
 	now := time.Now().UTC()
 	if err := s.EnsurePartitions(ctx, now.AddDate(0, 0, -3), now.AddDate(0, 0, 1)); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -19,21 +18,6 @@ import (
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
-
-func newKey() []byte {
-	k := make([]byte, secretbox.KeySize)
-	rand.Read(k)
-	return k
-}
-
-func keyring(t *testing.T, keys ...[]byte) *secretbox.Box {
-	t.Helper()
-	b, err := secretbox.NewKeyring(keys...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // sealV1 seals as builds before key lists did (version byte 1, no key id).
 func sealV1(key []byte, plaintext, aad string) []byte {
@@ -59,8 +43,8 @@ func newRekeyWorld(t *testing.T, nChannels int) *rekeyWorld {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	w := &rekeyWorld{pool: pool, a: newKey(), b: newKey(), channels: map[uuid.UUID][3]string{}, webhooks: map[uuid.UUID]string{}}
-	st := store.New(pool, keyring(t, w.a))
+	w := &rekeyWorld{pool: pool, a: testenv.NewKey(), b: testenv.NewKey(), channels: map[uuid.UUID][3]string{}, webhooks: map[uuid.UUID]string{}}
+	st := store.New(pool, testenv.Keyring(t, w.a))
 	ctx := context.Background()
 	org, err := st.CreateOrg(ctx, "o")
 	if err != nil {
@@ -111,7 +95,7 @@ func newRekeyWorld(t *testing.T, nChannels int) *rekeyWorld {
 // was written; want overrides values changed since.
 func (w *rekeyWorld) check(t *testing.T, keys ...[]byte) {
 	t.Helper()
-	st := store.New(w.pool, keyring(t, keys...))
+	st := store.New(w.pool, testenv.Keyring(t, keys...))
 	ctx := context.Background()
 	for id, v := range w.channels {
 		c, err := st.GetChannel(ctx, w.org, id)
@@ -154,7 +138,7 @@ func (w *rekeyWorld) values() int64 {
 func TestRekey(t *testing.T) {
 	w := newRekeyWorld(t, 12)
 	w.check(t, w.a)
-	st := store.New(w.pool, keyring(t, w.b, w.a))
+	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
 	var progress []store.RekeyProgress
 	res, err := st.Rekey(context.Background(), store.RekeyOptions{BatchSize: 5, Progress: func(p store.RekeyProgress) { progress = append(progress, p) }})
 	if err != nil {
@@ -178,7 +162,7 @@ func TestRekey(t *testing.T) {
 		t.Fatalf("progress: %+v", progress)
 	}
 	w.check(t, w.b)
-	if _, err := store.New(w.pool, keyring(t, w.a)).WebhookSecret(context.Background(), anyKey(w.webhooks)); !errors.Is(err, secretbox.ErrOpen) {
+	if _, err := store.New(w.pool, testenv.Keyring(t, w.a)).WebhookSecret(context.Background(), anyKey(w.webhooks)); !errors.Is(err, secretbox.ErrOpen) {
 		t.Fatalf("A still opens a rekeyed secret: %v", err)
 	}
 
@@ -200,7 +184,7 @@ func anyKey[V any](m map[uuid.UUID]V) uuid.UUID {
 // and the rest under A (still readable with [B, A]); running it again finishes the job.
 func TestRekeyResumes(t *testing.T) {
 	w := newRekeyWorld(t, 12)
-	st := store.New(w.pool, keyring(t, w.b, w.a))
+	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
 	ctx, cancel := context.WithCancel(context.Background())
 	var first store.RekeyProgress
 	res, err := st.Rekey(ctx, store.RekeyOptions{BatchSize: 4, Progress: func(p store.RekeyProgress) {
@@ -217,7 +201,7 @@ func TestRekeyResumes(t *testing.T) {
 	}
 	w.check(t, w.b, w.a) // half done: the service reads both
 	var underB int
-	w.pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE substr(channel_token_enc, 1, 5) = $1`, keyring(t, w.b).Header()).Scan(&underB)
+	w.pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE substr(channel_token_enc, 1, 5) = $1`, testenv.Keyring(t, w.b).Header()).Scan(&underB)
 	if underB != 4 {
 		t.Fatalf("%d channel tokens under B after the interruption, want 4", underB)
 	}
@@ -242,8 +226,8 @@ func TestRekeyKeepsConcurrentWrites(t *testing.T) {
 		t.Run(column, func(t *testing.T) {
 			w := newRekeyWorld(t, 6)
 			ctx := context.Background()
-			stBA := store.New(w.pool, keyring(t, w.b, w.a))
-			stA := store.New(w.pool, keyring(t, w.a))
+			stBA := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
+			stA := store.New(w.pool, testenv.Keyring(t, w.a))
 			var once sync.Once
 			opts := store.RekeyOptions{BatchSize: 100}
 			opts.SetRekeyBeforeWrite(func(_, col string) {
@@ -297,13 +281,13 @@ func TestRekeyKeepsConcurrentWrites(t *testing.T) {
 func TestRekeyUnreadable(t *testing.T) {
 	w := newRekeyWorld(t, 3)
 	ctx := context.Background()
-	stranger := keyring(t, newKey())
+	stranger := testenv.Keyring(t, testenv.NewKey())
 	id := anyKey(w.webhooks)
 	if _, err := w.pool.Exec(ctx, `UPDATE webhooks SET secret_enc = $2 WHERE id = $1`, id, stranger.SealString("whsec_lost", "webhooks.secret:"+id.String())); err != nil {
 		t.Fatal(err)
 	}
 	delete(w.webhooks, id)
-	res, err := store.New(w.pool, keyring(t, w.b, w.a)).Rekey(ctx, store.RekeyOptions{})
+	res, err := store.New(w.pool, testenv.Keyring(t, w.b, w.a)).Rekey(ctx, store.RekeyOptions{})
 	if !errors.Is(err, store.ErrRekeyIncomplete) || !strings.Contains(err.Error(), id.String()) || strings.Contains(err.Error(), "whsec_lost") {
 		t.Fatalf("err = %v", err)
 	}
@@ -326,7 +310,7 @@ func TestRekeyKeepsCaches(t *testing.T) {
 	if _, err := conn.Exec(ctx, `LISTEN wabarelay_channels`); err != nil {
 		t.Fatal(err)
 	}
-	st := store.New(w.pool, keyring(t, w.b, w.a))
+	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
 	if res, err := st.Rekey(ctx, store.RekeyOptions{BatchSize: 2}); err != nil || res.Rekeyed == 0 {
 		t.Fatalf("rekey: %+v %v", res, err)
 	}

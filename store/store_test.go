@@ -2,7 +2,6 @@ package store_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"sync"
 	"testing"
@@ -12,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -24,15 +22,8 @@ func newStore(t *testing.T) *store.Store {
 // newStoreAndPool is newStore that also returns the pool, for tests that set up rows directly.
 func newStoreAndPool(t *testing.T) (*store.Store, *pgxpool.Pool) {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	return store.New(pool, box), pool
+	f := testenv.NewStore(t)
+	return f.Store, f.Pool
 }
 
 func TestAPIKeys(t *testing.T) {

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -31,12 +30,8 @@ func withParam(dsn, kv string) string {
 // reconnects, calls OnConnect again and keeps receiving; a panicking callback is logged and
 // survived.
 func TestListener(t *testing.T) {
-	dsn := testenv.Postgres(t)
-	pool, err := pgxpool.New(context.Background(), dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	f := testenv.NewStore(t)
+	dsn, pool := f.DSN, f.Pool
 	connects := make(chan struct{}, 10)
 	got := make(chan string, 10)
 	core, logs := observer.New(zap.WarnLevel)

@@ -3,39 +3,13 @@ package testenv
 import (
 	"errors"
 	"os/exec"
-	"runtime"
-	"sync"
+
+	"github.com/wabarelay/wabarelay/internal/testenv/caddyproc"
 )
 
-// Server processes are started from one goroutine locked to its own OS thread, which never
-// exits. On Linux the children are asked for a signal when their parent dies (Pdeathsig), and
-// "parent" there means the thread that forked them: forking from an ordinary goroutine would let
-// the child be killed whenever the Go runtime retires that thread.
-var (
-	spawnOnce sync.Once
-	spawnCh   chan spawnReq
-)
-
-type spawnReq struct {
-	cmd  *exec.Cmd
-	done chan error
-}
-
-// startChild starts cmd from the spawner thread.
-func startChild(cmd *exec.Cmd) error {
-	spawnOnce.Do(func() {
-		spawnCh = make(chan spawnReq)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread lives as long as the process
-			for req := range spawnCh {
-				req.done <- req.cmd.Start()
-			}
-		}()
-	})
-	req := spawnReq{cmd: cmd, done: make(chan error, 1)}
-	spawnCh <- req
-	return <-req.done
-}
+// startChild starts a server process from caddyproc's long-lived spawner thread, so that its
+// parent-death signal (Pdeathsig) fires when the test process dies.
+func startChild(cmd *exec.Cmd) error { return caddyproc.Spawn(cmd) }
 
 // launchOnFreePort picks a free port into *port and calls launch, retrying (up to 10 times)
 // when another process took the port in between.

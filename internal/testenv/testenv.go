@@ -147,6 +147,7 @@ func Postgres(t testing.TB) string {
 func Main(m *testing.M) {
 	mainCalled.Store(true)
 	code := m.Run()
+	removeBuiltCaddy()
 	if shared.pool != nil {
 		shared.pool.Close()
 	}

@@ -16,25 +16,18 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/internal/testenv/caddyproc"
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// child is a process the bench started: killed with us (Pdeathsig), in its own process group so
-// that Ctrl-C reaches only the bench, which stops it in order.
-type Child struct {
-	name string
-	cmd  *exec.Cmd
-	log  *os.File
-	done chan struct{} // closed when the process has exited
-	once sync.Once
-}
+// Child is a process the bench started: killed with us (Pdeathsig), in its own process group so
+// that Ctrl-C reaches only the bench, which stops it in order. Tests start theirs the same way
+// (internal/testenv/caddyproc).
+type Child = caddyproc.Child
 
 // Cleanups run in reverse order at the end of run, whatever happened.
 type Cleanups []func()
@@ -85,17 +78,13 @@ func RandHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
+// StartCaddy runs the Caddy build bin on the Caddyfile cfg in dir, with env added to its
+// environment, and returns once it has started every app (as tests start theirs:
+// caddyproc.StartCaddy) and listens on port.
 func StartCaddy(ctx context.Context, bin, dir, cfg string, env []string, port int) (*Child, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, err
-	}
-	path := filepath.Join(dir, "Caddyfile")
-	if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
-		return nil, err
-	}
-	env = append(env, "XDG_DATA_HOME="+dir, "XDG_CONFIG_HOME="+dir, "HOME="+dir)
-	ch, err := StartChild("caddy "+filepath.Base(dir), filepath.Join(dir, "caddy.log"), env, bin,
-		"run", "--config", path, "--adapter", "caddyfile")
+	ch, err := caddyproc.StartCaddy(ctx, caddyproc.CaddyConfig{
+		Bin: caddyproc.Binary{Path: bin}, Dir: dir, Caddyfile: cfg, Env: env,
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -107,23 +96,11 @@ func StartCaddy(ctx context.Context, bin, dir, cfg string, env []string, port in
 	return ch, nil
 }
 
+// StartChild starts bin with args and env added to the environment, its output to logPath.
 func StartChild(name, logPath string, env []string, bin string, args ...string) (*Child, error) {
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, err
-	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	// From a thread that lives as long as the bench: Pdeathsig follows the forking thread.
-	if err := testenv.StartChild(cmd); err != nil {
-		f.Close()
-		return nil, err
-	}
-	c := &Child{name: name, cmd: cmd, log: f, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(c.done) }()
-	return c, nil
+	return caddyproc.Start(name, logPath, cmd)
 }
 
 func WaitPort(ctx context.Context, addr string, limit time.Duration, ch *Child) error {
@@ -160,36 +137,6 @@ func WithDatabase(dsn, db string) (string, error) {
 	return dsn + " dbname=" + db, nil // key=value form: the last dbname wins
 }
 
-func (c *Child) Exited() bool {
-	select {
-	case <-c.done:
-		return true
-	default:
-		return false
-	}
-}
-
-func (c *Child) Logs() string {
-	b, _ := os.ReadFile(c.log.Name())
-	return string(b)
-}
-
-// stop ends the process: SIGTERM, then SIGKILL after 15 s (the dispatcher waits for its
-// attempts in flight, at most timeout + 1 s).
-func (c *Child) Stop() {
-	c.once.Do(func() {
-		c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(15 * time.Second):
-			c.cmd.Process.Kill()
-			<-c.done
-		}
-		c.log.Close()
-		Logf("%s stopped", c.name)
-	})
-}
-
 func (c *Cleanups) Add(f func()) { *c = append(*c, f) }
 
 func (c *Cleanups) Run() {
@@ -200,9 +147,6 @@ func (c *Cleanups) Run() {
 
 // clockTicks is USER_HZ, 100 on every Linux platform Go supports.
 const clockTicks = 100
-
-// PID returns the child's process id.
-func (c *Child) PID() int { return c.cmd.Process.Pid }
 
 // CaddyBinary returns the absolute path of the Caddy build at path, or an error that says how
 // to build it.

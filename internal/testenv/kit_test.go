@@ -1,0 +1,64 @@
+package testenv_test
+
+import (
+	"bytes"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+)
+
+// TestReceiverVerifies: the receiver records deliveries, answers by attempt number, and its
+// verifier accepts the dispatcher's signatures and refuses a changed body or another secret.
+func TestReceiverVerifies(t *testing.T) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{Respond: func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(500 + n)
+	}})
+	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	body := []byte(`{"type":"messages"}`)
+	svc, id, ts, sig := dispatcher.Sign(secret, uuid.New(), time.Now(), body)
+	h := http.Header{"X-Svc-Signature": {svc}, "Webhook-Id": {id}, "Webhook-Timestamp": {ts}, "Webhook-Signature": {sig}}
+	if err := testenv.VerifySignature(secret, h, body); err != nil {
+		t.Fatal(err)
+	}
+	if testenv.VerifySignature(secret, h, append(body, ' ')) == nil || testenv.VerifySignature("whsec_AAAA", h, body) == nil {
+		t.Fatal("a changed body or another secret verifies")
+	}
+	rc.Verify(secret)
+	for want := 501; want <= 502; want++ {
+		req, _ := http.NewRequest("POST", rc.URL+"/hook", bytes.NewReader(body))
+		req.Header = h.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil || resp.StatusCode != want {
+			t.Fatalf("answer %v %v, want %d", resp, err, want)
+		}
+		resp.Body.Close()
+	}
+	if d := rc.WaitN(t, 2); d[1].N != 2 || d[1].Path != "/hook" || !bytes.Equal(d[1].Body, body) {
+		t.Fatalf("deliveries %+v", d)
+	}
+}
+
+// TestFixtureFactories: the factories create rows with their defaults.
+func TestFixtureFactories(t *testing.T) {
+	f := testenv.NewStore(t)
+	org := f.Org(t)
+	_, key := f.APIKey(t, org.ID)
+	if k, err := f.Store.AuthenticateAPIKey(t.Context(), key); err != nil || k.OrgID != org.ID {
+		t.Fatalf("api key: %+v %v", k, err)
+	}
+	ch := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: f.Connection()})
+	if rc, err := f.Store.RelayChannelByToken(t.Context(), ch.ChannelToken); err != nil || rc.UpstreamToken != "tok" {
+		t.Fatalf("connected channel: %+v %v", rc, err)
+	}
+	w, secret := f.Webhook(t, org.ID, "https://r.example/h")
+	if s, err := f.Store.WebhookSecret(t.Context(), w.ID); err != nil || s != secret {
+		t.Fatalf("webhook secret: %v", err)
+	}
+	start := time.Now()
+	testenv.Eventually(t, testenv.Patience, func() bool { return time.Since(start) > 20*time.Millisecond }, "time to pass")
+}
