@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	_ "github.com/wabarelay/wabarelay/caddymodule"
+	"github.com/wabarelay/wabarelay/internal/browsertest"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -27,7 +28,7 @@ import (
 // upstream SDK that plays the FINISH event, the completion against the fake upstream; then the
 // channel is active. Screenshots: artifacts/caddy-connect-{page,success,expired}.png.
 func TestBrowserRealCaddy(t *testing.T) {
-	chromiumPath(t) // fails (or skips locally) before anything is started
+	browsertest.ChromiumPath(t) // fails (or skips locally) before anything is started
 	const code, token = "es-code-1", "EAAGbusinessFromSignup"
 	fake := fakegraph.New(fakegraph.WithAppID(appID), fakegraph.WithAppSecret(appSecret))
 	fake.Start()
@@ -56,7 +57,7 @@ func TestBrowserRealCaddy(t *testing.T) {
 		meta {
 			app_id     %s
 			app_secret %s
-			config_id  cfg-1
+			config_id  %s
 			sdk_url    %s/stub-sdk.js
 		}
 	}
@@ -67,7 +68,7 @@ func TestBrowserRealCaddy(t *testing.T) {
 			origin_suffix 127.0.0.1
 		}
 	}
-}`, fake.URL(), base, appID, appSecret, sdk.URL, base)), nil)
+}`, fake.URL(), base, appID, appSecret, configID, sdk.URL, base)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +90,8 @@ func TestBrowserRealCaddy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	runConnectFlow(t, base+"/connect/"+ch.ChannelToken, flowCase{
+	b := browsertest.Start(t)
+	runConnectFlow(t, b, base+"/connect/"+ch.ChannelToken, flowCase{
 		Stub:      stubConfig{PhoneNumberID: pnid, WABAID: waba, Code: code},
 		WantState: "success", WantText: []string{"WhatsApp is connected"},
 		PageShot: "caddy-connect-page.png", ResultShot: "caddy-connect-success.png",
@@ -102,5 +104,5 @@ func TestBrowserRealCaddy(t *testing.T) {
 			t.Fatal("app not subscribed")
 		}
 	})
-	checkExpiredPage(t, base+"/connect/"+ch.ChannelToken, "caddy-connect-expired.png", "Support line")
+	checkExpiredPage(t, b, base+"/connect/"+ch.ChannelToken, "caddy-connect-expired.png", "Support line")
 }

@@ -22,6 +22,7 @@ import (
 	"math/big"
 	"net/http"
 	"net/url"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -35,8 +36,14 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-//go:embed assets
-var assets embed.FS
+// assets are served as they are under /connect/assets/; templates are rendered by the handler
+// and never served.
+var (
+	//go:embed assets
+	assets embed.FS
+	//go:embed templates
+	templates embed.FS
+)
 
 // CookieName is the cookie that carries the channel token between the link and the page.
 const CookieName = "wabarelay_connect"
@@ -90,6 +97,7 @@ type Handler struct {
 	expired *template.Template
 	static  http.Handler
 	csp     string
+	mux     *http.ServeMux
 }
 
 // New returns a Handler.
@@ -100,11 +108,11 @@ func New(opt Options) (*Handler, error) {
 	if opt.Logger == nil {
 		opt.Logger = zap.NewNop()
 	}
-	page, err := template.ParseFS(assets, "assets/page.html")
+	page, err := template.ParseFS(templates, "templates/page.html")
 	if err != nil {
 		return nil, fmt.Errorf("connect page template: %w", err)
 	}
-	expired, err := template.ParseFS(assets, "assets/expired.html")
+	expired, err := template.ParseFS(templates, "templates/expired.html")
 	if err != nil {
 		return nil, fmt.Errorf("expired page template: %w", err)
 	}
@@ -118,62 +126,97 @@ func New(opt Options) (*Handler, error) {
 	h.csp = "default-src 'none'; script-src 'self' " + sdkOrigin + "; style-src 'self'; " +
 		"img-src 'self' data: https://*.facebook.com https://*.fbcdn.net; connect-src 'self' https://*.facebook.com; " +
 		"frame-src https://*.facebook.com https://*.facebook.net " + sdkOrigin + "; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+	h.routes()
 	return h, nil
 }
 
-// ServeHTTP implements http.Handler.
+// allow names the methods of each route's path, for the Allow header of a 405.
+var allow = map[string]string{
+	"/connect":          "GET, HEAD",
+	"/connect/{$}":      "GET, HEAD",
+	"/connect/assets/":  "GET, HEAD",
+	"/connect/complete": "POST",
+	"/connect/{token}":  "GET, HEAD, POST",
+}
+
+// routes registers the handler's routes on h.mux (a GET route answers HEAD too).
+func (h *Handler) routes() {
+	h.mux = http.NewServeMux()
+	h.mux.HandleFunc("GET /connect/assets/", h.serveAsset)
+	h.mux.HandleFunc("GET /connect", h.servePage)
+	h.mux.HandleFunc("GET /connect/{$}", h.servePage)
+	h.mux.HandleFunc("POST /connect/complete", h.completePage)
+	// "complete" is not a link: GET /connect/complete is refused, not looked up.
+	h.mux.HandleFunc("GET /connect/complete", h.noRoute)
+	h.mux.HandleFunc("GET /connect/{token}", func(w http.ResponseWriter, r *http.Request) {
+		h.openLink(w, r, r.PathValue("token"))
+	})
+	h.mux.HandleFunc("POST /connect/{token}", func(w http.ResponseWriter, r *http.Request) {
+		h.complete(w, r, r.PathValue("token"))
+	})
+}
+
+// ServeHTTP implements http.Handler: the routes of h.mux, with JSON 404 and 405 answers (the
+// mux's own would be plain text, and name other methods in Allow).
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	hdr := w.Header()
 	hdr.Set("Referrer-Policy", "no-referrer")
 	hdr.Set("X-Content-Type-Options", "nosniff")
-	rest, ok := strings.CutPrefix(r.URL.Path, "/connect")
-	if !ok || (rest != "" && rest[0] != '/') {
-		httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
+	if r.URL.RawPath != "" {
+		// Route on the decoded path: an escaped "/" separates segments, as it always has.
+		r2 := r.WithContext(r.Context())
+		u := *r.URL
+		u.RawPath = ""
+		r2.URL = &u
+		r = r2
+	}
+	// A path that is not clean is not found (the mux would redirect it).
+	if _, pattern := h.mux.Handler(r); pattern == "" || !cleanPath(r.URL.Path) {
+		h.noRoute(w, r)
 		return
 	}
-	rest = strings.TrimPrefix(rest, "/")
-	switch {
-	case strings.HasPrefix(rest, "assets/"):
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			h.methodNotAllowed(w, "GET, HEAD")
-			return
-		}
-		hdr.Set("Cache-Control", "public, max-age=300")
-		h.static.ServeHTTP(w, r)
-	case rest == "":
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			h.methodNotAllowed(w, "GET, HEAD")
-			return
-		}
-		h.servePage(w, r)
-	case rest == "complete":
-		if r.Method != http.MethodPost {
-			h.methodNotAllowed(w, "POST")
-			return
-		}
-		c, err := r.Cookie(CookieName)
-		if err != nil {
-			httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
-			return
-		}
-		h.complete(w, r, c.Value)
-	case !strings.Contains(rest, "/"):
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-			h.openLink(w, r, rest)
-		case http.MethodPost:
-			h.complete(w, r, rest)
-		default:
-			h.methodNotAllowed(w, "GET, HEAD, POST")
-		}
-	default:
-		httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
-	}
+	h.mux.ServeHTTP(w, r)
 }
 
-func (h *Handler) methodNotAllowed(w http.ResponseWriter, allow string) {
-	w.Header().Set("Allow", allow)
-	httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
+// noRoute answers a request that no route takes: 405 with the methods its path takes, else 404.
+func (h *Handler) noRoute(w http.ResponseWriter, r *http.Request) {
+	if cleanPath(r.URL.Path) {
+		for _, m := range []string{http.MethodPost, http.MethodGet} {
+			probe := r.WithContext(r.Context())
+			probe.Method = m
+			if _, pattern := h.mux.Handler(probe); pattern != "" {
+				_, path, _ := strings.Cut(pattern, " ")
+				w.Header().Set("Allow", allow[path])
+				httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
+				return
+			}
+		}
+	}
+	httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
+}
+
+// cleanPath reports whether p is its own path.Clean (a trailing slash kept).
+func cleanPath(p string) bool {
+	c := path.Clean(p)
+	if strings.HasSuffix(p, "/") && c != "/" {
+		c += "/"
+	}
+	return c == p
+}
+
+func (h *Handler) serveAsset(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	h.static.ServeHTTP(w, r)
+}
+
+// completePage completes the link whose token the page's cookie carries.
+func (h *Handler) completePage(w http.ResponseWriter, r *http.Request) {
+	c, err := r.Cookie(CookieName)
+	if err != nil {
+		httpx.WriteError(w, http.StatusGone, MsgLinkInvalid)
+		return
+	}
+	h.complete(w, r, c.Value)
 }
 
 // errThrottled is returned by openChannel for a client address refused by the AuthGuard.

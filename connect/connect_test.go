@@ -27,6 +27,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 const (
 	appID, appSecret = "1234567890", "app-secret-xyz"
+	configID         = "cfg-1"
 	pnid, waba       = "106540352242922", "524126980791429"
 )
 
@@ -57,15 +58,27 @@ func newWorld(t *testing.T, pin string) *world {
 	w.pool, w.store = pool, store.New(pool, box)
 	org, _ := w.store.CreateOrg(context.Background(), "o")
 	w.org = org.ID
-	h, err := connect.New(connect.Options{Store: w.store, Graph: graph.New(w.fake.URL()+"/v26.0", nil),
-		AppID: appID, AppSecret: appSecret, ConfigID: "cfg-1", SDKURL: "https://connect.facebook.net/en_US/sdk.js",
-		GraphVersion: "v26.0", RegisterPIN: pin, ConnectBase: "https://relay.example.com"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w.srv = httptest.NewServer(h)
+	opt := w.options()
+	opt.RegisterPIN = pin
+	w.srv = httptest.NewServer(w.handler(opt))
 	t.Cleanup(w.srv.Close)
 	return w
+}
+
+// options are the connect options of the world's handler: its store and fake upstream.
+func (w *world) options() connect.Options {
+	return connect.Options{Store: w.store, Graph: graph.New(w.fake.URL()+"/v26.0", nil),
+		AppID: appID, AppSecret: appSecret, ConfigID: configID, SDKURL: "https://connect.facebook.net/en_US/sdk.js",
+		GraphVersion: "v26.0", ConnectBase: "https://relay.example.com"}
+}
+
+func (w *world) handler(opt connect.Options) *connect.Handler {
+	w.t.Helper()
+	h, err := connect.New(opt)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return h
 }
 
 func (w *world) channel() store.Channel {

@@ -9,29 +9,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wabarelay/wabarelay/connect"
-	"github.com/wabarelay/wabarelay/graph"
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 )
-
-func (w *world) handler(guard *authguard.Guard) http.Handler {
-	w.t.Helper()
-	h, err := connect.New(connect.Options{Store: w.store, Graph: graph.New(w.fake.URL()+"/v26.0", nil),
-		AppID: appID, AppSecret: appSecret, ConfigID: "cfg-1", SDKURL: "https://connect.facebook.net/en_US/sdk.js",
-		GraphVersion: "v26.0", ConnectBase: "https://relay.example.com", AuthGuard: guard})
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return h
-}
 
 // TestConnectCookieSecureBehindProxy: the cookie is Secure whenever the client came over
 // HTTPS as the host server reports it (its own TLS, or a trusted proxy's word), not only when
 // this process terminated TLS.
 func TestConnectCookieSecureBehindProxy(t *testing.T) {
 	w := newWorld(t, "")
-	h := w.handler(nil)
+	h := w.handler(w.options())
 	c := w.channel()
 	for _, https := range []bool{true, false} {
 		r := httptest.NewRequest("GET", "/connect/"+c.ChannelToken, nil)
@@ -50,7 +37,9 @@ func TestConnectCookieSecureBehindProxy(t *testing.T) {
 // database gone; other addresses are served.
 func TestGuessedLinksCostNoQuery(t *testing.T) {
 	w := newWorld(t, "")
-	h := w.handler(authguard.New(3, time.Minute, 100))
+	opt := w.options()
+	opt.AuthGuard = authguard.New(3, time.Minute, 100)
+	h := w.handler(opt)
 	c := w.channel()
 	get := func(addr, token string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest("GET", "/connect/"+token, nil)

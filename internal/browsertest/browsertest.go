@@ -4,7 +4,7 @@
 // Content-Security-Policy violations, answers JavaScript dialogs, and saves
 // screenshots under the artifacts directory.
 //
-// It follows the conventions of connect/browser_test.go:
+// The connect page's and the dashboard's browser tests use it. Conventions:
 //
 //   - Chromium: $WABARELAY_CHROMIUM, else /usr/bin/chromium, else chromium on
 //     PATH. When it is missing the test fails, unless WABARELAY_SKIP_BROWSER=1
@@ -285,6 +285,17 @@ func Eval[T any](t testing.TB, p *Page, expr string) T {
 func (p *Page) Navigate(t testing.TB, url string) *network.Response {
 	t.Helper()
 	return Run(t, p, chromedp.NavigateResponse(url))
+}
+
+// Header is the value of the response header name (any case), or "".
+func Header(resp *network.Response, name string) string {
+	for k, v := range resp.Headers {
+		if strings.EqualFold(k, name) {
+			s, _ := v.(string)
+			return s
+		}
+	}
+	return ""
 }
 
 // Load runs steps that navigate (a click on a link or a submit button, a key
