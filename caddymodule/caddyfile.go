@@ -118,7 +118,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 				return err
 			}
 		case opt == "management_rate_limit":
-			rl := new(RateLimitConfig)
+			mgmtLimit := new(RateLimitConfig)
 			args := d.RemainingArgs()
 			if len(args) < 1 || len(args) > 2 {
 				return d.ArgErr()
@@ -127,15 +127,15 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 			if err != nil || n <= 0 {
 				return d.Errf("management_rate_limit: requests must be a positive integer, got %q", args[0])
 			}
-			rl.Requests = n
+			mgmtLimit.Requests = n
 			if len(args) == 2 {
 				w, err := caddy.ParseDuration(args[1])
 				if err != nil || w <= 0 {
 					return d.Errf("management_rate_limit: invalid window %q", args[1])
 				}
-				rl.Window = caddy.Duration(w)
+				mgmtLimit.Window = caddy.Duration(w)
 			}
-			a.ManagementRateLimit = rl
+			a.ManagementRateLimit = mgmtLimit
 		case opt == "limits":
 			a.Limits = new(LimitsConfig)
 			if err := a.Limits.unmarshal(d); err != nil {

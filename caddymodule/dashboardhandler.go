@@ -177,11 +177,11 @@ func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 						return d.ArgErr()
 					}
 				default:
-					return d.Errf("unknown demo option %q", d.Val())
+					return d.Errf("unrecognized demo option %q", d.Val())
 				}
 			}
 		default:
-			return d.Errf("unknown wabarelay_dashboard option %q", d.Val())
+			return d.Errf("unrecognized wabarelay_dashboard option %q", d.Val())
 		}
 	}
 	return nil

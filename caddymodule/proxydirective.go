@@ -52,7 +52,7 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	// php_fastcgi does), or the segment below starts before it and reverse_proxy, seeing no
 	// block, would drop every line passed to it.
 	h.Next()
-	rl := new(RelayHandler)
+	relayHandler := new(RelayHandler)
 	dispenser := h.NewFromNextSegment()
 	for dispenser.Next() {
 		if dispenser.NextArg() {
@@ -69,13 +69,13 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 				if err != nil || n <= 0 {
 					return nil, dispenser.Errf("rate_limit: requests must be a positive integer, got %q", args[0])
 				}
-				rl.Requests = n
+				relayHandler.Requests = n
 				if len(args) == 2 {
 					w, err := caddy.ParseDuration(args[1])
 					if err != nil || w <= 0 {
 						return nil, dispenser.Errf("rate_limit: invalid window %q", args[1])
 					}
-					rl.Window = caddy.Duration(w)
+					relayHandler.Window = caddy.Duration(w)
 				}
 				dispenser.DeleteN(len(args) + 1)
 			case "to":
@@ -126,7 +126,7 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	rp.Headers.Request.Set.Set("Host", "{http.reverse_proxy.upstream.hostport}")
 
 	route := caddyhttp.Route{HandlersRaw: []json.RawMessage{
-		caddyconfig.JSONModuleObject(rl, "handler", "wabarelay_relay", nil),
+		caddyconfig.JSONModuleObject(relayHandler, "handler", "wabarelay_relay", nil),
 		caddyconfig.JSONModuleObject(rp, "handler", "reverse_proxy", nil),
 	}}
 	subroute := caddyhttp.Subroute{Routes: caddyhttp.RouteList{route}}
