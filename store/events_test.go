@@ -109,7 +109,7 @@ func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
 
 // storeOn stores one message item with the store's clock at day (and the upstream timestamp
 // sent, if given).
-func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...time.Time) store.IntakeResult {
+func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...time.Time) store.InboundResult {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.EnsurePartitions(ctx, day, day); err != nil {
