@@ -487,3 +487,39 @@ func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 		t.Fatalf("hand-off after the backlog: %+v, %v", res, err)
 	}
 }
+
+// TestDeliveryIDsAreUUIDv7: delivery ids are UUIDv7 like every other id, their time the
+// delivery's creation (the store's clock), so that they sort by time.
+func TestDeliveryIDsAreUUIDv7(t *testing.T) {
+	s, org := storeWithChannel(t)
+	ctx := context.Background()
+	for range 2 {
+		if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Now().UTC().AddDate(0, 0, -2).Truncate(time.Millisecond).Add(123 * time.Millisecond)
+	storeOn(t, s, at, "m:v7")
+	rows, err := s.Pool().Query(ctx, `SELECT id, created_at FROM deliveries`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id uuid.UUID
+		var created time.Time
+		if err := rows.Scan(&id, &created); err != nil {
+			t.Fatal(err)
+		}
+		sec, nsec := id.Time().UnixTime()
+		if id.Version() != 7 || id.Variant() != uuid.RFC4122 || time.Unix(sec, nsec).UnixMilli() != created.UnixMilli() ||
+			created.UnixMilli() != at.UnixMilli() {
+			t.Fatalf("delivery id %s (version %d, time %v) created %v, want a UUIDv7 of %v", id, id.Version(), time.Unix(sec, nsec).UTC(), created, at)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != 2 {
+		t.Fatalf("%d deliveries (%v), want 2", n, err)
+	}
+}
