@@ -59,9 +59,9 @@ func isSequence(n []int, want int) bool {
 }
 
 // TestReclaimedLeaseIsNotAnAttempt: a first attempt claimed by an instance that crashed before
-// making it — claimed by the dispatcher's claim, or inserted already claimed by the inbound handler (the
-// hand-off) — is reclaimed once its lease has passed, delivered, and logged as attempt 1: the
-// lost claim used up no attempt.
+// making it — claimed by the dispatcher's claim, or inserted already claimed by the inbound
+// handler (the hand-off) — is reclaimed once its lease has passed, delivered, and logged as
+// attempt 1: the lost claim used up no attempt.
 func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)

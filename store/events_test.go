@@ -255,7 +255,7 @@ func TestDuplicatesAcrossDays(t *testing.T) {
 	}
 }
 
-// TestIntakeCreatesMissingPartition: an intake on a day with no partition (the partition
+// TestIntakeCreatesMissingPartition: storing events on a day with no partition (the partition
 // manager is behind) creates it and stores the events.
 func TestIntakeCreatesMissingPartition(t *testing.T) {
 	s, _ := storeWithChannel(t)
@@ -293,7 +293,7 @@ func TestHeldDeliveriesFailAfterMaxHold(t *testing.T) {
 	}
 	storeOn(t, s, time.Now().UTC(), "b")
 	if st := statuses(); st != "held,held" {
-		t.Fatalf("queue after pause and intake: %q, want both held", st)
+		t.Fatalf("queue after pause and new events: %q, want both held", st)
 	}
 	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookActive); err != nil {
 		t.Fatal(err)
@@ -449,7 +449,7 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 	}
 }
 
-// TestHandOffOnlyWithoutOwnBacklog: the intake hands a new delivery to its instance (Claim) only
+// TestHandOffOnlyWithoutOwnBacklog: StoreEvents hands a new delivery to its instance (Claim) only
 // when its webhook has nothing due waiting in the queue, so a new event never overtakes an older
 // due delivery of its webhook; another webhook's backlog does not keep a webhook from the
 // hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
