@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/dispatcher"
+	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
@@ -111,7 +112,7 @@ type App struct {
 	// upstreamDial is the upstream's host:port for reverse_proxy.
 	upstreamDial string
 	pool         *pgxpool.Pool
-	intakeSlots  chan struct{} // see intakeConcurrency
+	inbound      *inbound.Handler
 	poolKey      string
 	redis        redis.UniversalClient
 	redisKey     string
@@ -130,8 +131,8 @@ type App struct {
 
 	stopListener context.CancelFunc
 	listenerDone chan struct{}
-	// dispatcher and dispatcherDone are nil when this instance runs no dispatcher
-	// (delivery { workers 0 }).
+	// dispatcher and dispatcherDone are nil until Start, and when this instance runs no
+	// dispatcher (delivery { workers 0 }).
 	dispatcher     *dispatcher.Dispatcher
 	dispatcherDone chan struct{}
 	// pendingStores counts idempotency stores still running after their response was sent.
@@ -301,6 +302,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 		return err
 	}
 	if a.registerPIN != "" && (len(a.registerPIN) != 6 || strings.Trim(a.registerPIN, "0123456789") != "") {
+		// checked here, once resolved, rather than in Validate: a placeholder hides the value
 		return errors.New("register_pin must be 6 digits")
 	}
 	if a.Upstream == "" {
@@ -340,7 +342,6 @@ func (a *App) Provision(ctx caddy.Context) error {
 		}
 	}
 	a.store = store.New(a.pool, a.box)
-	a.intakeSlots = make(chan struct{}, intakeConcurrency(a.pool))
 	a.cache = relay.NewCache(a.store, relay.DefaultTTL)
 	a.cache.SetLogger(a.logger)
 	a.authGuard = newAuthGuard()
@@ -351,8 +352,12 @@ func (a *App) Provision(ctx caddy.Context) error {
 			a.logger.Warn("delivery queue metrics not registered", zap.Error(err))
 		}
 	}
-	rl := a.ManagementRateLimit
-	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", rl.Requests, time.Duration(rl.Window))
+	if a.inbound, err = a.newInbound(); err != nil {
+		a.Cleanup()
+		return err
+	}
+	mgmtLimit := a.ManagementRateLimit
+	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", mgmtLimit.Requests, time.Duration(mgmtLimit.Window))
 	return nil
 }
 
@@ -431,18 +436,8 @@ func (a *App) Validate() error {
 			return fmt.Errorf("delivery: allow_private_targets: %w", err)
 		}
 	}
-	if d := a.Delivery; d != nil && d.Retention > 0 && time.Duration(d.Retention) < 7*24*time.Hour {
-		// events double as the record of upstream items already seen; the upstream re-sends
-		// for up to 7 days
-		return errors.New("delivery: retention must be at least 168h")
-	}
-	if _, hold := a.retention(); hold <= 0 {
-		return errors.New("delivery: max_hold must be shorter than retention")
-	}
-	if a.RegisterPIN != "" && !strings.HasPrefix(a.RegisterPIN, "{") {
-		if len(a.RegisterPIN) != 6 || strings.Trim(a.RegisterPIN, "0123456789") != "" {
-			return errors.New("register_pin must be 6 digits")
-		}
+	if err := a.retentionPolicy().Check(); err != nil {
+		return fmt.Errorf("delivery: %w", err)
 	}
 	return nil
 }
@@ -528,8 +523,8 @@ func (a *App) deliveryTimeout() time.Duration {
 
 // startDispatcher starts webhook delivery for this config. During a reload the new config's
 // dispatcher starts before the old one stops; claims are leased rows, so both may run. With
-// delivery { workers 0 } it starts none: a.dispatcher stays nil, and the intake leaves every
-// delivery pending for the dispatchers of other instances.
+// delivery { workers 0 } it starts none: a.dispatcher stays nil, and the inbound handler leaves
+// every delivery pending for the dispatchers of other instances.
 func (a *App) startDispatcher(ctx context.Context) error {
 	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers == 0 {
 		a.logger.Info("delivery workers 0: this instance runs no dispatcher; deliveries it stores are left to the dispatchers of other instances")
@@ -572,96 +567,32 @@ func (a *App) startDispatcher(ctx context.Context) error {
 	return nil
 }
 
-// DefaultRetention is how long events, deliveries and attempts are kept.
-const DefaultRetention = 720 * time.Hour
-
-// DefaultMaxHold is how long a paused webhook's deliveries are held before they fail.
-const DefaultMaxHold = 7 * 24 * time.Hour
-
-// MediaRetention is how long a media id stays in its channel's relay scope: the upstream keeps
-// media for 30 days.
-const MediaRetention = 30 * 24 * time.Hour
-
-// maintenanceInterval is how often an instance runs the history and queue maintenance.
-const maintenanceInterval = 10 * time.Minute
-
-// retention returns the effective retention and hold limit (hold 0: max_hold is set to no less
-// than the retention, an error). Unset, the hold limit is DefaultMaxHold, or a day less than
-// the retention when that is shorter, so that a failed held delivery stays in the log a while.
-func (a *App) retention() (retention, hold time.Duration) {
-	retention, hold = DefaultRetention, DefaultMaxHold
-	if d := a.Delivery; d != nil && d.Retention > 0 {
-		retention = time.Duration(d.Retention)
+// retentionPolicy is delivery's retention and max_hold (defaults: store.RetentionPolicy).
+func (a *App) retentionPolicy() store.RetentionPolicy {
+	if d := a.Delivery; d != nil {
+		return store.RetentionPolicy{Retention: time.Duration(d.Retention), MaxHold: time.Duration(d.MaxHold)}
 	}
-	if d := a.Delivery; d != nil && d.MaxHold > 0 {
-		hold = time.Duration(d.MaxHold)
-	} else if hold > retention-24*time.Hour {
-		hold = retention - 24*time.Hour
-	}
-	if hold >= retention {
-		return retention, 0
-	}
-	return retention, hold
+	return store.RetentionPolicy{}
 }
 
-// maintainLoop keeps the history and the queue in shape, at start and then every
-// maintenanceInterval until ctx ends (a config reload restarts it, and it runs at once, so
-// frequent reloads cannot starve it). Any number of instances may run it at once: partition
-// changes take an advisory lock, the rest is idempotent.
+// maintainLoop runs the store's maintenance (store.Store.Maintain) at start and then every
+// store.MaintenanceInterval until ctx ends (a config reload restarts it, and it runs at once,
+// so frequent reloads cannot starve it).
 func (a *App) maintainLoop(ctx context.Context) {
 	defer func() {
 		if v := recover(); v != nil {
 			a.logger.Error("maintenance panicked", zap.Any("panic", v))
 		}
 	}()
-	tick := time.NewTicker(maintenanceInterval)
+	tick := time.NewTicker(store.MaintenanceInterval)
 	defer tick.Stop()
 	for {
-		a.maintain(ctx)
+		a.store.Maintain(ctx, a.retentionPolicy(), a.logger)
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
-	}
-}
-
-// maintain runs one round: partitions created ahead; held deliveries past the hold limit
-// failed; queue rows of deleted webhooks removed; days past the retention dropped; media ids
-// the upstream has forgotten removed from the relay scope.
-func (a *App) maintain(ctx context.Context) {
-	retention, hold := a.retention()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-	defer cancel()
-	now := time.Now()
-	if err := a.store.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, store.PartitionsAhead)); err != nil {
-		a.logger.Error("creating history partitions failed; intake fails once today's is missing", zap.Error(err))
-	}
-	reason := "held longer than " + strings.TrimSuffix(hold.String(), "0m0s") + " while the webhook was paused (delivery max_hold)"
-	if n, err := a.store.FailHeld(ctx, now.Add(-hold), reason); err != nil {
-		a.logger.Warn("failing held deliveries past max_hold failed", zap.Error(err))
-	} else if n > 0 {
-		a.logger.Warn("held deliveries of paused webhooks failed: past max_hold", zap.Int("deliveries", n), zap.Duration("max_hold", hold))
-	}
-	if n, err := a.store.DropOrphanedQueue(ctx); err != nil {
-		a.logger.Warn("removing queued deliveries of deleted webhooks failed", zap.Error(err))
-	} else if n > 0 {
-		a.logger.Info("removed queued deliveries of deleted webhooks", zap.Int("deliveries", n))
-	}
-	dropped, kept, err := a.store.DropPartitions(ctx, now.Add(-retention))
-	if err != nil {
-		a.logger.Warn("retention: dropping history partitions failed", zap.Error(err))
-	}
-	if len(dropped) > 0 {
-		a.logger.Info("retention: history partitions dropped", zap.Strings("partitions", dropped), zap.Duration("retention", retention))
-	}
-	if len(kept) > 0 {
-		a.logger.Info("retention: days kept past the retention for deliveries still live", zap.Int("days", len(kept)))
-	}
-	if n, err := a.store.PruneMediaObjects(ctx, now.Add(-MediaRetention)); err != nil {
-		a.logger.Warn("media scope clean-up failed", zap.Error(err))
-	} else if n > 0 {
-		a.logger.Info("media scope clean-up", zap.Int64("media_ids_forgotten", n))
 	}
 }
 
@@ -725,40 +656,3 @@ var (
 	_ caddy.Validator    = (*App)(nil)
 	_ caddy.CleanerUpper = (*App)(nil)
 )
-
-// intakeConcurrency is how many intake transactions an instance runs at once: half its database
-// connections (at least one). The other half stays free for the dispatcher's claims and
-// outcomes, and the intake's share of the CPU is bounded with it: in bench/events this took the
-// sustained rate of one webhook from 3,000 to 4,000 events/s (fewer transactions contending for
-// the same rows and pages). Waiting posts queue in arrival order; one that has waited
-// intakeMaxWait is stored at once, outside the limit, so that the upstream is always answered
-// within its timeout: under overload the intake keeps its promise and delivery slows to what is
-// left (the backlog waits in the queue and drains once the load falls).
-func intakeConcurrency(pool *pgxpool.Pool) int {
-	return max(1, int(pool.Config().MaxConns)/2)
-}
-
-// intakeMaxWait is the longest a post waits for an intake slot before it is stored anyway.
-const intakeMaxWait = 500 * time.Millisecond
-
-// intakeTurn waits for an intake slot (see intakeConcurrency), at most intakeMaxWait, and returns
-// the function that frees it. ok is false when ctx ended first (the caller gave up).
-func (a *App) intakeTurn(ctx context.Context) (release func(), ok bool) {
-	free := func() { <-a.intakeSlots }
-	select {
-	case a.intakeSlots <- struct{}{}: // a slot is free: no timer
-		return free, true
-	default:
-	}
-	wait := time.NewTimer(intakeMaxWait)
-	defer wait.Stop()
-	select {
-	case a.intakeSlots <- struct{}{}:
-		return free, true
-	case <-wait.C:
-		a.metrics.inboundOverflow.Inc()
-		return func() {}, true
-	case <-ctx.Done():
-		return nil, false
-	}
-}

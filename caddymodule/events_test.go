@@ -91,7 +91,7 @@ func (rc *receiver) ledger() (distinct, total, bad int) {
 	return distinct, total, rc.bad
 }
 
-// TestEventsEndToEnd: upstream batch → intake → dispatcher → HTTPS receiver, signed; then the
+// TestEventsEndToEnd: upstream batch → inbound handler → dispatcher → HTTPS receiver, signed; then the
 // Caddy process is killed with SIGKILL mid-load and another started: every event is delivered
 // at least once (the ledger shows none lost).
 func TestEventsEndToEnd(t *testing.T) {
@@ -115,7 +115,7 @@ func TestEventsEndToEnd(t *testing.T) {
 	post := func(origin string, msgs, sts []string) {
 		t.Helper()
 		if status, body := signedPost(t, origin+"/webhooks/upstream", testAppSecret, upstreamBatch(map[string][2][]string{pnid: {msgs, sts}})); status != 200 {
-			t.Fatalf("intake: %d %s", status, body)
+			t.Fatalf("inbound: %d %s", status, body)
 		}
 	}
 	post(origin, []string{"a1", "a2", "a3"}, []string{"a1", "a2"})
@@ -162,10 +162,10 @@ func TestEventsEndToEnd(t *testing.T) {
 	}
 }
 
-// TestOverloadIntakeAnswersEveryPost: a burst of posts far beyond what one intake slot and a slow
-// receiver can take at once (pool_max_conns 2: one intake transaction at a time; per_webhook 2,
+// TestOverloadIntakeAnswersEveryPost: a burst of posts far beyond what one inbound slot and a slow
+// receiver can take at once (pool_max_conns 2: one inbound transaction at a time; per_webhook 2,
 // the receiver holding each attempt 20 ms) is answered 200 post by post — waiting posts queue for
-// the intake, none is refused — and every event is then delivered exactly once, the backlog
+// the inbound handler, none is refused — and every event is then delivered exactly once, the backlog
 // draining from the queue.
 func TestOverloadIntakeAnswersEveryPost(t *testing.T) {
 	e := newRelayEnv(t, "")

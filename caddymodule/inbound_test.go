@@ -196,7 +196,7 @@ func (e *relayEnv) countWhere(table, col string, v any) int {
 	return n
 }
 
-// TestInboundPostgresDown: while Postgres is unreachable the intake answers 503 with
+// TestInboundPostgresDown: while Postgres is unreachable the inbound handler answers 503 with
 // Retry-After (the upstream then retries), never 200; once it is back, the same post is stored,
 // once.
 func TestInboundPostgresDown(t *testing.T) {

@@ -60,9 +60,9 @@ func isSequence(n []int, want int) bool {
 }
 
 // TestReclaimedLeaseIsNotAnAttempt: a first attempt claimed by an instance that crashed before
-// making it — claimed by the dispatcher's claim, or inserted already claimed by the intake (the
-// hand-off) — is reclaimed once its lease has passed, delivered, and logged as attempt 1: the
-// lost claim used up no attempt.
+// making it — claimed by the dispatcher's claim, or inserted already claimed by the inbound
+// handler (the hand-off) — is reclaimed once its lease has passed, delivered, and logged as
+// attempt 1: the lost claim used up no attempt.
 func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	e := newEnv(t)
 	rc := newReceiver(t, nil)
@@ -74,9 +74,9 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].EventID != claimed {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
-	res := e.intake(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
+	res := e.inbound(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
 	if len(res.Claimed) != 1 {
-		t.Fatalf("intake %+v", res)
+		t.Fatalf("inbound %+v", res)
 	}
 	handedOff := res.Claimed[0].EventID
 	e.expireLease(claimed)

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 
+	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -43,10 +44,11 @@ import (
 const NotifyChannel = store.DeliveriesNotifyChannel
 
 // Default concurrency. One webhook's deliveries reach about per_webhook ÷ (the receiver's
-// answer time) per second and instance: 64 at 5–10 ms is the 5,000/s bench/events asks of one
-// webhook on the 2-core machine (16, the earlier default, stopped near 1,000–2,000/s); 256
-// workers keep four such webhooks busy at once, and a webhook whose receiver hangs ties up at
-// most a quarter of them.
+// answer time) per second and instance: 64 is what one busy webhook needs of a fast receiver,
+// 256 workers keep four such webhooks busy at once, and a webhook whose receiver hangs ties up
+// at most a quarter of them ([figures]).
+//
+// [figures]: https://github.com/wabarelay/wabarelay/blob/main/bench/README.md#figures-behind-the-defaults-inbound-delivery
 const (
 	DefaultWorkers    = 256
 	DefaultPerWebhook = 64
@@ -244,22 +246,23 @@ func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
 // Lease returns how long a claim holds a delivery.
 func (d *Dispatcher) Lease() time.Duration { return d.cfg.Lease }
 
-// Job is a delivery that an intake on this instance inserted already claimed for it (status
-// in_flight, attempts 0 — no attempt recorded yet —, claim_seq 0, locked_by InstanceID,
-// locked_until now + Lease), to be started by Deliver without a claim query. Its attempt is
-// attempt 1, fenced on claim 0 (a dispatcher's claim, a reclaim of its expired lease too, is
-// claim_seq 1 or more).
+// Job is a delivery that the inbound handler of this instance inserted already claimed for it
+// (status in_flight, attempts 0 — no attempt recorded yet —, claim_seq 0, locked_by
+// InstanceID, locked_until now + Lease), to be started by Deliver without a claim query. Its
+// attempt is attempt 1, fenced on claim 0 (a dispatcher's claim, a reclaim of its expired lease
+// too, is claim_seq 1 or more).
 type Job = store.ClaimedDelivery
 
-// Reserve takes up to n free worker slots for deliveries an intake is about to insert already
-// claimed (the direct hand-off that spares the claim query and the wake-up round trip). It
-// hands out nothing while Run is not claiming. The intake hands off only deliveries of webhooks
-// with nothing due waiting in the queue (store.Claim), so new events never overtake older due
-// deliveries of their webhook, whatever other webhooks and orgs have queued. While the queue
-// has a backlog (the last claim did not drain it), reservations stop at three quarters of the
-// workers: slots reserved for an intake's transaction are idle until it commits, and under load
-// they would otherwise leave the claims that work off the backlog no free worker. Every Reserve
-// must be followed by one Deliver with the same n, whatever happens to the intake.
+// The Dispatcher is the inbound handler's hand-off: Reserve, then Deliver (the protocol is
+// inbound.HandOff's).
+var _ inbound.HandOff = (*Dispatcher)(nil)
+
+// Reserve takes up to n free worker slots for deliveries the inbound handler is about to insert
+// already claimed (inbound.HandOff). It hands out nothing while Run is not claiming. While the
+// queue has a backlog (the last claim did not drain it), reservations stop at three quarters of
+// the workers: slots reserved for an inbound transaction are idle until it commits, and under
+// load they would otherwise leave the claims that work off the backlog no free worker. Every
+// Reserve must be followed by one Deliver with the same n, whatever happens to the transaction.
 func (d *Dispatcher) Reserve(n int) int {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -281,15 +284,15 @@ func (d *Dispatcher) Reserve(n int) int {
 
 // Deliver starts jobs (at most reserved) on the slots taken by Reserve(reserved) and frees
 // the rest. A job over its webhook's or its org's per-instance cap is handed back to the queue
-// (due at once: a claim takes it when its webhook and org have room, fairly among the others). queued
-// reports that the intake also queued due deliveries it did not hand over: a claim is started
-// for them.
+// (due at once: a claim takes it when its webhook and org have room, fairly among the others).
+// queued reports that the inbound transaction also queued due deliveries it did not hand over:
+// a claim is started for them.
 func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	if queued {
 		d.mu.Lock()
 		d.caughtUp = false
 		d.mu.Unlock()
-		// The claim that the intake's notification started may have finished before this call
+		// The claim that the transaction's notification started may have finished before this call
 		// (and found the queue drained): claim again rather than leave them to the next poll.
 		signal(d.wake)
 	}

@@ -20,8 +20,8 @@ func reserve(t *testing.T, d *Dispatcher, n int) int {
 	return got
 }
 
-// intake stores n message events the way wabarelay_inbound does, with the claim of reserved.
-func (e *env) intake(n int, claim store.Claim) store.IntakeResult {
+// inbound stores n message events the way wabarelay_inbound does, with the claim of reserved.
+func (e *env) inbound(n int, claim store.Claim) store.InboundResult {
 	e.t.Helper()
 	items := make([]store.IncomingItem, n)
 	for i := range items {
@@ -36,7 +36,7 @@ func (e *env) intake(n int, claim store.Claim) store.IntakeResult {
 	return res
 }
 
-func jobsOf(res store.IntakeResult) []Job {
+func jobsOf(res store.InboundResult) []Job {
 	return res.Claimed
 }
 
@@ -53,9 +53,9 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 		t.Fatalf("reserved %d of 10 free slots", n)
 	}
 	// Two slots fewer than deliveries: two go out directly, the third waits in the queue.
-	res := e.intake(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: 2})
+	res := e.inbound(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: 2})
 	if len(res.Claimed) != 2 || res.Queued != 1 || res.Deliveries != 3 {
-		t.Fatalf("intake %+v", res)
+		t.Fatalf("inbound %+v", res)
 	}
 	for _, c := range res.Claimed {
 		var status, lockedBy string
@@ -112,9 +112,9 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 	d, _ := e.start(cfg)
 
 	n := reserve(t, d, 3)
-	res := e.intake(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
+	res := e.inbound(3, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
 	if len(res.Claimed) != 3 {
-		t.Fatalf("intake %+v", res)
+		t.Fatalf("inbound %+v", res)
 	}
 	d.Deliver(n, jobsOf(res), false)
 	for _, c := range res.Claimed {
@@ -160,7 +160,7 @@ func TestShutdownWaitsForReservations(t *testing.T) {
 	}
 }
 
-// TestHandOffOverPerOrgCapGoesBackToQueue: deliveries handed over by the intake count against
+// TestHandOffOverPerOrgCapGoesBackToQueue: deliveries handed over by the inbound handler count against
 // their org's cap like claimed ones: with per_org 1, an org's three webhooks get their event one
 // at a time, the two over the cap through the queue, without using up an attempt.
 func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
@@ -182,9 +182,9 @@ func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
 	d, _ := e.start(cfg)
 
 	n := reserve(t, d, 3)
-	res := e.intake(1, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
+	res := e.inbound(1, store.Claim{Instance: d.InstanceID(), Lease: d.Lease(), Max: n})
 	if len(res.Claimed) != 3 {
-		t.Fatalf("intake %+v", res)
+		t.Fatalf("inbound %+v", res)
 	}
 	d.Deliver(n, jobsOf(res), false)
 	waitFor(t, "3 deliveries delivered", patience, func() bool {

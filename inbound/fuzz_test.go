@@ -52,7 +52,7 @@ func FuzzParse(f *testing.F) {
 				t.Fatalf("item data is not a JSON object: %q", it.Data)
 			}
 			obj := d["message"]
-			if it.Kind == KindStatus {
+			if it.Type == TypeStatus {
 				obj = d["status"]
 			}
 			if len(obj) == 0 || !bytes.Contains(body, obj) {
@@ -115,7 +115,7 @@ func TestParseHugeFields(t *testing.T) {
 		if want != "" && b.Items[0].DedupeKey != want && b.Items[1].DedupeKey != want && b.Items[2].DedupeKey != want {
 			t.Errorf("%s: no item keyed %.20q…", field, want)
 		}
-		if field == "media_id" && (len(b.Items[1].MediaIDs) != 1 || b.Items[1].MediaIDs[0] != huge) {
+		if field == "media_id" && (len(b.Items[1].ObjectIDs) != 1 || b.Items[1].ObjectIDs[0] != huge) {
 			t.Errorf("media_id: the image's media ids are not the huge id")
 		}
 		if field == "phone_number_id" && b.Items[0].PhoneNumberID != huge {

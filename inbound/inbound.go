@@ -1,12 +1,35 @@
-// Package inbound understands the webhooks the WhatsApp Cloud API (Meta) sends
-// to the relay: the GET verification handshake, the X-Hub-Signature-256 HMAC
-// over the raw POST body, and the batch envelope, which it splits into one
-// event-worthy Item per upstream message or status plus account-level changes.
+// Package inbound receives the webhooks the WhatsApp Cloud API (Meta) sends to the relay.
 //
-// The package is pure domain code: no HTTP server, no Caddy, no database.
-// Upstream objects are kept verbatim (json.RawMessage copies of the received
-// bytes, never aliasing the body), never re-marshalled through maps, so
-// receivers see exactly what Meta sent.
+// The parsing half is pure: Verify answers the GET verification handshake, VerifySignature
+// checks the X-Hub-Signature-256 HMAC over the raw POST body, and Parse splits the batch
+// envelope into one store.IncomingItem per upstream message or status plus account-level
+// changes. Upstream objects are kept verbatim (json.RawMessage copies of the received bytes,
+// never aliasing the body), never re-marshalled through maps, so receivers see exactly what
+// Meta sent.
+//
+// Handler is the whole endpoint (the Caddy module wabarelay_inbound only wires it): it
+// verifies, parses, stores the events with their deliveries in one transaction (Store), hands
+// the deliveries it can to this instance's dispatcher (HandOff), has the relay reload the scope
+// of channels handed new media (Config.Invalidate), applies the account changes that deactivate
+// channels, and answers 200 only for what it stored: 503 with Retry-After when the events could
+// not be stored, so that the upstream sends them again.
+//
+// # Why posts take turns, and never wait long
+//
+// At most Config.Concurrency posts store at once (wabarelay_inbound: half the database
+// connections), so that inbound webhooks cannot take every connection and the CPU from the
+// dispatcher: the other half stays free for its claims and outcomes, and fewer transactions
+// contend for the same rows and pages (bench/README.md, "Figures behind the defaults", has the
+// measurements). Waiting posts queue in arrival order; one that has waited Config.MaxWait is
+// stored at once, outside the limit, so that the upstream is always answered within its
+// timeout: under overload the inbound handler keeps its promise and delivery slows to what is
+// left (the backlog waits in the queue and drains once the load falls).
+//
+// # Why deliveries are handed off
+//
+// A delivery for a webhook with a free dispatcher slot is inserted already claimed and started
+// after the commit (HandOff): no claim query and no wake-up round trip per event. Only webhooks
+// with nothing due waiting take them, so a new event never overtakes an older one.
 package inbound
 
 import (
@@ -21,14 +44,19 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/wabarelay/wabarelay/store"
 )
 
-// Kinds of Item. They double as the event "type" of DESIGN.md §5.
+// Types of the items Parse returns (store.IncomingItem.Type). They are the event "type" that
+// webhooks subscribe to and receive ([docs/events.md]).
+//
+// [docs/events.md]: https://github.com/wabarelay/wabarelay/blob/main/docs/events.md
 const (
-	// KindMessage is an incoming message (value.messages[] of a "messages" change).
-	KindMessage = "messages"
-	// KindStatus is a status update of an outgoing message (value.statuses[]).
-	KindStatus = "message_status"
+	// TypeMessage is an incoming message (value.messages[] of a "messages" change).
+	TypeMessage = "messages"
+	// TypeStatus is a status update of an outgoing message (value.statuses[]).
+	TypeStatus = "message_status"
 )
 
 // Object is the only webhook "object" value Parse accepts.
@@ -92,32 +120,6 @@ func Verify(mode, token, challenge, verifyToken string) (string, bool) {
 	return challenge, true
 }
 
-// Item is one event-worthy thing from an upstream batch: one message or one
-// status.
-type Item struct {
-	// Kind is KindMessage or KindStatus.
-	Kind string
-	// PhoneNumberID is value.metadata.phone_number_id, the routing key to a channel.
-	PhoneNumberID string
-	// WabaID is entry.id, the WhatsApp Business Account id.
-	WabaID string
-	// DedupeKey identifies the item across upstream re-sends: "m:"+message.id
-	// for messages, "s:"+status.id+":"+status.status for statuses (each state
-	// of a message — sent, delivered, read, … — is its own event; an identical
-	// re-sent one is a duplicate).
-	DedupeKey string
-	// Data is the event's data object: {"message":<upstream message verbatim>,
-	// "contact":<matching value.contacts entry verbatim, or null>} for
-	// messages, {"status":<upstream status verbatim>} for statuses.
-	Data json.RawMessage
-	// MediaIDs are the upstream ids of the media a message carries (image, audio, video,
-	// document, sticker): objects the channel has been handed, which the relay's scope admits.
-	MediaIDs []string
-	// Sent is the item's upstream timestamp (zero when absent or malformed): a copy of it can
-	// only have been received after it.
-	Sent time.Time
-}
-
 // AccountChange is an account-level change (no metadata.phone_number_id),
 // routed by business account id, e.g. field "account_update" or
 // "phone_number_quality_update".
@@ -170,8 +172,9 @@ var accountFields = map[string]bool{
 
 // Batch is the result of Parse.
 type Batch struct {
-	// Items holds one entry per upstream message and per status, in body order.
-	Items []Item
+	// Items holds one entry per upstream message and per status, in body order, as
+	// store.StoreEvents takes them.
+	Items []store.IncomingItem
 	// Accounts holds the account-level changes, in body order.
 	Accounts []AccountChange
 	// Skipped counts what was ignored: changes with an unknown field or an
@@ -347,13 +350,13 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 		data = append(data, `,"contact":`...)
 		data = append(data, contact...)
 		data = append(data, '}')
-		b.Items = append(b.Items, Item{
-			Kind:          KindMessage,
+		b.Items = append(b.Items, store.IncomingItem{
+			Type:          TypeMessage,
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "m:" + k.ID,
 			Data:          data,
-			MediaIDs:      k.mediaIDs(),
+			ObjectIDs:     k.mediaIDs(),
 			Sent:          unixTime(k.Timestamp),
 		})
 	}
@@ -368,8 +371,8 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 		data = append(data, `{"status":`...)
 		data = append(data, s...)
 		data = append(data, '}')
-		b.Items = append(b.Items, Item{
-			Kind:          KindStatus,
+		b.Items = append(b.Items, store.IncomingItem{
+			Type:          TypeStatus,
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "s:" + k.ID + ":" + k.Status,

@@ -180,22 +180,22 @@ func TestParseBatch(t *testing.T) {
 		kind, phone, waba, key string
 		raw, contact           string
 	}{
-		{KindMessage, "106540352242922", "102290129340398", "m:wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=", msg1, contact1},
-		{KindMessage, "106540352242922", "102290129340398", "m:wamid.M2", msg2, contact2},
-		{KindStatus, "106540352242922", "102290129340398", "s:wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQUFERjg0NDEzNDdFODU3MUMxMAA=:sent", status1, ""},
-		{KindMessage, "222222222222222", "200000000000001", "m:wamid.M3", msg3, "null"},
-		{KindStatus, "222222222222222", "200000000000001", "s:wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBI0QUQ2MjA4NEYyRkExNjMyREUA:failed", status2, ""},
+		{TypeMessage, "106540352242922", "102290129340398", "m:wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=", msg1, contact1},
+		{TypeMessage, "106540352242922", "102290129340398", "m:wamid.M2", msg2, contact2},
+		{TypeStatus, "106540352242922", "102290129340398", "s:wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQUFERjg0NDEzNDdFODU3MUMxMAA=:sent", status1, ""},
+		{TypeMessage, "222222222222222", "200000000000001", "m:wamid.M3", msg3, "null"},
+		{TypeStatus, "222222222222222", "200000000000001", "s:wamid.HBgLMTY1MDM4Nzk0MzkVAgARGBI0QUQ2MjA4NEYyRkExNjMyREUA:failed", status2, ""},
 	}
 	for i, w := range want {
 		it := b.Items[i]
-		if it.Kind != w.kind || it.PhoneNumberID != w.phone || it.WabaID != w.waba || it.DedupeKey != w.key {
-			t.Errorf("item %d = {%s %s %s %s}, want {%s %s %s %s}", i, it.Kind, it.PhoneNumberID, it.WabaID, it.DedupeKey, w.kind, w.phone, w.waba, w.key)
+		if it.Type != w.kind || it.PhoneNumberID != w.phone || it.WabaID != w.waba || it.DedupeKey != w.key {
+			t.Errorf("item %d = {%s %s %s %s}, want {%s %s %s %s}", i, it.Type, it.PhoneNumberID, it.WabaID, it.DedupeKey, w.kind, w.phone, w.waba, w.key)
 		}
 		if !json.Valid(it.Data) {
 			t.Errorf("item %d: Data is not valid JSON: %s", i, it.Data)
 			continue
 		}
-		if w.kind == KindMessage {
+		if w.kind == TypeMessage {
 			wantData := `{"message":` + w.raw + `,"contact":` + w.contact + `}`
 			if string(it.Data) != wantData {
 				t.Errorf("item %d: Data =\n%s\nwant\n%s", i, it.Data, wantData)
@@ -263,8 +263,8 @@ func TestParseStatusStatesAreDistinct(t *testing.T) {
 	const id = "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQUFERjg0NDEzNDdFODU3MUMxMAA="
 	wantKeys := []string{"s:" + id + ":sent", "s:" + id + ":delivered", "s:" + id + ":read", "s:" + id + ":read"}
 	for i, k := range wantKeys {
-		if b.Items[i].DedupeKey != k || b.Items[i].Kind != KindStatus {
-			t.Errorf("item %d: %s %s, want %s %s", i, b.Items[i].Kind, b.Items[i].DedupeKey, KindStatus, k)
+		if b.Items[i].DedupeKey != k || b.Items[i].Type != TypeStatus {
+			t.Errorf("item %d: %s %s, want %s %s", i, b.Items[i].Type, b.Items[i].DedupeKey, TypeStatus, k)
 		}
 	}
 	seen := map[string]bool{}
@@ -477,7 +477,7 @@ func TestParseLargeBatch(t *testing.T) {
 			t.Fatalf("duplicate key %s", it.DedupeKey)
 		}
 		seen[it.DedupeKey] = true
-		if it.Kind == KindMessage && bytes.HasSuffix(it.Data, []byte(`"contact":null}`)) {
+		if it.Type == TypeMessage && bytes.HasSuffix(it.Data, []byte(`"contact":null}`)) {
 			t.Fatalf("item %d: contact not matched", i)
 		}
 	}
@@ -512,7 +512,7 @@ func TestParseMediaIDs(t *testing.T) {
 		t.Fatalf("%d items, want %d", len(b.Items), len(want))
 	}
 	for i, w := range want {
-		if got := b.Items[i].MediaIDs; !slices.Equal(got, w) {
+		if got := b.Items[i].ObjectIDs; !slices.Equal(got, w) {
 			t.Errorf("item %d: media ids %q, want %q", i, got, w)
 		}
 	}

@@ -20,21 +20,30 @@ import (
 // DeliveriesNotifyChannel is the Postgres channel announcing new due deliveries.
 const DeliveriesNotifyChannel = "wabarelay_deliveries"
 
-// IncomingItem is one upstream message or status to turn into an event.
+// IncomingItem is one upstream message or status to turn into an event: what inbound.Parse
+// splits a webhook batch into, and what StoreEvents stores.
 type IncomingItem struct {
-	// Type is the event type: "messages" or "message_status".
+	// Type is the event type: "messages" (inbound.TypeMessage) or "message_status"
+	// (inbound.TypeStatus).
 	Type string
-	// PhoneNumberID routes the item to its channel.
+	// PhoneNumberID (value.metadata.phone_number_id) routes the item to its channel.
 	PhoneNumberID string
-	// DedupeKey identifies the upstream item and state; a repeat is dropped. Any length and
-	// any bytes: a key longer than MaxDedupeKeyLen bytes, or not text, is stored and matched
+	// WabaID is the item's WhatsApp Business Account id (entry.id). Not stored: the channel
+	// routed by PhoneNumberID knows its account.
+	WabaID string
+	// DedupeKey identifies the upstream item and state across re-sends; a repeat is dropped:
+	// "m:"+message.id for messages, "s:"+status.id+":"+status.status for statuses (each state of
+	// a message — sent, delivered, read, … — is its own event). Any length and any bytes: a key longer than MaxDedupeKeyLen bytes, or not text, is stored and matched
 	// by its digest (see dedupeKey). Keys beginning with "h:" are reserved for those digests.
 	DedupeKey string
-	// Data is the event's data object, stored verbatim.
+	// Data is the event's data object, stored and delivered verbatim: {"message":<upstream
+	// message>,"contact":<its value.contacts entry, or null>} for messages, {"status":<upstream
+	// status>} for statuses.
 	Data json.RawMessage
-	// ObjectIDs are upstream object ids (media) the item hands to its channel; they are
+	// ObjectIDs are upstream object ids (the media a message carries: image, audio, video,
+	// document, sticker) the item hands to its channel; they are
 	// recorded with the events, so the relay's scope admits them from then on. An id that is
-	// not text or longer than MaxObjectIDLen bytes is not recorded (IntakeResult.SkippedObjectIDs):
+	// not text or longer than MaxObjectIDLen bytes is not recorded (InboundResult.SkippedObjectIDs):
 	// no upstream object has such an id, and the event is stored all the same.
 	ObjectIDs []string
 	// Sent is the upstream's timestamp of the item (zero: unknown). An earlier copy can only
@@ -43,8 +52,8 @@ type IncomingItem struct {
 	Sent time.Time
 }
 
-// IntakeResult counts what StoreEvents did with a batch.
-type IntakeResult struct {
+// InboundResult counts what StoreEvents did with a batch.
+type InboundResult struct {
 	Events     int // new events stored
 	Duplicates int // items already stored earlier (upstream re-sends)
 	Unknown    int // items for numbers no channel has
@@ -87,8 +96,8 @@ func dedupeKey(k string) string {
 
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
 // claimed by Instance for Lease (in flight, claim 0, no attempt recorded yet — attempts are
-// counted when their outcome is recorded —) and to return them, so that the intake's own
-// dispatcher can start them at once. Only webhooks with no due delivery waiting in the queue
+// counted when their outcome is recorded —) and to return them, so that the inbound handler's
+// own dispatcher can start them at once (inbound.HandOff). Only webhooks with no due delivery waiting in the queue
 // take them, so that a new event never overtakes an older due delivery of its webhook. The zero
 // Claim claims nothing.
 type Claim struct {
@@ -105,7 +114,7 @@ type ClaimedDelivery struct {
 	// CreatedAt is the delivery's (and its event's) creation time: it finds their partitions.
 	CreatedAt time.Time
 	// Attempt is the number of the attempt to make (attempts recorded + 1); Claim is the
-	// delivery's claim_seq under this claim (0: inserted claimed by the intake). With the
+	// delivery's claim_seq under this claim (0: inserted claimed by StoreEvents). With the
 	// instance they fence the attempt's outcome.
 	Attempt, Claim int
 	URL            string
@@ -149,8 +158,8 @@ type Event struct {
 // Up to claim.Max deliveries to active webhooks are created already claimed (see Claim).
 // Items for unknown numbers are counted and dropped; items already stored are counted as
 // duplicates.
-func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Claim) (IntakeResult, error) {
-	res := IntakeResult{ByType: map[string]int{}}
+func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Claim) (InboundResult, error) {
+	res := InboundResult{ByType: map[string]int{}}
 	if len(items) == 0 {
 		return res, nil
 	}
@@ -218,18 +227,18 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if len(ids) == 0 {
 		return res, nil
 	}
-	in := intake{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, payloads: payloads,
+	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, payloads: payloads,
 		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
 	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 	if isMissingPartition(err) {
 		// The partition manager is behind (or the clock jumped): make today's and retry once.
 		if err = s.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead)); err == nil {
-			res = IntakeResult{ByType: map[string]int{}, Unknown: res.Unknown, SkippedObjectIDs: res.SkippedObjectIDs}
+			res = InboundResult{ByType: map[string]int{}, Unknown: res.Unknown, SkippedObjectIDs: res.SkippedObjectIDs}
 			err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 		}
 	}
 	if err != nil {
-		return IntakeResult{}, fmt.Errorf("store events: %w", err)
+		return InboundResult{}, fmt.Errorf("store events: %w", err)
 	}
 	return res, nil
 }
@@ -239,8 +248,8 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 // partitions of the 7 days before by a look-up.
 const DedupeWindow = 7 * 24 * time.Hour
 
-// intake is one StoreEvents batch: parallel arrays of the items of known channels.
-type intake struct {
+// inboundBatch is one StoreEvents batch: parallel arrays of the items of known channels.
+type inboundBatch struct {
 	ids, chIDs, orgIDs []uuid.UUID
 	types, keys        []string
 	payloads           [][]byte
@@ -253,7 +262,7 @@ type intake struct {
 
 // store inserts the batch in tx: the events that are not duplicates, the objects they hand
 // their channels, one delivery log row and one queue row per matching webhook.
-func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error {
+func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult) error {
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
 	// days before (from the lookback day: none for items sent today) is looked up in their
 	// partitions (pruned to them by created_at when the statement is planned).
@@ -323,7 +332,12 @@ func (in *intake) store(ctx context.Context, tx pgx.Tx, res *IntakeResult) error
 			) AS free
 			FROM m
 		), n AS (
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, gen_random_uuid() AS id,
+			-- delivery ids are UUIDv7 like every other id (they sort by time): the batch's time in
+			-- milliseconds over the first 48 bits of a random (v4) uuid, the version set to 7
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url,
+			       encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+			         PLACING substring(int8send(floor(extract(epoch FROM $5::timestamptz) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
+			         52, 1), 53, 1), 'hex')::uuid AS id,
 			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
 			FROM h
 		), log AS (

@@ -109,7 +109,7 @@ func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
 
 // storeOn stores one message item with the store's clock at day (and the upstream timestamp
 // sent, if given).
-func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...time.Time) store.IntakeResult {
+func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...time.Time) store.InboundResult {
 	t.Helper()
 	ctx := context.Background()
 	if err := s.EnsurePartitions(ctx, day, day); err != nil {
@@ -255,7 +255,7 @@ func TestDuplicatesAcrossDays(t *testing.T) {
 	}
 }
 
-// TestIntakeCreatesMissingPartition: an intake on a day with no partition (the partition
+// TestIntakeCreatesMissingPartition: storing events on a day with no partition (the partition
 // manager is behind) creates it and stores the events.
 func TestIntakeCreatesMissingPartition(t *testing.T) {
 	s, _ := storeWithChannel(t)
@@ -293,7 +293,7 @@ func TestHeldDeliveriesFailAfterMaxHold(t *testing.T) {
 	}
 	storeOn(t, s, time.Now().UTC(), "b")
 	if st := statuses(); st != "held,held" {
-		t.Fatalf("queue after pause and intake: %q, want both held", st)
+		t.Fatalf("queue after pause and new events: %q, want both held", st)
 	}
 	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookActive); err != nil {
 		t.Fatal(err)
@@ -449,7 +449,7 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 	}
 }
 
-// TestHandOffOnlyWithoutOwnBacklog: the intake hands a new delivery to its instance (Claim) only
+// TestHandOffOnlyWithoutOwnBacklog: StoreEvents hands a new delivery to its instance (Claim) only
 // when its webhook has nothing due waiting in the queue, so a new event never overtakes an older
 // due delivery of its webhook; another webhook's backlog does not keep a webhook from the
 // hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
@@ -485,5 +485,41 @@ func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 	}
 	if res, err = s.StoreEvents(ctx, item("later"), claim); err != nil || len(res.Claimed) != 2 || res.Queued != 0 {
 		t.Fatalf("hand-off after the backlog: %+v, %v", res, err)
+	}
+}
+
+// TestDeliveryIDsAreUUIDv7: delivery ids are UUIDv7 like every other id, their time the
+// delivery's creation (the store's clock), so that they sort by time.
+func TestDeliveryIDsAreUUIDv7(t *testing.T) {
+	s, org := storeWithChannel(t)
+	ctx := context.Background()
+	for range 2 {
+		if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	at := time.Now().UTC().AddDate(0, 0, -2).Truncate(time.Millisecond).Add(123 * time.Millisecond)
+	storeOn(t, s, at, "m:v7")
+	rows, err := s.Pool().Query(ctx, `SELECT id, created_at FROM deliveries`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() {
+		var id uuid.UUID
+		var created time.Time
+		if err := rows.Scan(&id, &created); err != nil {
+			t.Fatal(err)
+		}
+		sec, nsec := id.Time().UnixTime()
+		if id.Version() != 7 || id.Variant() != uuid.RFC4122 || time.Unix(sec, nsec).UnixMilli() != created.UnixMilli() ||
+			created.UnixMilli() != at.UnixMilli() {
+			t.Fatalf("delivery id %s (version %d, time %v) created %v, want a UUIDv7 of %v", id, id.Version(), time.Unix(sec, nsec).UTC(), created, at)
+		}
+		n++
+	}
+	if err := rows.Err(); err != nil || n != 2 {
+		t.Fatalf("%d deliveries (%v), want 2", n, err)
 	}
 }

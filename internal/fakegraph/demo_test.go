@@ -201,7 +201,7 @@ func TestEmitMessage(t *testing.T) {
 		t.Fatalf("parse: %+v %v", batch, err)
 	}
 	it := batch.Items[0]
-	if it.Kind != inbound.KindMessage || it.PhoneNumberID != su.PhoneNumberID || it.WabaID != su.WabaID || !strings.HasPrefix(it.DedupeKey, "m:wamid.") {
+	if it.Type != inbound.TypeMessage || it.PhoneNumberID != su.PhoneNumberID || it.WabaID != su.WabaID || !strings.HasPrefix(it.DedupeKey, "m:wamid.") {
 		t.Fatalf("item %+v", it)
 	}
 	var data struct {
@@ -229,7 +229,7 @@ func TestEmitMessage(t *testing.T) {
 	}
 	p = nextPost(t, posts)
 	batch, _ = inbound.Parse(p.body)
-	if len(batch.Items) != 1 || len(batch.Items[0].MediaIDs) != 1 || batch.Items[0].MediaIDs[0] != res.MediaID ||
+	if len(batch.Items) != 1 || len(batch.Items[0].ObjectIDs) != 1 || batch.Items[0].ObjectIDs[0] != res.MediaID ||
 		!strings.Contains(string(p.body), `"caption":"a photo"`) {
 		t.Fatalf("image webhook %s → %+v", p.body, batch)
 	}
@@ -309,7 +309,7 @@ func TestStatusWebhooks(t *testing.T) {
 			t.Fatal("unsigned status")
 		}
 		batch, err := inbound.Parse(p.body)
-		if err != nil || len(batch.Items) != 1 || batch.Items[0].Kind != inbound.KindStatus ||
+		if err != nil || len(batch.Items) != 1 || batch.Items[0].Type != inbound.TypeStatus ||
 			batch.Items[0].DedupeKey != "s:"+wamid+":"+want || batch.Items[0].PhoneNumberID != pnid || batch.Items[0].WabaID != waba {
 			t.Fatalf("%s: %+v %v\n%s", want, batch, err, p.body)
 		}

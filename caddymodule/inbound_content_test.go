@@ -56,9 +56,9 @@ func (rc *captureReceiver) find(sub []byte) [][]byte {
 	return out
 }
 
-// intakeEnv starts Caddy with the intake and delivery to a capturing receiver, and an active
+// inboundEnv starts Caddy with the inbound handler and delivery to a capturing receiver, and an active
 // channel on pnid with an org-scoped webhook.
-func intakeEnv(t *testing.T) (*relayEnv, string, *captureReceiver) {
+func inboundEnv(t *testing.T) (*relayEnv, string, *captureReceiver) {
 	e := newRelayEnv(t, "")
 	rc, caPath := newCaptureReceiver(t)
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n root_ca %s\n allow_private_targets\n}",
@@ -78,13 +78,13 @@ func messagePost(number string, msgs ...string) string {
 		`"messages":[` + strings.Join(msgs, ",") + `]}}]}]}`
 }
 
-// TestIntakeStoresAnyContent: content never makes the intake answer 5xx. Messages holding
+// TestIntakeStoresAnyContent: content never makes the inbound handler answer 5xx. Messages holding
 // \u0000 escapes or raw invalid UTF-8 — in their text, their ids, their media ids, their
 // number — are stored and delivered with the upstream's bytes exactly (or, for an unknown
 // number, dropped); re-sends are recognised; a signed post that is not a WhatsApp payload at
 // all gets 200 and is counted as malformed.
 func TestIntakeStoresAnyContent(t *testing.T) {
-	e, url, rc := intakeEnv(t)
+	e, url, rc := inboundEnv(t)
 	msgs := []string{
 		`{"from":"15550001111","id":"wamid.nul1","timestamp":"1700000000","type":"text","text":{"body":"a\u0000b <i>&amp;</i>"}}`,
 		"{\"from\":\"15550001111\",\"id\":\"wamid.bad1\",\"timestamp\":\"1700000000\",\"type\":\"text\",\"text\":{\"body\":\"caf\xe9 \xff\xfe\"}}",
@@ -152,7 +152,7 @@ func TestIntakeStoresAnyContent(t *testing.T) {
 // TestIntakeBanStates: account_update DISABLED_UPDATE deactivates the account's channels only
 // when its ban state is DISABLE (Meta: SCHEDULE_FOR_DISABLE warns ahead, REINSTATE lifts it).
 func TestIntakeBanStates(t *testing.T) {
-	e, url, _ := intakeEnv(t)
+	e, url, _ := inboundEnv(t)
 	ch := e.channelOn(true, pnid2)
 	update := func(state string) {
 		t.Helper()
@@ -180,7 +180,7 @@ func TestIntakeBanStates(t *testing.T) {
 // batch in turn holds a huge string (256 KiB, 1 MiB): 200, and the re-post is recognised as a
 // duplicate (one event per item).
 func TestIntakeMutations(t *testing.T) {
-	e, url, _ := intakeEnv(t)
+	e, url, _ := inboundEnv(t)
 	rng := rand.New(rand.NewSource(7))
 	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `{}`, `[]`, `null`, `123`, `1e999`, `-`, strings.Repeat("9", 400),
 		hugeString(rng, 256<<10)}
@@ -228,7 +228,7 @@ func TestIntakeMutations(t *testing.T) {
 			t.Fatalf("#%d %.300q: %d %s", i, b, resp.StatusCode, got)
 		}
 	}
-	t.Run("huge fields", func(t *testing.T) { intakeHugeFields(t, e, url, rng) })
+	t.Run("huge fields", func(t *testing.T) { inboundHugeFields(t, e, url, rng) })
 }
 
 // hugeBatch is a full upstream post — two messages (text, image) and a status, with contact,
@@ -262,10 +262,10 @@ func hugeString(rng *rand.Rand, n int) string {
 	return string(b)
 }
 
-// intakeHugeFields posts hugeBatch with each field in turn holding a 256 KiB and a 1 MiB string,
+// inboundHugeFields posts hugeBatch with each field in turn holding a 256 KiB and a 1 MiB string,
 // twice: the first post stores its three items (none for a number no channel has), the second
 // is all duplicates, and the database holds one event per item.
-func intakeHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
+func inboundHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
 	for _, size := range []int{256 << 10, 1 << 20} {
 		for i, field := range hugeFieldNames {
 			n := fmt.Sprint(size, "-", i)
