@@ -166,7 +166,7 @@ type DeliveryConfig struct {
 	// Timeout is the time a receiver has to answer one attempt with a 2xx. Default: 10s.
 	Timeout caddy.Duration `json:"timeout,omitempty"`
 	// Workers is the number of concurrent delivery attempts per instance. 0 means this instance
-	// runs no dispatcher (intake/relay only): the deliveries its intake stores are left pending,
+	// runs no dispatcher (inbound/relay only): the deliveries its inbound handler stores are left pending,
 	// announced, for the dispatchers of the other instances on the same database. Negative is
 	// an error. Default (unset): 256 (dispatcher.DefaultWorkers).
 	Workers *int `json:"workers,omitempty"`

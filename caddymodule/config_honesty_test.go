@@ -221,10 +221,10 @@ func TestExampleCaddyfilesHonest(t *testing.T) {
 	}
 }
 
-// TestSlowIntakeBodyCutOff: on the repo's Caddyfile (its read_body made 2s so the test is short),
+// TestSlowInboundBodyCutOff: on the repo's Caddyfile (its read_body made 2s so the test is short),
 // an intake post whose body arrives a few bytes at a time is cut off within the read_body bound
 // instead of holding its connection for as long as the client drips.
-func TestSlowIntakeBodyCutOff(t *testing.T) {
+func TestSlowInboundBodyCutOff(t *testing.T) {
 	raw, err := os.ReadFile("../Caddyfile")
 	if err != nil {
 		t.Fatal(err)

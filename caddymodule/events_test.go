@@ -162,12 +162,12 @@ func TestEventsEndToEnd(t *testing.T) {
 	}
 }
 
-// TestOverloadIntakeAnswersEveryPost: a burst of posts far beyond what one inbound slot and a slow
+// TestOverloadInboundAnswersEveryPost: a burst of posts far beyond what one inbound slot and a slow
 // receiver can take at once (pool_max_conns 2: one inbound transaction at a time; per_webhook 2,
 // the receiver holding each attempt 20 ms) is answered 200 post by post — waiting posts queue for
 // the inbound handler, none is refused — and every event is then delivered exactly once, the backlog
 // draining from the queue.
-func TestOverloadIntakeAnswersEveryPost(t *testing.T) {
+func TestOverloadInboundAnswersEveryPost(t *testing.T) {
 	e := newRelayEnv(t, "")
 	rc := newReceiver(t)
 	rc.delay = 20 * time.Millisecond

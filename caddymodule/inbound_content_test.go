@@ -78,12 +78,12 @@ func messagePost(number string, msgs ...string) string {
 		`"messages":[` + strings.Join(msgs, ",") + `]}}]}]}`
 }
 
-// TestIntakeStoresAnyContent: content never makes the inbound handler answer 5xx. Messages holding
+// TestInboundStoresAnyContent: content never makes the inbound handler answer 5xx. Messages holding
 // \u0000 escapes or raw invalid UTF-8 — in their text, their ids, their media ids, their
 // number — are stored and delivered with the upstream's bytes exactly (or, for an unknown
 // number, dropped); re-sends are recognised; a signed post that is not a WhatsApp payload at
 // all gets 200 and is counted as malformed.
-func TestIntakeStoresAnyContent(t *testing.T) {
+func TestInboundStoresAnyContent(t *testing.T) {
 	e, url, rc := inboundEnv(t)
 	msgs := []string{
 		`{"from":"15550001111","id":"wamid.nul1","timestamp":"1700000000","type":"text","text":{"body":"a\u0000b <i>&amp;</i>"}}`,
@@ -149,9 +149,9 @@ func TestIntakeStoresAnyContent(t *testing.T) {
 	}
 }
 
-// TestIntakeBanStates: account_update DISABLED_UPDATE deactivates the account's channels only
+// TestInboundBanStates: account_update DISABLED_UPDATE deactivates the account's channels only
 // when its ban state is DISABLE (Meta: SCHEDULE_FOR_DISABLE warns ahead, REINSTATE lifts it).
-func TestIntakeBanStates(t *testing.T) {
+func TestInboundBanStates(t *testing.T) {
 	e, url, _ := inboundEnv(t)
 	ch := e.channelOn(true, pnid2)
 	update := func(state string) {
@@ -174,12 +174,12 @@ func TestIntakeBanStates(t *testing.T) {
 	}
 }
 
-// TestIntakeMutations: 500 seeded mutations of a valid signed batch (byte flips, \u0000 and
+// TestInboundMutations: 500 seeded mutations of a valid signed batch (byte flips, \u0000 and
 // invalid UTF-8 inserted in strings, 256 KiB strings, truncation, type swaps, random bytes),
 // each signed correctly: never a 5xx, never a dropped connection. Then every field of a full
 // batch in turn holds a huge string (256 KiB, 1 MiB): 200, and the re-post is recognised as a
 // duplicate (one event per item).
-func TestIntakeMutations(t *testing.T) {
+func TestInboundMutations(t *testing.T) {
 	e, url, _ := inboundEnv(t)
 	rng := rand.New(rand.NewSource(7))
 	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `{}`, `[]`, `null`, `123`, `1e999`, `-`, strings.Repeat("9", 400),

@@ -69,7 +69,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			inboundMalformed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_malformed_total", Help: "Signed upstream webhook posts that are not a WhatsApp payload (answered 200, dropped)."}),
 			inboundOverflow: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-				Name: "inbound_overflow_total", Help: "Upstream webhook posts stored outside the intake's concurrency limit after waiting for a slot (the instance is overloaded)."}),
+				Name: "inbound_overflow_total", Help: "Upstream webhook posts stored outside the inbound handler's concurrency limit after waiting for a slot (the instance is overloaded)."}),
 			deliveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "delivery_attempts_total", Help: "Webhook delivery attempts by outcome (delivered, retrying, failed)."}, []string{"outcome"}),
 			attemptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,

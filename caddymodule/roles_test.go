@@ -139,7 +139,7 @@ func TestRolesReloadNoDispatcher(t *testing.T) {
 	}
 }
 
-// TestRolesIntakeOnlyAndDispatcherOnly: two Caddy processes on one database. A serves the intake
+// TestRolesInboundOnlyAndDispatcherOnly: two Caddy processes on one database. A serves the inbound endpoint
 // with delivery { workers 0 } (no dispatcher, though it trusts the receiver's CA); B has only the wabarelay global option (no site,
 // no intake) and default delivery settings. 20 signed upstream batches of 10 messages posted to
 // A are stored pending and announced (the NOTIFY is seen), and every event reaches the HTTPS
@@ -147,7 +147,7 @@ func TestRolesReloadNoDispatcher(t *testing.T) {
 // delivery row is in_flight with locked_by = B's instance id (host-<caddy instance>-<pid of B>),
 // A never attempts (no attempt metric on A, its log says it runs no dispatcher), and the
 // deliveries table shows each delivery delivered after one recorded attempt.
-func TestRolesIntakeOnlyAndDispatcherOnly(t *testing.T) {
+func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 	const batches, perBatch = 20, 10
 	const events = batches * perBatch
 	e := newRelayEnv(t, "")

@@ -255,9 +255,9 @@ func TestDuplicatesAcrossDays(t *testing.T) {
 	}
 }
 
-// TestIntakeCreatesMissingPartition: storing events on a day with no partition (the partition
+// TestInboundCreatesMissingPartition: storing events on a day with no partition (the partition
 // manager is behind) creates it and stores the events.
-func TestIntakeCreatesMissingPartition(t *testing.T) {
+func TestInboundCreatesMissingPartition(t *testing.T) {
 	s, _ := storeWithChannel(t)
 	ahead := time.Now().UTC().AddDate(0, 0, store.PartitionsAhead+2)
 	s.SetNow(func() time.Time { return ahead })

@@ -477,7 +477,7 @@ func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (
 	return int(tag.RowsAffected()), nil
 }
 
-// DropOrphanedQueue deletes queue rows whose webhook no longer exists (an intake that raced the
+// DropOrphanedQueue deletes queue rows whose webhook no longer exists (an inbound post that raced the
 // webhook's deletion) and returns how many. Their log rows go with their day's partition.
 func (s *Store) DropOrphanedQueue(ctx context.Context) (int, error) {
 	tag, err := s.pool.Exec(ctx, `DELETE FROM delivery_queue q WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)`)

@@ -232,7 +232,7 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 // DeleteWebhook deletes one of the org's webhooks with its assignments.
 func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
 	// Its deliveries, queued or logged, and their attempts go with it: live ones are cancelled
-	// that way. No foreign key does this (migrations 005, 006, 011); an intake that raced the
+	// that way. No foreign key does this (migrations 005, 006, 011); an inbound post that raced the
 	// delete and still queued a delivery for it leaves a queue row that is never claimed and that
 	// DropOrphanedQueue removes.
 	err := s.inTx(ctx, func(tx pgx.Tx) error {

@@ -22,7 +22,7 @@
 // webhooks (default 1), all subscribed to messages and message_status; webhook i points at the
 // receiver's path /hook/<i>. Every accepted event thus fans out into -webhooks deliveries
 // (deliveries = events × webhooks), which measures the dispatcher's sustained deliveries/s apart
-// from the per-event intake cost (intake stores each event once, whatever the fan-out).
+// from the per-event inbound cost (the inbound handler stores each event once, whatever the fan-out).
 //
 // Load, per step: posts of -per-post text messages each (one entry, one change, one phone number
 // id; post k on channel k mod channels), signed with X-Hub-Signature-256, scheduled at
@@ -38,7 +38,7 @@
 // WHERE status <> 'held'`, without it (the schema before the queue table) the deliveries rows
 // pending or in flight. Which one is used is decided once at start (to_regclass) and printed.
 //
-// Measured: intake ack latency (send → 200) of every post; deliveries (distinct (webhook, event)
+// Measured: inbound ack latency (send → 200) of every post; deliveries (distinct (webhook, event)
 // pairs) received per second while load is offered and while draining; the backlog sampled
 // every 500 ms; end-to-end latency per delivery (receive time at a webhook's path − send time of
 // the post that carried the message, matched by the path and data.message.id); the ledger,
@@ -58,14 +58,14 @@
 //
 //   - Overload (-overload R): 2R events/s offered for -overload-duration (30 s), then drained
 //     (at most max(-drain, 3 × -overload-duration)). Targets: deliveries/s during the offered
-//     window ≥ 0.8 × R × webhooks; every post acknowledged, intake ack p99 < 1 s; drain rate
+//     window ≥ 0.8 × R × webhooks; every post acknowledged, inbound ack p99 < 1 s; drain rate
 //     (deliveries from the end of the load until the backlog is empty, per second) ≥ R ×
 //     webhooks, when the load left at least a second's worth of it behind; the ledger.
 //   - Fairness (-fairness R), last: (a) baseline: R events/s for -duration to the -webhooks
 //     webhooks (the "healthy" ones) alone; (b) the healthy webhooks are deleted (after the
 //     baseline's tables were emptied: they have no deliveries) and a "paused" org-scoped webhook
 //     (receiver path /paused, paused before any event) gets -held held deliveries, posted as
-//     fast as the intake takes them; it is never resumed; (c) the healthy webhooks are created
+//     fast as the inbound handler takes them; it is never resumed; (c) the healthy webhooks are created
 //     again (same paths) with a "slow" one (path /slow: answers after the delivery timeout + 1 s,
 //     i.e. never in time), and R events/s are offered again. Only the healthy webhooks'
 //     deliveries count for (a) and (c) (backlog and drain included); target: their deliveries/s
@@ -114,7 +114,7 @@ const (
 	wabaID      = "102290129340398"
 	appSecret   = "bench-app-secret-0123456789"
 	verifyToken = "bench-verify-token"
-	intakePath  = "/webhooks/upstream"
+	inboundPath = "/webhooks/upstream"
 )
 
 type config struct {
@@ -370,7 +370,7 @@ http://127.0.0.1:%d {
 		wabarelay_inbound
 	}
 }
-`, appSecret, verifyToken, deliveryTimeout, tuning, caPath, port, intakePath)
+`, appSecret, verifyToken, deliveryTimeout, tuning, caPath, port, inboundPath)
 	env := []string{"WBR_BENCH_DATABASE=" + caddyDSN, "WBR_BENCH_KEY=" + base64.StdEncoding.EncodeToString(key)}
 	cd, err := benchkit.StartCaddy(ctx, caddyBin, filepath.Join(tmp, "caddy"), cfg, env, port)
 	if err != nil {
@@ -382,7 +382,7 @@ http://127.0.0.1:%d {
 		cl.Add(func() { fmt.Fprintf(os.Stderr, "---- caddy log ----\n%s", cd.Logs()) })
 	}
 
-	ld := newLoader(fmt.Sprintf("http://127.0.0.1:%d%s", port, intakePath), pnids, runID, c)
+	ld := newLoader(fmt.Sprintf("http://127.0.0.1:%d%s", port, inboundPath), pnids, runID, c)
 	ld.rc, ld.q, ld.dbName = rcv, q, dbName
 	ld.procs = cpuProcs{pidBench: os.Getpid(), "caddy": cd.PID()}
 
@@ -526,7 +526,7 @@ func runFairness(ctx context.Context, c config, ld *loader, st *store.Store, org
 		return f, fmt.Errorf("fairness: pause webhook: %w", err)
 	}
 	f.paused = pw.ID
-	benchkit.Logf("fairness (b): %d events for the paused webhook alone, as fast as the intake takes them", c.held)
+	benchkit.Logf("fairness (b): %d events for the paused webhook alone, as fast as the inbound handler takes them", c.held)
 	start := time.Now()
 	n, err := ld.fill(ctx, c.held)
 	f.held, f.heldTook = n, time.Since(start)
@@ -895,7 +895,7 @@ func (l *loader) body(buf []byte, prefix, pnid string, first, n int) []byte {
 }
 
 // fill posts n events (message ids "wamid.<run>.held.<i>") closed-loop, fillBatch messages a
-// post and fillConc posts at a time, as fast as the intake takes them, and returns how many
+// post and fillConc posts at a time, as fast as the inbound handler takes them, and returns how many
 // were accepted. Every post must get a 200 for all its events.
 func (l *loader) fill(ctx context.Context, n int) (int, error) {
 	const fillBatch, fillConc = 100, 4
@@ -1412,7 +1412,7 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, rc *re
 		deliveryDesc(c), poolDesc(c.poolMaxConns), c.channels, hooks, plural(hooks, "webhook", "webhooks"),
 		map[bool]string{true: "2", false: "1.1"}[c.receiverH2], hooks, plural(hooks, "delivery", "deliveries"), hooks,
 		c.perPost, c.duration, overloadWindow, q.desc(), machine)
-	p("| step | offered events/s | deliveries offered/s (× %d %s) | events accepted / offered | intake ack p50 / p99 ms | deliveries/s during load | deliveries/s draining | "+
+	p("| step | offered events/s | deliveries offered/s (× %d %s) | events accepted / offered | inbound ack p50 / p99 ms | deliveries/s during load | deliveries/s draining | "+
 		"backlog at ¼ → end of load (max) | drain time | end-to-end p50 / p99 ms | deliveries delivered / duplicates / lost (backlog left) | sustained |\n",
 		hooks, plural(hooks, "webhook", "webhooks"))
 	p("|:--|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|:-:|\n")
@@ -1538,7 +1538,7 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, rc *re
 func reportOverload(p func(string, ...any), r *stepResult) {
 	nominal := float64(r.nominal * r.webhooks) // R, in deliveries/s
 	p("### Overload: 2 × R = %d events/s for %s (R = %d events/s = %.0f deliveries/s)\n\n", r.rate, r.duration, r.nominal, nominal)
-	p("| deliveries/s during the load | ÷ R | intake ack p99 ms | posts skipped / failed | backlog at end of load | drain rate (deliveries/s, end of load → backlog empty) | drain time | lost |\n")
+	p("| deliveries/s during the load | ÷ R | inbound ack p99 ms | posts skipped / failed | backlog at end of load | drain rate (deliveries/s, end of load → backlog empty) | drain time | lost |\n")
 	p("|--:|--:|--:|--:|--:|--:|--:|--:|\n")
 	drain := r.drainTime.Round(100 * time.Millisecond).String()
 	if !r.drained {
@@ -1548,7 +1548,7 @@ func reportOverload(p func(string, ...any), r *stepResult) {
 		r.pendingEnd, r.drainRate(), drain, r.lost())
 	p("- %s deliveries/s during the offered window: %.0f = %.2f × R (target ≥ 0.8)\n", passFail(r.runRate() >= 0.8*nominal), r.runRate(), r.runRate()/nominal)
 	ackOK := r.skipped == 0 && r.postErrors == 0 && r.ack.p99 < 1000
-	p("- %s intake: every post acknowledged (%d skipped, %d failed of %d) and ack p99 %.1f ms (target < 1 s)\n", passFail(ackOK),
+	p("- %s inbound: every post acknowledged (%d skipped, %d failed of %d) and ack p99 %.1f ms (target < 1 s)\n", passFail(ackOK),
 		r.skipped, r.postErrors, r.posts, r.ack.p99)
 	switch {
 	case r.drained && float64(r.pendingEnd) < nominal:
@@ -1574,7 +1574,7 @@ func reportFairness(p func(string, ...any), c config, f *fairness) bool {
 		"Only the healthy %s deliveries count below.\n\n",
 		hooks, f.held, f.heldTook.Round(time.Millisecond), float64(f.held)/max(f.heldTook.Seconds(), 1e-9), f.heldQueued,
 		hooks, (deliveryTimeout + time.Second), deliveryTimeout, map[bool]string{true: "webhook's", false: "webhooks'"}[c.webhooks == 1])
-	p("| part | healthy deliveries/s during load | end-to-end p50 / p99 ms | intake ack p99 ms | healthy delivered / lost |\n|:--|--:|--:|--:|--:|\n")
+	p("| part | healthy deliveries/s during load | end-to-end p50 / p99 ms | inbound ack p99 ms | healthy delivered / lost |\n|:--|--:|--:|--:|--:|\n")
 	for _, r := range []*stepResult{f.base, f.loaded} {
 		if r == nil {
 			continue
