@@ -222,7 +222,7 @@ func TestExampleCaddyfilesHonest(t *testing.T) {
 }
 
 // TestSlowInboundBodyCutOff: on the repo's Caddyfile (its read_body made 2s so the test is short),
-// an intake post whose body arrives a few bytes at a time is cut off within the read_body bound
+// an inbound post whose body arrives a few bytes at a time is cut off within the read_body bound
 // instead of holding its connection for as long as the client drips.
 func TestSlowInboundBodyCutOff(t *testing.T) {
 	raw, err := os.ReadFile("../Caddyfile")

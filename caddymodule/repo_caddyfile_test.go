@@ -18,7 +18,7 @@ import (
 
 // TestRepoCaddyfileServesEverything: the repo's Caddyfile, as `make run` uses it with a Meta app
 // (only its port changed, and the upstream pointed at the fake), serves every capability:
-// management API, relay, connect link, the upstream's webhook intake and the dashboard. (Without a Meta app,
+// management API, relay, connect link, the upstream's webhook endpoint (inbound) and the dashboard. (Without a Meta app,
 // the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
 	raw, err := os.ReadFile("../Caddyfile")
@@ -83,14 +83,14 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 		return call(t, "POST", origin+"/upstream-proxy/"+pnid+"/messages", ch.ChannelToken, textBody).status == 200
 	})
 
-	// intake: the upstream's verification and a signed post of a message for the number
+	// inbound: the upstream's verification and a signed post of a message for the number
 	r = call(t, "GET", origin+"/webhooks/upstream?hub.mode=subscribe&hub.verify_token=verify-me&hub.challenge=4242", "", "")
 	if r.status != 200 || string(r.body) != "4242" {
-		t.Fatalf("intake verification: %d %s", r.status, r.body)
+		t.Fatalf("inbound verification: %d %s", r.status, r.body)
 	}
 	status, body := signedPost(t, origin+"/webhooks/upstream", "app-secret", upstreamBatch(map[string][2][]string{pnid: {{"repo1"}, nil}}))
 	if status != 200 || e.count("events") != 1 {
-		t.Fatalf("intake post: %d %s, events stored %d", status, body, e.count("events"))
+		t.Fatalf("inbound post: %d %s, events stored %d", status, body, e.count("events"))
 	}
 
 	// dashboard: the sign-in page, with its demo page off (no fake upstream configured)

@@ -141,7 +141,7 @@ func TestRolesReloadNoDispatcher(t *testing.T) {
 
 // TestRolesInboundOnlyAndDispatcherOnly: two Caddy processes on one database. A serves the inbound endpoint
 // with delivery { workers 0 } (no dispatcher, though it trusts the receiver's CA); B has only the wabarelay global option (no site,
-// no intake) and default delivery settings. 20 signed upstream batches of 10 messages posted to
+// no inbound endpoint) and default delivery settings. 20 signed upstream batches of 10 messages posted to
 // A are stored pending and announced (the NOTIFY is seen), and every event reaches the HTTPS
 // receiver exactly once, each attempt made under B's claim: at the moment of every attempt the
 // delivery row is in_flight with locked_by = B's instance id (host-<caddy instance>-<pid of B>),
@@ -194,7 +194,7 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 	rc.secret = secret
 	rc.mu.Unlock()
 
-	// A: intake (and relay, metrics), no dispatcher; it could reach the receiver if it had one
+	// A: inbound (and relay, metrics), no dispatcher; it could reach the receiver if it had one
 	a := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n workers 0\n root_ca %s\n allow_private_targets\n}",
 		testAppSecret, testVerifyToken, caPath),
 		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
@@ -243,7 +243,7 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 		}
 		status, body := signedPost(t, a+"/webhooks/upstream", testAppSecret, upstreamBatch(map[string][2][]string{pnid: {ids, nil}}))
 		if status != 200 || !strings.Contains(body, fmt.Sprintf(`"events":%d`, perBatch)) {
-			t.Fatalf("intake on A, batch %d: %d %s", i, status, body)
+			t.Fatalf("inbound on A, batch %d: %d %s", i, status, body)
 		}
 	}
 	post(0)

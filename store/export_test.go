@@ -8,7 +8,7 @@ import (
 	"github.com/jackc/tern/v2/migrate"
 )
 
-// SetNow replaces the store's clock (tests: intake on another day).
+// SetNow replaces the store's clock (tests: inbound posts on another day).
 func (s *Store) SetNow(now func() time.Time) { s.now = now }
 
 // ClaimSQL is the claim statement (tests measure its work).

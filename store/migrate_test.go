@@ -213,7 +213,7 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 	exec(`INSERT INTO channels (id, org_id, name, status, channel_token_hash, channel_token_enc, phone_number_id, waba_id)
 		VALUES ($1, $2, 'c', 'active', '\x01', '\x01', '1', 'w')`, ch, org)
 	nul := sha256.Sum256([]byte("m:\x00"))
-	// as the intake stored them before 012 (non-text keys: their digest; others: as they are)
+	// as the inbound handler stored them before 012 (non-text keys: their digest; others: as they are)
 	type old struct {
 		item, stored string
 		daysAgo      int
