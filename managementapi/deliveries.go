@@ -29,7 +29,9 @@ type Delivery struct {
 
 // Attempt is the JSON form of one delivery attempt.
 type Attempt struct {
-	Attempt      int     `json:"attempt"`
+	Attempt int `json:"attempt"`
+	// Schedule is 1 for the original schedule, 2 for the first manual retry or recovery, ….
+	Schedule     int     `json:"schedule"`
 	StartedAt    Time    `json:"started_at"`
 	DurationMS   int     `json:"duration_ms"`
 	StatusCode   *int    `json:"status_code"`
@@ -42,7 +44,7 @@ func newDelivery(d store.Delivery) Delivery {
 		NextAttemptAt: optTime(d.NextAttemptAt), LastStatusCode: d.LastStatusCode, LastError: d.LastError,
 		CreatedAt: Time(d.CreatedAt), UpdatedAt: Time(d.UpdatedAt), AttemptLog: make([]Attempt, len(d.Log))}
 	for i, a := range d.Log {
-		out.AttemptLog[i] = Attempt{Attempt: a.Attempt, StartedAt: Time(a.StartedAt), DurationMS: a.DurationMS,
+		out.AttemptLog[i] = Attempt{Attempt: a.Attempt, Schedule: a.Schedule, StartedAt: Time(a.StartedAt), DurationMS: a.DurationMS,
 			StatusCode: a.StatusCode, Error: a.Error, ResponseBody: a.ResponseBody}
 	}
 	return out
