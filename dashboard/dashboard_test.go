@@ -102,7 +102,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	}
 	e.api = managementapi.New(managementapi.Options{Store: st, Limiter: opt.Limiter, AuthGuard: opt.AuthGuard})
 	if opt.API == nil {
-		opt.API = e.api
+		opt.API = e.api.Service()
 	}
 	var h http.Handler
 	mux := http.NewServeMux()
