@@ -871,21 +871,30 @@ func TestDeleteUnsubscribesLastChannelOfBusinessAccount(t *testing.T) {
 	}
 }
 
-func TestDeliveryLog(t *testing.T) {
-	e := newEnv(t)
+// deliveries gives key A's org a connected channel (phone number id pnid) and a webhook for its
+// messages, and stores n incoming messages for it: n deliveries to the webhook.
+func (e *env) deliveries(pnid string, n int) webhookJSON {
+	e.t.Helper()
 	ctx := context.Background()
 	c := e.createChannel(e.keyA, "c")
-	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "555", WabaID: "w", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
+	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
+		e.t.Fatal(err)
 	}
 	wh := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["messages"]}`)
 	var items []store.IncomingItem
-	for i := 0; i < 5; i++ {
-		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "555", DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
+	for i := 0; i < n; i++ {
+		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: pnid, DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
 	}
 	if _, err := e.store.StoreEvents(ctx, items, store.Claim{}); err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
+	return wh
+}
+
+func TestDeliveryLog(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wh := e.deliveries("555", 5)
 	// two failed deliveries with attempts, the rest pending
 	e.exec(`WITH f AS (UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
 		           WHERE id IN (SELECT id FROM deliveries ORDER BY created_at, id LIMIT 2) RETURNING id)
@@ -952,15 +961,7 @@ func TestDeliveryLog(t *testing.T) {
 func TestDeliveryLogSchedules(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	c := e.createChannel(e.keyA, "c")
-	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "556", WabaID: "w", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	wh := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["messages"]}`)
-	item := store.IncomingItem{Type: "messages", PhoneNumberID: "556", DedupeKey: "m:s", Data: []byte(`{"message":{}}`)}
-	if _, err := e.store.StoreEvents(ctx, []store.IncomingItem{item}, store.Claim{}); err != nil {
-		t.Fatal(err)
-	}
+	wh := e.deliveries("556", 1)
 	q := store.NewQueue(e.pool)
 	started := time.Now()
 	// fail makes the delivery's next attempt fail: again later (retry), or for good.
