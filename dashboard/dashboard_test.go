@@ -694,3 +694,44 @@ func TestDemoReceiverVerifies(t *testing.T) {
 	c2.signIn(e2.key)
 	wantStatus(t, c2.get("/dashboard/demo"), http.StatusNotFound)
 }
+
+// TestOddPaths: signed in, the dashboard takes paths segment by segment as decoded, never
+// cleaning or redirecting them; a wrong method (HEAD included) is answered like an unknown path,
+// except on the sign-in page.
+func TestOddPaths(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel")
+	u, _ := url.Parse(e.srv.URL + "/dashboard/")
+	cookies := c.http.Jar.Cookies(u)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/dashboard/channels/", 200, ""},
+		{"GET", "//dashboard/channels", 404, ""},
+		{"GET", "/dashboard//", 404, ""},
+		{"GET", "/dashboard/./channels", 404, ""},
+		{"GET", "/dashboard/webhooks/../channels", 404, ""},
+		{"GET", "/dashboard/webhooks/x%2Fy", 404, ""},
+		{"GET", "/dashboard/webhooks/..", 404, ""},
+		{"GET", "/dashboard/logout", 404, ""},
+		{"HEAD", "/dashboard/channels", 404, ""},
+		{"PUT", "/dashboard/channels", 404, ""},
+		{"HEAD", "/dashboard/login", 405, "GET, POST"},
+		{"GET", "/dashboard", 303, ""}, // to the channels page
+	} {
+		// straight to the handler: the test server's own ServeMux would clean the path
+		req := httptest.NewRequest(tc.method, e.srv.URL+tc.path, nil)
+		for _, ck := range cookies {
+			req.AddCookie(ck)
+		}
+		rec := httptest.NewRecorder()
+		e.dash.ServeHTTP(rec, req)
+		if rec.Code != tc.status || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q Location %q, want %d Allow %q", tc.method, tc.path, rec.Code, rec.Header().Get("Allow"),
+				rec.Header().Get("Location"), tc.status, tc.allow)
+		}
+	}
+}

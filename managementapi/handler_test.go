@@ -1013,3 +1013,42 @@ func TestDeliveryLogSchedules(t *testing.T) {
 		t.Fatalf("attempt log (schedule, attempt) = %v, want %v; body %s", got, want, r.body)
 	}
 }
+
+// TestOddPaths: the router takes paths segment by segment as decoded, never cleaning or
+// redirecting them, and serves HEAD on /health only.
+func TestOddPaths(t *testing.T) {
+	e := newEnv(t)
+	id := uuid.NewString()
+	for _, tc := range []struct {
+		method, target string
+		status         int
+		msg, allow     string
+	}{
+		{"GET", "/channels/", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/channels/..", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/channels/.", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/webhooks//deliveries", 404, "Webhook not found", ""},
+		{"GET", "/channels/" + id + "%2Freconnect", 405, "Method not allowed", "POST"},
+		{"GET", "/channels/../webhooks", 404, "Not found", ""},
+		{"GET", "//channels", 404, "Not found", ""},
+		{"GET", "/channels//", 404, "Not found", ""},
+		{"HEAD", "/channels", 405, "Method not allowed", "GET, POST"},
+		{"HEAD", "/nope", 404, "Not found", ""},
+		{"PUT", "/webhooks/" + id, 405, "Method not allowed", "DELETE, GET, PATCH"},
+		{"PUT", "/health", 405, "Method not allowed", "GET, HEAD"},
+		{"HEAD", "/health", 200, "", ""},
+	} {
+		r := httptest.NewRequest(tc.method, "http://relay.example.com"+tc.target, nil)
+		r.Header.Set("X-Api-Key", e.keyA)
+		rec := httptest.NewRecorder()
+		e.handler.ServeHTTP(rec, r)
+		if rec.Code != tc.status || rec.Header().Get("Allow") != tc.allow || rec.Header().Get("Location") != "" {
+			t.Errorf("%s %s: %d Allow %q Location %q %s, want %d Allow %q", tc.method, tc.target, rec.Code,
+				rec.Header().Get("Allow"), rec.Header().Get("Location"), rec.Body, tc.status, tc.allow)
+			continue
+		}
+		if tc.msg != "" && strings.TrimSpace(rec.Body.String()) != `{"error":"`+tc.msg+`"}` {
+			t.Errorf("%s %s: body %s, want %q", tc.method, tc.target, rec.Body, tc.msg)
+		}
+	}
+}
