@@ -68,7 +68,7 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 	opt := dashboard.Options{
 		Store: app.store, API: app.managementHandler(logger).Service(), BasePath: h.BasePath,
 		ConnectBase: app.ConnectBase, SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard,
-		Limiter: app.mgmtLimiter.Limiter, Logger: logger,
+		Logger: logger,
 	}
 	if h.Demo != nil {
 		repl := caddy.NewReplacer()

@@ -17,7 +17,7 @@
 // script or style).
 //
 // Reads go to the store, each page load counted against the signed-in key's management rate
-// limit (Options.Limiter, the API's own limiter); every change is an operation of the
+// limit (the API's own, through its Service); every change is an operation of the
 // management API's own Service (managementapi.Service), admitted as the API admits a call of
 // the signed-in key, so the dashboard applies exactly the API's checks, messages and rate
 // limit, not a second copy of them.
@@ -42,7 +42,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
-	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -73,7 +72,9 @@ type Options struct {
 	// Store is the data layer. Required.
 	Store *store.Store
 	// API performs the changes the dashboard makes, as the signed-in key: the management API's
-	// Service (managementapi.Handler.Service). Required.
+	// Service (managementapi.Handler.Service). Every page load of a signed-in key is charged to
+	// that key's management rate limit too (Service.Charge), and a load over it is answered 429
+	// with Retry-After. Required.
 	API *managementapi.Service
 	// BasePath is the path the dashboard is mounted at, unstripped. Default: /dashboard.
 	BasePath string
@@ -85,11 +86,6 @@ type Options struct {
 	// per client address, like the API's bad keys, and refuses an address that failed too often
 	// with 429 before any lookup. Share the API's guard.
 	AuthGuard *authguard.Guard
-	// Limiter, if set, is the management API's per-key rate limiter (the same instance): every
-	// page load of a signed-in key counts against that key's management rate limit, and a load
-	// over it is answered 429 with Retry-After. Changes are counted by the API they call. Nil
-	// means page reads are not limited.
-	Limiter ratelimit.Limiter
 	// Demo, if set, turns on the demo page: a built-in webhook receiver that verifies each
 	// delivery's signature, and a button making the fake upstream send an incoming message.
 	Demo *Demo
@@ -337,20 +333,10 @@ func (h *Handler) guardAllows(w http.ResponseWriter, r *http.Request, addr strin
 	return ok
 }
 
-// allow counts a page load against the signed-in key's management rate limit, answering 429
-// with Retry-After (and the RateLimit headers, like the API) when it is over. A limiter failure
-// lets the page through, as the API does.
+// allow charges a page load to the signed-in key's management rate limit (Service.Charge: the
+// RateLimit headers, like the API), answering 429 with Retry-After when it is over.
 func (h *Handler) allow(w http.ResponseWriter, r *http.Request, s *session) bool {
-	if h.opt.Limiter == nil {
-		return true
-	}
-	d, err := h.opt.Limiter.Allow(r.Context(), managementapi.LimitKey(s.Key.ID))
-	if err != nil {
-		h.logger.Warn("management rate limiter unavailable; page allowed", zap.Error(err))
-		return true
-	}
-	d.SetHeaders(w.Header())
-	if !d.Allowed {
+	if h.opt.API.Charge(r.Context(), s.Key, w.Header()) != nil {
 		h.render(w, r, http.StatusTooManyRequests, "error", page{Title: "Too many requests", Session: s,
 			Error: httpx.MsgRateLimited + ". Wait a moment and reload the page."})
 		return false

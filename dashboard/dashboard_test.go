@@ -45,7 +45,8 @@ type env struct {
 	org    store.Org
 	key    string
 	keyRec store.APIKey
-	// api is the management API the dashboard calls (sharing its Limiter and AuthGuard).
+	// api is the management API the dashboard calls (sharing its AuthGuard), unless an option
+	// gave the dashboard another.
 	api *managementapi.Handler
 	// dash is the dashboard handler, for requests made without a server (e.g. over "HTTPS").
 	dash *dashboard.Handler
@@ -100,7 +101,7 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(&opt)
 	}
-	e.api = managementapi.New(managementapi.Options{Store: st, Limiter: opt.Limiter, AuthGuard: opt.AuthGuard})
+	e.api = managementapi.New(managementapi.Options{Store: st, AuthGuard: opt.AuthGuard})
 	if opt.API == nil {
 		opt.API = e.api.Service()
 	}
@@ -463,7 +464,11 @@ func TestPageReadsRateLimited(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	const limit = 6
 	lim := ratelimit.NewRedis(rdb, limit, time.Hour, "test:"+uuid.NewString()+":")
-	e := newEnv(t, func(o *dashboard.Options) { o.Limiter = lim })
+	var api *managementapi.Handler // the management API, its rate limit the dashboard's
+	e := newEnv(t, func(o *dashboard.Options) {
+		api = managementapi.New(managementapi.Options{Store: o.Store, Limiter: lim})
+		o.API = api.Service()
+	})
 	c := e.client()
 	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel") // GET /channels: 1
 	pages := []string{"/dashboard/webhooks", "/dashboard/api-keys", "/dashboard/channels"}
@@ -485,7 +490,7 @@ func TestPageReadsRateLimited(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "/channels", nil)
 	req.Header.Set("X-Api-Key", e.key)
 	rec := httptest.NewRecorder()
-	e.api.ServeHTTP(rec, req)
+	api.ServeHTTP(rec, req)
 	if rec.Code != http.StatusTooManyRequests {
 		t.Fatalf("API call after the pages spent the budget: %d", rec.Code)
 	}

@@ -89,18 +89,25 @@ var errRateLimited = &Error{http.StatusTooManyRequests, httpx.MsgRateLimited}
 func LimitKey(keyID uuid.UUID) string { return "mgmt:" + keyID.String() }
 
 // Admit starts a call made by key, before its operation: Options.OnAuthenticated is called
-// with r, then the call is charged to the key's management rate limit. The limiter's RateLimit
-// headers (and Retry-After, over the limit) are set in hdr; over the limit the answer is an
-// *Error 429 MsgRateLimited. A limiter failure admits the call (logged): the management API is
-// not worth an outage when the limiter's store is down.
+// with r, then the call is charged to the key's management rate limit (Charge).
 func (s *Service) Admit(r *http.Request, key store.APIKey, hdr http.Header) error {
 	if s.opt.OnAuthenticated != nil {
 		s.opt.OnAuthenticated(r, key)
 	}
+	return s.Charge(r.Context(), key, hdr)
+}
+
+// Charge counts one call of key against its management rate limit (Options.Limiter; none when
+// nil). The limiter's RateLimit headers (and Retry-After, over the limit) are set in hdr; over
+// the limit the answer is an *Error 429 httpx.MsgRateLimited. A limiter failure lets the call
+// through (logged): the management API is not worth an outage when the limiter's store is down.
+// The dashboard charges its page loads with it, so a key's API calls and page loads share one
+// budget.
+func (s *Service) Charge(ctx context.Context, key store.APIKey, hdr http.Header) error {
 	if s.opt.Limiter == nil {
 		return nil
 	}
-	d, err := s.opt.Limiter.Allow(r.Context(), LimitKey(key.ID))
+	d, err := s.opt.Limiter.Allow(ctx, LimitKey(key.ID))
 	if err != nil {
 		s.logger.Warn("management rate limiter unavailable; request allowed", zap.Error(err))
 		return nil
