@@ -64,7 +64,7 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 }
 
 // managementHandler returns the management API handler over the app's store, limiter and
-// settings; the API module serves it, the dashboard makes its changes through it.
+// settings; the API module serves it, the dashboard makes its changes through its Service.
 func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
 	var limits LimitsConfig // zero: managementapi's defaults
 	if a.Limits != nil {

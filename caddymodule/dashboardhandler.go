@@ -66,9 +66,9 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 	}
 	logger := ctx.Logger()
 	opt := dashboard.Options{
-		Store: app.store, API: app.managementHandler(logger), BasePath: h.BasePath,
+		Store: app.store, API: app.managementHandler(logger).Service(), BasePath: h.BasePath,
 		ConnectBase: app.ConnectBase, SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard,
-		Limiter: app.mgmtLimiter.Limiter, Logger: logger,
+		Logger: logger,
 	}
 	if h.Demo != nil {
 		repl := caddy.NewReplacer()

@@ -17,33 +17,31 @@
 // script or style).
 //
 // Reads go to the store, each page load counted against the signed-in key's management rate
-// limit (Options.Limiter, the API's own limiter); every change goes through the management
-// API's own handler (managementapi.Handler.ServeAuthenticated) as the signed-in key, so the
-// dashboard applies exactly the API's checks, messages and rate limit, not a second copy of
-// them.
+// limit (the API's own, through its Service); every change is an operation of the
+// management API's own Service (managementapi.Service), admitted as the API admits a call of
+// the signed-in key, so the dashboard applies exactly the API's checks, messages and rate
+// limit, not a second copy of them.
 package dashboard
 
 import (
 	"bytes"
 	"context"
 	"embed"
-	"encoding/json"
 	"errors"
 	"html/template"
-	"io"
 	"io/fs"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
-	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -69,18 +67,15 @@ const maxFormBytes = 64 << 10
 const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; " +
 	"connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
-// API is the management API's handler, serving a request as an already authenticated key.
-// *managementapi.Handler implements it.
-type API interface {
-	ServeAuthenticated(w http.ResponseWriter, r *http.Request, key store.APIKey)
-}
-
 // Options configure a Handler.
 type Options struct {
 	// Store is the data layer. Required.
 	Store *store.Store
-	// API serves the changes the dashboard makes, as the signed-in key. Required.
-	API API
+	// API performs the changes the dashboard makes, as the signed-in key: the management API's
+	// Service (managementapi.Handler.Service). Every page load of a signed-in key is charged to
+	// that key's management rate limit too (Service.Charge), and a load over it is answered 429
+	// with Retry-After. Required.
+	API *managementapi.Service
 	// BasePath is the path the dashboard is mounted at, unstripped. Default: /dashboard.
 	BasePath string
 	// ConnectBase is the prefix of connect links. Empty means the scheme and host of each request.
@@ -91,11 +86,6 @@ type Options struct {
 	// per client address, like the API's bad keys, and refuses an address that failed too often
 	// with 429 before any lookup. Share the API's guard.
 	AuthGuard *authguard.Guard
-	// Limiter, if set, is the management API's per-key rate limiter (the same instance): every
-	// page load of a signed-in key counts against that key's management rate limit, and a load
-	// over it is answered 429 with Retry-After. Changes are counted by the API they call. Nil
-	// means page reads are not limited.
-	Limiter ratelimit.Limiter
 	// Demo, if set, turns on the demo page: a built-in webhook receiver that verifies each
 	// delivery's signature, and a button making the fake upstream send an incoming message.
 	Demo *Demo
@@ -109,6 +99,8 @@ type Handler struct {
 	logger *zap.Logger
 	pages  map[string]*template.Template
 	assets http.Handler
+	// mux routes the signed-in pages and actions.
+	mux *http.ServeMux
 	// origins refuses cross-origin state-changing requests.
 	origins *http.CrossOriginProtection
 }
@@ -148,7 +140,51 @@ func New(opt Options) (*Handler, error) {
 	}
 	sub, _ := fs.Sub(assetFS, "assets")
 	h.assets = http.StripPrefix(opt.BasePath+"/assets/", http.FileServer(http.FS(sub)))
+	h.routes()
 	return h, nil
+}
+
+// signedIn is a handler of a signed-in request.
+type signedIn func(w http.ResponseWriter, r *http.Request, s *session)
+
+type sessionKey struct{}
+
+// routes registers the signed-in pages and actions on h.mux (patterns under BasePath, whose
+// segments are escaped so that they are matched literally).
+func (h *Handler) routes() {
+	h.mux = http.NewServeMux()
+	base := strings.Split(h.opt.BasePath, "/")
+	for i, seg := range base {
+		base[i] = url.PathEscape(seg)
+	}
+	prefix := strings.Join(base, "/")
+	handle := func(method, path string, fn signedIn) {
+		h.mux.HandleFunc(method+" "+prefix+path, func(w http.ResponseWriter, r *http.Request) {
+			fn(w, r, r.Context().Value(sessionKey{}).(*session))
+		})
+	}
+	get, post := http.MethodGet, http.MethodPost
+	handle(post, "/logout", func(w http.ResponseWriter, r *http.Request, _ *session) { h.logout(w, r) })
+	handle(get, "/channels", h.channels)
+	handle(post, "/channels", h.createChannel)
+	handle(post, "/channels/{id}/reconnect", h.reconnectChannel)
+	handle(post, "/channels/{id}/delete", h.deleteChannel)
+	handle(get, "/webhooks", h.webhooks)
+	handle(post, "/webhooks", h.createWebhook)
+	handle(get, "/webhooks/{id}", h.webhook)
+	handle(post, "/webhooks/{id}/status", h.setWebhookStatus)
+	handle(post, "/webhooks/{id}/delete", h.deleteWebhook)
+	handle(post, "/webhooks/{id}/channels", h.assignChannel)
+	handle(post, "/webhooks/{id}/recover", h.recoverDeliveries)
+	handle(post, "/webhooks/{id}/deliveries/{did}/retry", h.retryDelivery)
+	handle(get, "/api-keys", h.apiKeys)
+	handle(post, "/api-keys", h.createAPIKey)
+	handle(post, "/api-keys/{id}/revoke", h.revokeAPIKey)
+	if h.opt.Demo != nil {
+		handle(get, "/demo", h.demo)
+		handle(post, "/demo/emit", h.demoEmit)
+		handle(post, "/demo/webhook", h.demoWebhook)
+	}
 }
 
 // session is the signed-in user of a request.
@@ -197,13 +233,9 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		// Forms are small; a larger body fails to parse.
 		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
 	}
-	segs := strings.Split(strings.Trim(rest, "/"), "/")
-	if rest == "" || rest == "/" {
-		segs = nil
-	}
+	path := strings.Trim(rest, "/")
 	// Unauthenticated routes.
-	switch {
-	case len(segs) == 1 && segs[0] == "login":
+	if path == "login" {
 		h.login(w, r)
 		return
 	}
@@ -224,63 +256,35 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Page reads count against the key's management rate limit; changes, and the API keys
-	// page (read through the API), are counted by the API calls they make.
-	if safeMethod(r.Method) && !(len(segs) == 1 && segs[0] == "api-keys") && !h.allow(w, r, s) {
+	// page (read through the API's Service), are counted by the API calls they make.
+	if safeMethod(r.Method) && path != "api-keys" && !h.allow(w, r, s) {
 		return
 	}
-	if len(segs) == 0 {
+	if rest == "" || rest == "/" {
 		http.Redirect(w, r, h.opt.BasePath+"/channels", http.StatusSeeOther)
 		return
 	}
-	h.route(w, r, s, segs)
+	h.route(w, r, s, path)
 }
 
-// route dispatches a signed-in request.
-func (h *Handler) route(w http.ResponseWriter, r *http.Request, s *session, segs []string) {
-	get, post := r.Method == http.MethodGet, r.Method == http.MethodPost
-	n := len(segs)
-	switch {
-	case n == 1 && segs[0] == "logout" && post:
-		h.logout(w, r)
-	case n == 1 && segs[0] == "channels" && get:
-		h.channels(w, r, s)
-	case n == 1 && segs[0] == "channels" && post:
-		h.createChannel(w, r, s)
-	case n == 3 && segs[0] == "channels" && segs[2] == "reconnect" && post:
-		h.reconnectChannel(w, r, s, segs[1])
-	case n == 3 && segs[0] == "channels" && segs[2] == "delete" && post:
-		h.deleteChannel(w, r, s, segs[1])
-	case n == 1 && segs[0] == "webhooks" && get:
-		h.webhooks(w, r, s)
-	case n == 1 && segs[0] == "webhooks" && post:
-		h.createWebhook(w, r, s)
-	case n == 2 && segs[0] == "webhooks" && get:
-		h.webhook(w, r, s, segs[1])
-	case n == 3 && segs[0] == "webhooks" && segs[2] == "status" && post:
-		h.setWebhookStatus(w, r, s, segs[1])
-	case n == 3 && segs[0] == "webhooks" && segs[2] == "delete" && post:
-		h.deleteWebhook(w, r, s, segs[1])
-	case n == 3 && segs[0] == "webhooks" && segs[2] == "channels" && post:
-		h.assignChannel(w, r, s, segs[1])
-	case n == 3 && segs[0] == "webhooks" && segs[2] == "recover" && post:
-		h.recoverDeliveries(w, r, s, segs[1])
-	case n == 5 && segs[0] == "webhooks" && segs[2] == "deliveries" && segs[4] == "retry" && post:
-		h.retryDelivery(w, r, s, segs[1], segs[3])
-	case n == 1 && segs[0] == "api-keys" && get:
-		h.apiKeys(w, r, s)
-	case n == 1 && segs[0] == "api-keys" && post:
-		h.createAPIKey(w, r, s)
-	case n == 3 && segs[0] == "api-keys" && segs[2] == "revoke" && post:
-		h.revokeAPIKey(w, r, s, segs[1])
-	case n == 1 && segs[0] == "demo" && get && h.opt.Demo != nil:
-		h.demo(w, r, s)
-	case n == 2 && segs[0] == "demo" && segs[1] == "emit" && post && h.opt.Demo != nil:
-		h.demoEmit(w, r, s)
-	case n == 2 && segs[0] == "demo" && segs[1] == "webhook" && post && h.opt.Demo != nil:
-		h.demoWebhook(w, r, s)
-	default:
-		h.notFound(w, r, s)
+// route serves a signed-in request for path (BasePath's rest without its outer slashes)
+// through h.mux. Every segment counts: an empty, "." or ".." one becomes "-", which no pattern
+// has and no id matches, so the ServeMux never redirects to a cleaned path. A wrong method, HEAD
+// included, is answered like an unknown path.
+func (h *Handler) route(w http.ResponseWriter, r *http.Request, s *session, path string) {
+	segs := strings.Split(path, "/")
+	for i, seg := range segs {
+		if seg == "" || seg == "." || seg == ".." {
+			segs[i] = "-"
+		}
 	}
+	rr := r.Clone(context.WithValue(r.Context(), sessionKey{}, s))
+	rr.URL.Path, rr.URL.RawPath = h.opt.BasePath+"/"+strings.Join(segs, "/"), ""
+	if _, pattern := h.mux.Handler(rr); pattern == "" || r.Method == http.MethodHead {
+		h.notFound(w, r, s)
+		return
+	}
+	h.mux.ServeHTTP(w, rr)
 }
 
 // errGuarded means the request was answered 429 by the AuthGuard.
@@ -329,20 +333,10 @@ func (h *Handler) guardAllows(w http.ResponseWriter, r *http.Request, addr strin
 	return ok
 }
 
-// allow counts a page load against the signed-in key's management rate limit, answering 429
-// with Retry-After (and the RateLimit headers, like the API) when it is over. A limiter failure
-// lets the page through, as the API does.
+// allow charges a page load to the signed-in key's management rate limit (Service.Charge: the
+// RateLimit headers, like the API), answering 429 with Retry-After when it is over.
 func (h *Handler) allow(w http.ResponseWriter, r *http.Request, s *session) bool {
-	if h.opt.Limiter == nil {
-		return true
-	}
-	d, err := h.opt.Limiter.Allow(r.Context(), managementapi.LimitKey(s.Key.ID))
-	if err != nil {
-		h.logger.Warn("management rate limiter unavailable; page allowed", zap.Error(err))
-		return true
-	}
-	d.SetHeaders(w.Header())
-	if !d.Allowed {
+	if h.opt.API.Charge(r.Context(), s.Key, w.Header()) != nil {
 		h.render(w, r, http.StatusTooManyRequests, "error", page{Title: "Too many requests", Session: s,
 			Error: httpx.MsgRateLimited + ". Wait a moment and reload the page."})
 		return false
@@ -438,72 +432,34 @@ var notices = map[string]string{
 	"signed-out":      "Signed out.",
 }
 
-// apiResult is the outcome of a call to the management API.
-type apiResult struct {
-	Status int
-	Body   []byte
-	Header http.Header
+// act makes one change as the session's key through the management API's Service: the call is
+// admitted as the API admits it (Service.Admit: the access-log hook and the key's rate limit,
+// whose headers go to hdr, nil to drop them), then op runs. It returns the API's refusal or
+// failure, with the status and message the API would answer; nil on success.
+func (h *Handler) act(r *http.Request, s *session, hdr http.Header, op func(context.Context, managementapi.Principal) error) *managementapi.Error {
+	if hdr == nil {
+		hdr = http.Header{}
+	}
+	err := h.opt.API.Admit(r, s.Key, hdr)
+	if err == nil {
+		err = op(r.Context(), managementapi.Principal{Key: s.Key, Origin: httpx.Origin(r)})
+	}
+	return h.opt.API.ErrorFor(r, err)
 }
 
-// Err returns the API's error message, or "" for a 2xx.
-func (a apiResult) Err() string {
-	if a.Status >= 200 && a.Status < 300 {
-		return ""
+// formText returns a form value as text for the API: each byte that is not UTF-8 becomes
+// U+FFFD, as encoding/json writes such a string into a request body.
+func formText(v string) string {
+	if utf8.ValidString(v) {
+		return v
 	}
-	var e struct {
-		Error string `json:"error"`
+	var b strings.Builder
+	for i := 0; i < len(v); {
+		c, n := utf8.DecodeRuneInString(v[i:])
+		b.WriteRune(c) // utf8.RuneError for an invalid byte
+		i += n
 	}
-	if json.Unmarshal(a.Body, &e) != nil || e.Error == "" {
-		return http.StatusText(a.Status)
-	}
-	return e.Error
-}
-
-// recorder captures the API's answer.
-type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
-}
-
-func (rec *recorder) Header() http.Header { return rec.header }
-func (rec *recorder) Write(b []byte) (int, error) {
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	return rec.body.Write(b)
-}
-func (rec *recorder) WriteHeader(code int) {
-	if rec.status == 0 {
-		rec.status = code
-	}
-}
-
-// call makes one management API request as the session's key: path is relative to the API's
-// base (e.g. "/channels"), body is marshalled as JSON unless nil.
-func (h *Handler) call(r *http.Request, s *session, method, path string, body any) apiResult {
-	var rd io.Reader = http.NoBody
-	if body != nil {
-		b, err := json.Marshal(body)
-		if err != nil {
-			return apiResult{Status: http.StatusBadRequest, Body: []byte(`{"error":"Invalid JSON body"}`)}
-		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(r.Context(), method, path, rd)
-	if err != nil {
-		return apiResult{Status: http.StatusBadRequest, Body: []byte(`{"error":"Not found"}`)}
-	}
-	req.RemoteAddr, req.Host = r.RemoteAddr, r.Host
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	rec := &recorder{header: http.Header{}}
-	h.opt.API.ServeAuthenticated(rec, req, s.Key)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
-	}
-	return apiResult{Status: rec.status, Body: rec.body.Bytes(), Header: rec.header}
+	return b.String()
 }
 
 func fmtTime(t any) string {

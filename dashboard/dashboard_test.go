@@ -45,7 +45,8 @@ type env struct {
 	org    store.Org
 	key    string
 	keyRec store.APIKey
-	// api is the management API the dashboard calls (sharing its Limiter and AuthGuard).
+	// api is the management API the dashboard calls (sharing its AuthGuard), unless an option
+	// gave the dashboard another.
 	api *managementapi.Handler
 	// dash is the dashboard handler, for requests made without a server (e.g. over "HTTPS").
 	dash *dashboard.Handler
@@ -100,9 +101,9 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 	for _, o := range opts {
 		o(&opt)
 	}
-	e.api = managementapi.New(managementapi.Options{Store: st, Limiter: opt.Limiter, AuthGuard: opt.AuthGuard})
+	e.api = managementapi.New(managementapi.Options{Store: st, AuthGuard: opt.AuthGuard})
 	if opt.API == nil {
-		opt.API = e.api
+		opt.API = e.api.Service()
 	}
 	var h http.Handler
 	mux := http.NewServeMux()
@@ -463,7 +464,11 @@ func TestPageReadsRateLimited(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	const limit = 6
 	lim := ratelimit.NewRedis(rdb, limit, time.Hour, "test:"+uuid.NewString()+":")
-	e := newEnv(t, func(o *dashboard.Options) { o.Limiter = lim })
+	var api *managementapi.Handler // the management API, its rate limit the dashboard's
+	e := newEnv(t, func(o *dashboard.Options) {
+		api = managementapi.New(managementapi.Options{Store: o.Store, Limiter: lim})
+		o.API = api.Service()
+	})
 	c := e.client()
 	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel") // GET /channels: 1
 	pages := []string{"/dashboard/webhooks", "/dashboard/api-keys", "/dashboard/channels"}
@@ -485,7 +490,7 @@ func TestPageReadsRateLimited(t *testing.T) {
 	req := httptest.NewRequest(http.MethodGet, "/channels", nil)
 	req.Header.Set("X-Api-Key", e.key)
 	rec := httptest.NewRecorder()
-	e.api.ServeHTTP(rec, req)
+	api.ServeHTTP(rec, req)
 	if rec.Code != http.StatusTooManyRequests {
 		t.Fatalf("API call after the pages spent the budget: %d", rec.Code)
 	}
@@ -693,4 +698,45 @@ func TestDemoReceiverVerifies(t *testing.T) {
 	c2 := e2.client()
 	c2.signIn(e2.key)
 	wantStatus(t, c2.get("/dashboard/demo"), http.StatusNotFound)
+}
+
+// TestOddPaths: signed in, the dashboard takes paths segment by segment as decoded, never
+// cleaning or redirecting them; a wrong method (HEAD included) is answered like an unknown path,
+// except on the sign-in page.
+func TestOddPaths(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel")
+	u, _ := url.Parse(e.srv.URL + "/dashboard/")
+	cookies := c.http.Jar.Cookies(u)
+	for _, tc := range []struct {
+		method, path string
+		status       int
+		allow        string
+	}{
+		{"GET", "/dashboard/channels/", 200, ""},
+		{"GET", "//dashboard/channels", 404, ""},
+		{"GET", "/dashboard//", 404, ""},
+		{"GET", "/dashboard/./channels", 404, ""},
+		{"GET", "/dashboard/webhooks/../channels", 404, ""},
+		{"GET", "/dashboard/webhooks/x%2Fy", 404, ""},
+		{"GET", "/dashboard/webhooks/..", 404, ""},
+		{"GET", "/dashboard/logout", 404, ""},
+		{"HEAD", "/dashboard/channels", 404, ""},
+		{"PUT", "/dashboard/channels", 404, ""},
+		{"HEAD", "/dashboard/login", 405, "GET, POST"},
+		{"GET", "/dashboard", 303, ""}, // to the channels page
+	} {
+		// straight to the handler: the test server's own ServeMux would clean the path
+		req := httptest.NewRequest(tc.method, e.srv.URL+tc.path, nil)
+		for _, ck := range cookies {
+			req.AddCookie(ck)
+		}
+		rec := httptest.NewRecorder()
+		e.dash.ServeHTTP(rec, req)
+		if rec.Code != tc.status || rec.Header().Get("Allow") != tc.allow {
+			t.Errorf("%s %s: %d Allow %q Location %q, want %d Allow %q", tc.method, tc.path, rec.Code, rec.Header().Get("Allow"),
+				rec.Header().Get("Location"), tc.status, tc.allow)
+		}
+	}
 }

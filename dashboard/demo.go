@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 	"go.uber.org/zap"
 
+	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -193,10 +194,12 @@ func (h *Handler) demoPage(w http.ResponseWriter, r *http.Request, p page, statu
 
 // demoWebhook creates an org-scoped webhook pointing at the demo receiver, through the API.
 func (h *Handler) demoWebhook(w http.ResponseWriter, r *http.Request, s *session) {
-	res := h.call(r, s, http.MethodPost, "/webhooks", map[string]any{"name": "Demo receiver",
-		"url": h.receiverURL(s.Key.OrgID), "events": []string{"messages", "message_status"}})
-	if msg := res.Err(); msg != "" {
-		h.demoPage(w, r, page{Session: s, Error: msg}, res.Status)
+	in := managementapi.WebhookInput{Name: "Demo receiver", URL: h.receiverURL(s.Key.OrgID), Events: []string{"messages", "message_status"}}
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		_, err := h.opt.API.CreateWebhook(ctx, p, in)
+		return err
+	}); e != nil {
+		h.demoPage(w, r, page{Session: s, Error: e.Message}, e.Status)
 		return
 	}
 	h.demoPage(w, r, page{Session: s, Notice: "Demo webhook created: deliveries to it are verified with its secret and listed below."}, http.StatusCreated)

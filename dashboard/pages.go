@@ -1,7 +1,7 @@
 package dashboard
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"html/template"
 	"net/http"
@@ -142,18 +142,22 @@ func (h *Handler) channelsPage(w http.ResponseWriter, r *http.Request, p page, s
 
 func (h *Handler) createChannel(w http.ResponseWriter, r *http.Request, s *session) {
 	name := r.PostFormValue("name")
-	res := h.call(r, s, http.MethodPost, "/channels", map[string]any{"name": name})
-	if msg := res.Err(); msg != "" {
-		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{Name: name})
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		_, err := h.opt.API.CreateChannel(ctx, p, managementapi.ChannelInput{Name: formText(name)})
+		return err
+	}); e != nil {
+		h.channelsPage(w, r, page{Session: s, Error: e.Message}, e.Status, channelsData{Name: name})
 		return
 	}
 	h.redirect(w, r, "/channels", "channel-created")
 }
 
-func (h *Handler) reconnectChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	res := h.call(r, s, http.MethodPost, "/channels/"+url.PathEscape(id)+"/reconnect", nil)
-	if msg := res.Err(); msg != "" {
-		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{})
+func (h *Handler) reconnectChannel(w http.ResponseWriter, r *http.Request, s *session) {
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		_, err := h.opt.API.ReconnectChannel(ctx, p, r.PathValue("id"))
+		return err
+	}); e != nil {
+		h.channelsPage(w, r, page{Session: s, Error: e.Message}, e.Status, channelsData{})
 		return
 	}
 	h.redirect(w, r, "/channels", "reconnected")
@@ -161,28 +165,25 @@ func (h *Handler) reconnectChannel(w http.ResponseWriter, r *http.Request, s *se
 
 // deleteChannel deletes a channel; an active channel needs the confirmation the API asks for
 // (force), which the page shows when the API refuses without it.
-func (h *Handler) deleteChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	path := "/channels/" + url.PathEscape(id)
-	if r.PostFormValue("force") == "true" {
-		path += "?force=true"
+func (h *Handler) deleteChannel(w http.ResponseWriter, r *http.Request, s *session) {
+	id, force := r.PathValue("id"), r.PostFormValue("force") == "true"
+	e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		return h.opt.API.DeleteChannel(ctx, p, id, force)
+	})
+	if e == nil {
+		h.redirect(w, r, "/channels", "channel-deleted")
+		return
 	}
-	res := h.call(r, s, http.MethodDelete, path, nil)
-	if res.Status == http.StatusConflict && !strings.Contains(path, "force") {
-		var d channelsData
+	var d channelsData
+	if e.Status == http.StatusConflict && !force {
 		if u, err := uuid.Parse(id); err == nil {
 			if c, err := h.opt.Store.GetChannel(r.Context(), s.Key.OrgID, u); err == nil {
 				ch := managementapi.NewChannel(c, h.connectBase(r))
 				d.ConfirmDelete = &ch
 			}
 		}
-		h.channelsPage(w, r, page{Session: s, Error: res.Err()}, res.Status, d)
-		return
 	}
-	if msg := res.Err(); msg != "" {
-		h.channelsPage(w, r, page{Session: s, Error: msg}, res.Status, channelsData{})
-		return
-	}
-	h.redirect(w, r, "/channels", "channel-deleted")
+	h.channelsPage(w, r, page{Session: s, Error: e.Message}, e.Status, d)
 }
 
 // ---- webhooks ---------------------------------------------------------------------------
@@ -252,55 +253,65 @@ func (h *Handler) createWebhook(w http.ResponseWriter, r *http.Request, s *sessi
 	for _, id := range ids {
 		f.ChannelIDs[id] = true
 	}
-	body := map[string]any{"name": f.Name, "url": f.URL, "events": nonNil(events), "channel_ids": nonNil(ids)}
-	res := h.call(r, s, http.MethodPost, "/webhooks", body)
-	if msg := res.Err(); msg != "" {
-		h.webhooksPage(w, r, page{Session: s, Error: msg}, res.Status, webhooksData{Form: f})
-		return
-	}
+	in := managementapi.WebhookInput{Name: formText(f.Name), URL: formText(f.URL), Events: formTexts(events), ChannelIDs: formTexts(ids)}
 	var created managementapi.Webhook
-	if err := json.Unmarshal(res.Body, &created); err != nil {
-		h.serverError(w, r, err)
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) (err error) {
+		created, err = h.opt.API.CreateWebhook(ctx, p, in)
+		return err
+	}); e != nil {
+		h.webhooksPage(w, r, page{Session: s, Error: e.Message}, e.Status, webhooksData{Form: f})
 		return
 	}
 	h.webhooksPage(w, r, page{Session: s, Notice: "Webhook created. Copy its signing secret now: it is not shown again."},
 		http.StatusCreated, webhooksData{Created: &created, Form: webhookForm{Events: map[string]bool{"messages": true, "message_status": true}}})
 }
 
-func nonNil(v []string) []string {
-	if v == nil {
-		return []string{}
+// formTexts is formText of each value, never nil.
+func formTexts(v []string) []string {
+	out := make([]string, len(v))
+	for i, s := range v {
+		out[i] = formText(s)
 	}
-	return v
+	return out
 }
 
-func (h *Handler) setWebhookStatus(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	res := h.call(r, s, http.MethodPatch, "/webhooks/"+url.PathEscape(id), map[string]any{"status": r.PostFormValue("status")})
-	h.afterWebhookChange(w, r, s, res, "webhook-updated", r.PostFormValue("back") == "webhook", id)
+func (h *Handler) setWebhookStatus(w http.ResponseWriter, r *http.Request, s *session) {
+	status := formText(r.PostFormValue("status"))
+	h.changeWebhook(w, r, s, "webhook-updated", r.PostFormValue("back") == "webhook", func(ctx context.Context, p managementapi.Principal) error {
+		_, err := h.opt.API.SetWebhookStatus(ctx, p, r.PathValue("id"), status)
+		return err
+	})
 }
 
-func (h *Handler) deleteWebhook(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	res := h.call(r, s, http.MethodDelete, "/webhooks/"+url.PathEscape(id), nil)
-	h.afterWebhookChange(w, r, s, res, "webhook-deleted", false, id)
+func (h *Handler) deleteWebhook(w http.ResponseWriter, r *http.Request, s *session) {
+	h.changeWebhook(w, r, s, "webhook-deleted", false, func(ctx context.Context, p managementapi.Principal) error {
+		return h.opt.API.DeleteWebhook(ctx, p, r.PathValue("id"))
+	})
 }
 
 // assignChannel assigns (op=assign) or removes (op=remove) a channel.
-func (h *Handler) assignChannel(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	method := http.MethodPost
-	if r.PostFormValue("op") == "remove" {
-		method = http.MethodDelete
-	}
-	res := h.call(r, s, method, "/webhooks/"+url.PathEscape(id)+"/channels/"+url.PathEscape(r.PostFormValue("channel_id")), nil)
-	h.afterWebhookChange(w, r, s, res, "assigned", false, id)
+func (h *Handler) assignChannel(w http.ResponseWriter, r *http.Request, s *session) {
+	remove, cid := r.PostFormValue("op") == "remove", r.PostFormValue("channel_id")
+	h.changeWebhook(w, r, s, "assigned", false, func(ctx context.Context, p managementapi.Principal) error {
+		if remove {
+			return h.opt.API.UnassignChannel(ctx, p, r.PathValue("id"), cid)
+		}
+		_, err := h.opt.API.AssignChannel(ctx, p, r.PathValue("id"), cid)
+		return err
+	})
 }
 
-func (h *Handler) afterWebhookChange(w http.ResponseWriter, r *http.Request, s *session, res apiResult, notice string, toWebhook bool, id string) {
-	if msg := res.Err(); msg != "" {
-		h.webhooksPage(w, r, page{Session: s, Error: msg}, res.Status, webhooksData{Form: webhookForm{Events: map[string]bool{"messages": true}}})
+// changeWebhook makes a change to a webhook (op, through act) and redirects with notice to the
+// webhooks page, or to the webhook's page when toWebhook; a refusal is shown on the webhooks page.
+func (h *Handler) changeWebhook(w http.ResponseWriter, r *http.Request, s *session, notice string, toWebhook bool,
+	op func(context.Context, managementapi.Principal) error,
+) {
+	if e := h.act(r, s, nil, op); e != nil {
+		h.webhooksPage(w, r, page{Session: s, Error: e.Message}, e.Status, webhooksData{Form: webhookForm{Events: map[string]bool{"messages": true}}})
 		return
 	}
 	if toWebhook {
-		h.redirect(w, r, "/webhooks/"+url.PathEscape(id), notice)
+		h.redirect(w, r, "/webhooks/"+url.PathEscape(r.PathValue("id")), notice)
 		return
 	}
 	h.redirect(w, r, "/webhooks", notice)
@@ -337,8 +348,8 @@ func parseFormTime(v string) (*time.Time, bool) {
 	return &t, true
 }
 
-func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	h.webhookPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, id)
+func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, s *session) {
+	h.webhookPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, r.PathValue("id"))
 }
 
 func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, status int, id string) {
@@ -404,31 +415,33 @@ func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, st
 	h.render(w, r, status, "webhook", p)
 }
 
-func (h *Handler) retryDelivery(w http.ResponseWriter, r *http.Request, s *session, id, did string) {
-	res := h.call(r, s, http.MethodPost, "/webhooks/"+url.PathEscape(id)+"/deliveries/"+url.PathEscape(did)+"/retry", nil)
-	if msg := res.Err(); msg != "" {
-		h.webhookPage(w, r, page{Session: s, Error: msg}, res.Status, id)
+func (h *Handler) retryDelivery(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		return h.opt.API.RetryDelivery(ctx, p, id, r.PathValue("did"))
+	}); e != nil {
+		h.webhookPage(w, r, page{Session: s, Error: e.Message}, e.Status, id)
 		return
 	}
 	h.redirect(w, r, "/webhooks/"+url.PathEscape(id), "retried")
 }
 
-func (h *Handler) recoverDeliveries(w http.ResponseWriter, r *http.Request, s *session, id string) {
+func (h *Handler) recoverDeliveries(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
 	since, ok := parseFormTime(r.PostFormValue("since"))
 	if !ok || since == nil {
 		h.webhookPage(w, r, page{Session: s, Error: `"since" must be a time such as 2026-11-20T00:00 (UTC)`}, http.StatusUnprocessableEntity, id)
 		return
 	}
-	res := h.call(r, s, http.MethodPost, "/webhooks/"+url.PathEscape(id)+"/recover", map[string]any{"since": since.UTC().Format(time.RFC3339)})
-	if msg := res.Err(); msg != "" {
-		h.webhookPage(w, r, page{Session: s, Error: msg}, res.Status, id)
+	var n int
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) (err error) {
+		n, err = h.opt.API.RecoverDeliveries(ctx, p, id, since.UTC().Format(time.RFC3339))
+		return err
+	}); e != nil {
+		h.webhookPage(w, r, page{Session: s, Error: e.Message}, e.Status, id)
 		return
 	}
-	var out struct {
-		Requeued int `json:"requeued"`
-	}
-	_ = json.Unmarshal(res.Body, &out)
-	h.webhookPage(w, r, page{Session: s, Notice: strconv.Itoa(out.Requeued) + " failed deliveries queued again."}, http.StatusOK, id)
+	h.webhookPage(w, r, page{Session: s, Notice: strconv.Itoa(n) + " failed deliveries queued again."}, http.StatusOK, id)
 }
 
 // ---- API keys ---------------------------------------------------------------------------
@@ -446,20 +459,20 @@ func (h *Handler) apiKeys(w http.ResponseWriter, r *http.Request, s *session) {
 }
 
 func (h *Handler) apiKeysPage(w http.ResponseWriter, r *http.Request, p page, status int, d apiKeysData) {
-	res := h.call(r, p.Session, http.MethodGet, "/api_keys", nil)
-	if msg := res.Err(); msg != "" {
-		if res.Status >= 500 {
+	hdr := http.Header{}
+	if e := h.act(r, p.Session, hdr, func(ctx context.Context, pr managementapi.Principal) (err error) {
+		d.Keys, err = h.opt.API.ListAPIKeys(ctx, pr)
+		return err
+	}); e != nil {
+		if e.Status >= 500 {
 			w.Header().Set("Retry-After", "5")
 		}
 		for _, k := range []string{"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} {
-			if v := res.Header.Get(k); v != "" {
+			if v := hdr.Get(k); v != "" {
 				w.Header().Set(k, v)
 			}
 		}
-		p.Error, status = msg, res.Status
-	} else if err := json.Unmarshal(res.Body, &d.Keys); err != nil {
-		h.serverError(w, r, err)
-		return
+		p.Error, status = e.Message, e.Status
 	}
 	d.Current = p.Session.Key.ID
 	p.Title, p.Nav, p.Data = "API keys", "api-keys", d
@@ -468,27 +481,23 @@ func (h *Handler) apiKeysPage(w http.ResponseWriter, r *http.Request, p page, st
 
 func (h *Handler) createAPIKey(w http.ResponseWriter, r *http.Request, s *session) {
 	d := apiKeysData{Name: r.PostFormValue("name"), Expires: r.PostFormValue("expires_in")}
-	body := map[string]any{"name": d.Name}
-	if d.Expires != "" {
-		body["expires_in"] = d.Expires
-	}
-	res := h.call(r, s, http.MethodPost, "/api_keys", body)
-	if msg := res.Err(); msg != "" {
-		h.apiKeysPage(w, r, page{Session: s, Error: msg}, res.Status, d)
-		return
-	}
 	var k managementapi.APIKeyCreated
-	if err := json.Unmarshal(res.Body, &k); err != nil {
-		h.serverError(w, r, err)
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) (err error) {
+		k, err = h.opt.API.CreateAPIKey(ctx, p, managementapi.APIKeyInput{Name: formText(d.Name), ExpiresIn: formText(d.Expires)})
+		return err
+	}); e != nil {
+		h.apiKeysPage(w, r, page{Session: s, Error: e.Message}, e.Status, d)
 		return
 	}
 	h.apiKeysPage(w, r, page{Session: s, Notice: "API key created. Copy it now: it is not shown again."}, http.StatusCreated, apiKeysData{Created: &k})
 }
 
-func (h *Handler) revokeAPIKey(w http.ResponseWriter, r *http.Request, s *session, id string) {
-	res := h.call(r, s, http.MethodDelete, "/api_keys/"+url.PathEscape(id), nil)
-	if msg := res.Err(); msg != "" {
-		h.apiKeysPage(w, r, page{Session: s, Error: msg}, res.Status, apiKeysData{})
+func (h *Handler) revokeAPIKey(w http.ResponseWriter, r *http.Request, s *session) {
+	id := r.PathValue("id")
+	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
+		return h.opt.API.RevokeAPIKey(ctx, p, id)
+	}); e != nil {
+		h.apiKeysPage(w, r, page{Session: s, Error: e.Message}, e.Status, apiKeysData{})
 		return
 	}
 	if id == s.Key.ID.String() { // this session's own key: the session has ended with it

@@ -1,43 +1,45 @@
 package managementapi
 
 import (
-	"net/http"
+	"context"
 	"time"
-
-	"github.com/wabarelay/wabarelay/internal/httpx"
 )
 
 // The org's API keys. Every key of an org may list, create and revoke every key of the org,
 // itself included: keys carry no scopes.
 
-// listAPIKeys answers all the org's keys, revoked and expired ones included (an operator sees
+// APIKeyInput is the body of POST /api_keys. ExpiresIn is a lifetime as ParseLifetime reads it;
+// empty (or only white space) means the key never expires.
+type APIKeyInput struct {
+	Name      string
+	ExpiresIn string
+}
+
+// ListAPIKeys returns all the org's keys, revoked and expired ones included (an operator sees
 // the history), ordered by (created_at, id).
-func (h *Handler) listAPIKeys(q *request) {
-	ks, err := h.opt.Store.ListAPIKeys(q.r.Context(), q.orgID)
+func (s *Service) ListAPIKeys(ctx context.Context, p Principal) ([]APIKey, error) {
+	ks, err := s.opt.Store.ListAPIKeys(ctx, p.Key.OrgID)
 	if err != nil {
-		h.serverError(q.w, q.r, err)
-		return
+		return nil, err
 	}
 	out := make([]APIKey, len(ks))
 	for i, k := range ks {
 		out[i] = NewAPIKey(k)
 	}
-	httpx.WriteJSON(q.w, http.StatusOK, out)
+	return out, nil
 }
 
-// createAPIKey creates a key and answers it in clear, this once. A key that expires cannot
-// create a key that outlives it: it must give "expires_in", at most its own remaining lifetime.
+// CreateAPIKey creates a key and returns it in clear, this once. A key that expires cannot
+// create a key that outlives it: it must give ExpiresIn, at most its own remaining lifetime.
 // The org's cap on live keys applies.
-func (h *Handler) createAPIKey(q *request) {
-	obj, e := readObject(q.w, q.r)
+func (s *Service) CreateAPIKey(ctx context.Context, p Principal, in APIKeyInput) (APIKeyCreated, error) {
+	return s.createAPIKey(ctx, p, fields{"name": in.Name, "expires_in": in.ExpiresIn})
+}
+
+func (s *Service) createAPIKey(ctx context.Context, p Principal, src source) (APIKeyCreated, error) {
+	in, e := parseAPIKeyInput(src)
 	if e != nil {
-		clientError(q.w, e)
-		return
-	}
-	in, e := parseAPIKeyInput(obj)
-	if e != nil {
-		clientError(q.w, e)
-		return
+		return APIKeyCreated{}, e
 	}
 	var expiresAt *time.Time
 	if in.expiresIn > 0 {
@@ -45,21 +47,19 @@ func (h *Handler) createAPIKey(q *request) {
 		t := time.Now().Add(in.expiresIn).UTC().Truncate(time.Millisecond)
 		expiresAt = &t
 	}
-	if e := outlives(expiresAt, q.key.ExpiresAt); e != nil {
-		clientError(q.w, e)
-		return
+	if e := outlives(expiresAt, p.Key.ExpiresAt); e != nil {
+		return APIKeyCreated{}, e
 	}
-	k, key, err := h.opt.Store.CreateAPIKeyCapped(q.r.Context(), q.orgID, in.name, expiresAt, h.opt.MaxAPIKeysPerOrg)
+	k, key, err := s.opt.Store.CreateAPIKeyCapped(ctx, p.Key.OrgID, in.name, expiresAt, s.opt.MaxAPIKeysPerOrg)
 	if err != nil {
-		h.storeError(q, err)
-		return
+		return APIKeyCreated{}, s.storeError(err)
 	}
-	httpx.WriteJSON(q.w, http.StatusCreated, APIKeyCreated{APIKey: NewAPIKey(k), Key: key})
+	return APIKeyCreated{APIKey: NewAPIKey(k), Key: key}, nil
 }
 
 // outlives refuses a new key's expiry (nil: never) that is later than that of the key creating
 // it (nil: never), so that a short-lived key cannot mint a longer-lived or permanent one.
-func outlives(expiresAt, creatorExpiresAt *time.Time) *apiError {
+func outlives(expiresAt, creatorExpiresAt *time.Time) *Error {
 	if creatorExpiresAt == nil {
 		return nil
 	}
@@ -73,16 +73,13 @@ func outlives(expiresAt, creatorExpiresAt *time.Time) *apiError {
 	return nil
 }
 
-// revokeAPIKey revokes a key of the org; revoking a revoked key succeeds again. The key making
-// the call may revoke itself: the answer is still 204, and its next call is refused.
-func (h *Handler) revokeAPIKey(q *request) {
-	id, ok := q.id(0, MsgAPIKeyNotFound)
-	if !ok {
-		return
+// RevokeAPIKey revokes a key of the org; revoking a revoked key succeeds again. The calling
+// key may revoke itself: its next call is refused.
+func (s *Service) RevokeAPIKey(ctx context.Context, p Principal, keyID string) error {
+	kid, err := id(keyID, MsgAPIKeyNotFound)
+	if err != nil {
+		return err
 	}
-	if _, err := h.opt.Store.RevokeOrgAPIKey(q.r.Context(), q.orgID, id); err != nil {
-		h.storeError(q, err)
-		return
-	}
-	q.w.WriteHeader(http.StatusNoContent)
+	_, err = s.opt.Store.RevokeOrgAPIKey(ctx, p.Key.OrgID, kid)
+	return s.storeError(err)
 }

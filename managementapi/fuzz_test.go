@@ -38,8 +38,8 @@ func FuzzRequestBody(f *testing.F) {
 		r.Header.Set("Content-Type", "application/json")
 		o, e := readObject(httptest.NewRecorder(), r)
 		if e != nil {
-			if e.status < 400 || e.status >= 500 {
-				t.Fatalf("status %d for %q", e.status, body)
+			if e.Status < 400 || e.Status >= 500 {
+				t.Fatalf("status %d for %q", e.Status, body)
 			}
 			return
 		}
@@ -48,9 +48,9 @@ func FuzzRequestBody(f *testing.F) {
 				t.Fatalf("%s %q accepted from %q", what, s, body)
 			}
 		}
-		check := func(e *apiError) bool {
-			if e != nil && (e.status < 400 || e.status >= 500) {
-				t.Fatalf("status %d for %q", e.status, body)
+		check := func(e *Error) bool {
+			if e != nil && (e.Status < 400 || e.Status >= 500) {
+				t.Fatalf("status %d for %q", e.Status, body)
 			}
 			return e == nil
 		}
@@ -61,8 +61,8 @@ func FuzzRequestBody(f *testing.F) {
 				text("event", ev)
 			}
 		}
-		if in, e := parseChannelInput(o); check(e) {
-			text("name", in.name)
+		if name, e := requiredName(o); check(e) {
+			text("name", name)
 		}
 		if in, e := parseAPIKeyInput(o); check(e) {
 			text("name", in.name)
@@ -136,7 +136,7 @@ func TestTextFieldsRefuseNUL(t *testing.T) {
 		r := httptest.NewRequest("POST", "/webhooks", strings.NewReader(body))
 		o, e := readObject(httptest.NewRecorder(), r)
 		if field == "" {
-			if e == nil || e.status != http.StatusBadRequest {
+			if e == nil || e.Status != http.StatusBadRequest {
 				t.Errorf("%q: %v, want 400", body, e)
 			}
 			continue
@@ -144,17 +144,17 @@ func TestTextFieldsRefuseNUL(t *testing.T) {
 		if e != nil {
 			t.Fatalf("%q: %v", body, e)
 		}
-		var got *apiError
+		var got *Error
 		switch field {
 		case "status":
 			_, got = parseStatus(o)
 		case "name":
-			_, got = parseChannelInput(o)
+			_, got = requiredName(o)
 		default:
 			_, got = parseWebhookInput(o)
 		}
 		want := `"` + field + `" must be valid UTF-8 text without NUL characters`
-		if got == nil || got.status != http.StatusUnprocessableEntity || got.msg != want {
+		if got == nil || got.Status != http.StatusUnprocessableEntity || got.Message != want {
 			t.Errorf("%q: %v, want 422 %s", body, got, want)
 		}
 	}

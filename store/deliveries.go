@@ -33,7 +33,12 @@ type Delivery struct {
 
 // Attempt is one HTTP attempt of a delivery.
 type Attempt struct {
-	Attempt      int
+	// Attempt counts the attempts of the attempt's schedule from 1.
+	Attempt int
+	// Schedule numbers the delivery's schedules from 1: the original one, then one per manual
+	// retry or recovery, each of which restarts the attempt count. It is derived from the log
+	// (a new schedule starts where the attempt number does not increase).
+	Schedule     int
 	StartedAt    time.Time
 	DurationMS   int
 	StatusCode   *int
@@ -53,7 +58,7 @@ type DeliveryPage struct {
 }
 
 // ListDeliveries returns a page of the deliveries of one of the org's webhooks, ordered by
-// (created_at, id), with their attempts. more reports whether another page follows.
+// (created_at, id), with their attempts in time order. more reports whether another page follows.
 func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, p DeliveryPage) (ds []Delivery, more bool, err error) {
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
 		return nil, false, err
@@ -100,7 +105,7 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 	}
 	rows, err = s.pool.Query(ctx, `
 		SELECT delivery_id, attempt, started_at, duration_ms, status_code, error, response_body
-		FROM delivery_attempts WHERE delivery_id = ANY($1) ORDER BY delivery_id, attempt, started_at`, ids)
+		FROM delivery_attempts WHERE delivery_id = ANY($1) ORDER BY delivery_id, started_at, attempt`, ids)
 	if err != nil {
 		return nil, false, fmt.Errorf("list delivery attempts: %w", err)
 	}
@@ -111,7 +116,16 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 		if err := rows.Scan(&id, &a.Attempt, &a.StartedAt, &a.DurationMS, &a.StatusCode, &a.Error, &a.ResponseBody); err != nil {
 			return nil, false, fmt.Errorf("list delivery attempts: %w", err)
 		}
-		ds[index[id]].Log = append(ds[index[id]].Log, a)
+		d := &ds[index[id]]
+		a.Schedule = 1
+		if n := len(d.Log); n > 0 {
+			if prev := d.Log[n-1]; a.Attempt > prev.Attempt {
+				a.Schedule = prev.Schedule
+			} else {
+				a.Schedule = prev.Schedule + 1
+			}
+		}
+		d.Log = append(d.Log, a)
 	}
 	return ds, more, rows.Err()
 }
