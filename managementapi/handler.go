@@ -163,22 +163,10 @@ type call struct {
 
 type principalKey struct{}
 
-// ServeHTTP implements http.Handler: GET /health, else the x-api-key header is authenticated and
-// the request is served as by ServeAuthenticated.
+// ServeHTTP implements http.Handler: GET /health, else the x-api-key header is authenticated,
+// the key admitted (Service.Admit) and the request routed to its operation.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serve(w, r, nil)
-}
-
-// ServeAuthenticated serves r exactly as ServeHTTP does once r's API key has been accepted, on
-// behalf of key: the same routes (r.URL.Path relative to {base_url}), Service.Admit (the
-// Options.OnAuthenticated hook, per-key rate limit and RateLimit headers), validation and
-// answers, scoped to key.OrgID. It does not read x-api-key and does not consult
-// Options.AuthGuard.
-//
-// The caller is responsible for key being the current record of a valid key (see Principal), as
-// the key is not checked again here. GET /health is served as by ServeHTTP.
-func (h *Handler) ServeAuthenticated(w http.ResponseWriter, r *http.Request, key store.APIKey) {
-	h.serve(w, r, &key)
 }
 
 // headProbe is the method HEAD requests are routed as: no route has it, so they get the

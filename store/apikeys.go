@@ -164,7 +164,7 @@ func (s *Store) revokeAPIKey(ctx context.Context, orgID *uuid.UUID, id uuid.UUID
 // ActiveAPIKey returns the record of key id while the key may be used: an unknown or revoked key
 // gives ErrInvalidAPIKey, a key past its expiry ErrAPIKeyExpired, as AuthenticateAPIKey does for
 // the key itself, and the use is recorded the same way. It is the check to make on every request
-// of a session tied to a key id (see managementapi.Handler.ServeAuthenticated).
+// of a session tied to a key id (the dashboard's, through managementapi.Service).
 func (s *Store) ActiveAPIKey(ctx context.Context, id uuid.UUID) (APIKey, error) {
 	k, err := scanAPIKey(s.pool.QueryRow(ctx, `SELECT `+apiKeyColumns+` FROM api_keys WHERE id = $1`, id))
 	if errors.Is(err, pgx.ErrNoRows) {
