@@ -47,7 +47,7 @@ func TestTemplates(t *testing.T) {
 		t.Errorf("page.html without a nonce still renders one")
 	}
 
-	for _, name := range []string{"expired.html", "done.html"} {
+	for _, name := range []string{"expired.html"} {
 		b.Reset()
 		data := struct{ AssetBase, ChannelName string }{"/connect/assets/", "Acme"}
 		if err := parse(name).Execute(&b, data); err != nil {
