@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -93,16 +94,11 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 // not scanned. (Its buffers grow only with the indexes' depth.)
 func TestClaimNeverScansOtherBacklogs(t *testing.T) {
 	ctx := context.Background()
-	s, pool := newStoreAndPool(t)
-	org, err := s.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	s, pool := f.Store, f.Pool
+	org := f.Org(t)
 	hook := func(name string) uuid.UUID {
-		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org.ID, "https://"+name+".example.com", &testenv.WebhookOpts{Name: name})
 		return w.ID
 	}
 	healthy, slow, paused := hook("healthy"), hook("slow"), hook("paused")
@@ -169,20 +165,11 @@ func TestClaimNeverScansOtherBacklogs(t *testing.T) {
 // the claim still reads no webhook's backlog beyond what it takes.
 func TestClaimSharesPerOrgFirst(t *testing.T) {
 	ctx := context.Background()
-	s, pool := newStoreAndPool(t)
-	orgA, err := s.CreateOrg(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orgB, err := s.CreateOrg(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	pool := f.Pool
+	orgA, orgB := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
 	hook := func(org uuid.UUID, name string) uuid.UUID {
-		w, _, err := s.CreateWebhook(ctx, org, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org, "https://"+name+".example.com", &testenv.WebhookOpts{Name: name})
 		return w.ID
 	}
 	queue := func(org, w uuid.UUID, n int) {
