@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
@@ -109,9 +108,7 @@ func TestOverloadInboundAnswersEveryPost(t *testing.T) {
 				ids = append(ids, fmt.Sprintf("o%d-%d", p, i))
 			}
 			body := upstreamBatch(map[string][2][]string{pnid: {ids, nil}})
-			req, _ := http.NewRequest("POST", origin+"/webhooks/upstream", strings.NewReader(body))
-			req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(body)))
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := http.DefaultClient.Do(signedRequest(origin+"/webhooks/upstream", testAppSecret, body))
 			if err != nil {
 				return // status 0: reported below
 			}
