@@ -3,7 +3,6 @@ package caddymodule
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -283,11 +282,8 @@ func TestServeAndReload(t *testing.T) {
 	// each reload (and the end) comes after more answers under the config before it
 	served := func() {
 		t.Helper()
-		for since, deadline := ok.Load(), time.Now().Add(20*time.Second); ok.Load() < since+5; time.Sleep(time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("no answers for 20 s (%d failed)", failures.Load())
-			}
-		}
+		since := ok.Load()
+		testenv.Eventually(t, 20*time.Second, func() bool { return ok.Load() >= since+5 }, "answers (%d failed so far)", failures.Load())
 	}
 	for i := 0; i < 5; i++ {
 		served()
@@ -317,11 +313,9 @@ func memLimiterKeys() []any {
 // TestStartFailsWithoutDatabase: an unreachable database fails the load with a clear error that
 // does not contain the password, and releases what Provision acquired.
 func TestStartFailsWithoutDatabase(t *testing.T) {
-	key := make([]byte, 32)
-	rand.Read(key)
 	dsn := fmt.Sprintf("postgres://wabarelay:s3cretpw@127.0.0.1:%d/db?connect_timeout=2", testenv.FreePort(t))
 	t.Setenv("WBR_TEST_DATABASE", dsn)
-	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(key))
+	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(testenv.NewKey()))
 	err := caddy.Load(adapt(t, caddyfileFor(testenv.FreePort(t), "")), true)
 	t.Cleanup(func() { caddy.Stop() })
 	if err == nil {
@@ -333,12 +327,7 @@ func TestStartFailsWithoutDatabase(t *testing.T) {
 	if !strings.Contains(err.Error(), "postgres") {
 		t.Fatalf("error does not say what failed: %v", err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); poolRefs(t, dsn) != 0 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond) // polling: Cleanup releases the pool
-	}
-	if n := poolRefs(t, dsn); n != 0 {
-		t.Fatalf("pool still referenced after failed start: %d", n)
-	}
+	testenv.Eventually(t, 10*time.Second, func() bool { return poolRefs(t, dsn) == 0 }, "the pool released after the failed start")
 }
 
 func TestProvisionErrors(t *testing.T) {
@@ -436,7 +425,8 @@ func TestCLI(t *testing.T) {
 		}
 	}
 
-	st := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn, Key: key}).Store
+	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn, Key: key})
+	st := f.Store
 	if _, err := st.AuthenticateAPIKey(context.Background(), apiKey); err != nil {
 		t.Fatalf("created key does not authenticate: %v", err)
 	}
@@ -449,10 +439,7 @@ func TestCLI(t *testing.T) {
 	}
 
 	orgUUID := uuid.MustParse(orgID)
-	ch, err := st.CreateChannel(context.Background(), orgUUID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := f.Channel(t, orgUUID)
 	out, err = runCLITest(t, "channel", "deactivate", "--id", ch.ID.String())
 	if err != nil || out[0]["status"] != "inactive" || out[0]["inactive_reason"] != "operator" {
 		t.Fatalf("deactivate: %v %v", out, err)

@@ -8,9 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -68,7 +65,7 @@ func TestCLIRekey(t *testing.T) {
 		channels = append(channels, ch)
 		secrets = append(secrets, ch.ChannelToken, up)
 	}
-	_, whsec := f.Webhook(t, org.ID, "https://r.example/h")
+	wh, whsec := f.Webhook(t, org.ID, "https://r.example/h")
 	secrets = append(secrets, whsec, a64, b64, c64)
 	t.Setenv("WABARELAY_DATABASE_URL", dsn)
 
@@ -134,7 +131,7 @@ func TestCLIRekey(t *testing.T) {
 			t.Fatalf("rekey from the environment #%d: %v %v", i, out, err)
 		}
 	}
-	if s, err := f.StoreWith(t, c).WebhookSecret(ctx, mustWebhookID(t, pool)); err != nil || s != whsec {
+	if s, err := f.StoreWith(t, c).WebhookSecret(ctx, wh.ID); err != nil || s != whsec {
 		t.Fatalf("C alone: webhook secret: %v", err)
 	}
 
@@ -147,13 +144,4 @@ func TestCLIRekey(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), channels[0].ID.String()) || out[len(out)-1]["result"] != "incomplete" || out[len(out)-1]["unreadable"] != float64(1) {
 		t.Fatalf("unreadable value: %v %v", out, err)
 	}
-}
-
-func mustWebhookID(t *testing.T, pool *pgxpool.Pool) uuid.UUID {
-	t.Helper()
-	var id uuid.UUID
-	if err := pool.QueryRow(context.Background(), `SELECT id FROM webhooks LIMIT 1`).Scan(&id); err != nil {
-		t.Fatal(err)
-	}
-	return id
 }

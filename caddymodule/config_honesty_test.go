@@ -225,22 +225,14 @@ func TestExampleCaddyfilesHonest(t *testing.T) {
 // an inbound post whose body arrives a few bytes at a time is cut off within the read_body bound
 // instead of holding its connection for as long as the client drips.
 func TestSlowInboundBodyCutOff(t *testing.T) {
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bound = 2 * time.Second
 	e := newRelayEnv(t, "")
 	port := testenv.FreePort(t)
-	host := "localhost:" + strconv.Itoa(port)
-	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
-	cfg = strings.Replace(cfg, "read_body 30s", "read_body 2s", 1)
-	origin := e.caddyFile(cfg, port,
-		"WABARELAY_DATABASE_URL="+e.dsn, "WABARELAY_ENCRYPTION_KEY="+e.keyB64,
-		"WABARELAY_UPSTREAM="+e.fake.URL()+"/v26.0",
-		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me")
+	host := strings.TrimPrefix(e.repoCaddy(port, func(cfg string) string {
+		return strings.Replace(cfg, "read_body 30s", "read_body 2s", 1)
+	}, e.metaAppEnv()...), "http://")
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(origin, "http://"))
+	conn, err := net.Dial("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -49,14 +49,9 @@ type demoWorld struct {
 // scripts/dev.sh exports in demo mode.
 func startDemo(t *testing.T) *demoWorld {
 	t.Helper()
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		t.Fatal(err)
-	}
 	w := &demoWorld{relayEnv: newRelayEnv(t, "")}
 	port := testenv.FreePort(t)
-	host := "localhost:" + strconv.Itoa(port)
-	w.origin = "http://" + host
+	w.origin = "http://localhost:" + strconv.Itoa(port) // repoCaddy's, known to the fake before Caddy starts
 
 	// the fake upstream as scripts/dev.sh starts it (cmd/fakegraph -app-id -app-secret -callback)
 	w.fake = fakegraph.New(fakegraph.WithAppID(demoAppID), fakegraph.WithAppSecret(demoAppSecret),
@@ -87,9 +82,7 @@ func startDemo(t *testing.T) *demoWorld {
 		t.Fatal(err)
 	}
 
-	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
-	w.caddyFile(cfg, port,
-		"WABARELAY_DATABASE_URL="+w.dsn, "WABARELAY_ENCRYPTION_KEY="+w.keyB64,
+	w.repoCaddy(port, nil,
 		"WABARELAY_UPSTREAM="+w.fake.URL()+"/v26.0",
 		"META_APP_ID="+demoAppID, "META_APP_SECRET="+demoAppSecret, "META_CONFIG_ID=demo-config", "META_VERIFY_TOKEN=demo-verify",
 		"WABARELAY_SDK_URL="+w.fake.URL()+"/sdk.js",
@@ -321,7 +314,7 @@ func TestDemoDashboard(t *testing.T) {
 		t.Fatalf("emit: %d %.600s", st, b)
 	}
 	// The delivery is asynchronous: poll the Demo page (a condition, with a wide margin).
-	waitFor(t, 60*time.Second, func() bool {
+	testenv.Eventually(t, 60*time.Second, func() bool {
 		st, b := send("GET", "/dashboard/demo", nil)
 		if st != 200 {
 			t.Fatalf("demo page: %d %.400s", st, b)
@@ -330,7 +323,7 @@ func TestDemoDashboard(t *testing.T) {
 			t.Fatalf("a delivery did not verify:\n%s", b)
 		}
 		return strings.Contains(b, "signature verified") && strings.Contains(b, "Hello from the test")
-	})
+	}, "the Demo page to show the message verified")
 }
 
 // TestDemoCaddyfileDefaults: without the demo's variables the repo's Caddyfile keeps the

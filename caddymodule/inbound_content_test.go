@@ -4,71 +4,39 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"math/rand"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/wabarelay/wabarelay/inbound"
-	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// captureReceiver is an HTTPS webhook receiver that keeps every body it gets.
-type captureReceiver struct {
-	srv    *httptest.Server
-	mu     sync.Mutex
-	bodies [][]byte
+// inboundEnv starts Caddy with the inbound handler and delivery to an HTTPS receiver, and an
+// active channel on pnid with an org-scoped webhook.
+func inboundEnv(t *testing.T) (*relayEnv, string, *testenv.Receiver) {
+	e := newRelayEnv(t, "")
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
+	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate())), "handle /webhooks/upstream {\n wabarelay_inbound\n}")
+	e.channelOn(true, pnid)
+	e.fix.Webhook(t, e.org, rc.URL+"/h", &testenv.WebhookOpts{Name: "r", Events: []string{"messages", "message_status"}})
+	return e, origin + "/webhooks/upstream", rc
 }
 
-func newCaptureReceiver(t *testing.T) (*captureReceiver, string) {
-	rc := &captureReceiver{}
-	rc.srv = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		rc.mu.Lock()
-		rc.bodies = append(rc.bodies, b)
-		rc.mu.Unlock()
-		w.WriteHeader(204)
-	}))
-	t.Cleanup(rc.srv.Close)
-	caPath := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rc.srv.Certificate().Raw}), 0o600)
-	return rc, caPath
-}
-
-// find returns the delivered event bodies that contain sub.
-func (rc *captureReceiver) find(sub []byte) [][]byte {
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
+// deliveredWith returns the bodies of the deliveries rc got that contain sub.
+func deliveredWith(rc *testenv.Receiver, sub []byte) [][]byte {
 	var out [][]byte
-	for _, b := range rc.bodies {
-		if bytes.Contains(b, sub) {
-			out = append(out, b)
+	for _, d := range rc.Deliveries() {
+		if bytes.Contains(d.Body, sub) {
+			out = append(out, d.Body)
 		}
 	}
 	return out
-}
-
-// inboundEnv starts Caddy with the inbound handler and delivery to a capturing receiver, and an active
-// channel on pnid with an org-scoped webhook.
-func inboundEnv(t *testing.T) (*relayEnv, string, *captureReceiver) {
-	e := newRelayEnv(t, "")
-	rc, caPath := newCaptureReceiver(t)
-	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, caPath), "handle /webhooks/upstream {\n wabarelay_inbound\n}")
-	e.channelOn(true, pnid)
-	if _, _, err := e.store.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "r", URL: rc.srv.URL + "/h",
-		Events: []string{"messages", "message_status"}}); err != nil {
-		t.Fatal(err)
-	}
-	return e, origin + "/webhooks/upstream", rc
 }
 
 // messagePost is a signed-able upstream post carrying the raw message objects msgs for pnid.
@@ -98,8 +66,8 @@ func TestInboundStoresAnyContent(t *testing.T) {
 		t.Fatalf("post: %d %s", status, body)
 	}
 	for _, m := range msgs {
-		waitFor(t, 10*time.Second, func() bool { return len(rc.find([]byte(m))) == 1 })
-		got := rc.find([]byte(m))[0]
+		testenv.Eventually(t, 10*time.Second, func() bool { return len(deliveredWith(rc, []byte(m))) == 1 }, "the message delivered")
+		got := deliveredWith(rc, []byte(m))[0]
 		var ev struct {
 			Data struct {
 				Message json.RawMessage `json:"message"`
@@ -231,26 +199,6 @@ func TestInboundMutations(t *testing.T) {
 	t.Run("huge fields", func(t *testing.T) { inboundHugeFields(t, e, url, rng) })
 }
 
-// hugeBatch is a full upstream post — two messages (text, image) and a status, with contact,
-// context, conversation, pricing and errors — for pnid; fields[name] replaces a field's value
-// (names: the {placeholders}), the others are defaults unique to n.
-const hugeBatch = `{"object":"whatsapp_business_account","entry":[{"id":"{waba}","time":1700000000,"changes":[{"field":"messages","value":{"messaging_product":"whatsapp",` +
-	`"metadata":{"display_phone_number":"{display}","phone_number_id":"{pnid}"},` +
-	`"contacts":[{"profile":{"name":"{name}"},"wa_id":"{wa_id}"}],` +
-	`"messages":[{"from":"{from}","id":"{message_id}","timestamp":"{timestamp}","type":"{type}","context":{"from":"{context_from}","id":"{context_id}"},"text":{"body":"{body}"}},` +
-	`{"from":"15550001111","id":"{image_message_id}","timestamp":"1700000000","type":"image","image":{"id":"{media_id}","mime_type":"{mime_type}","sha256":"{sha256}","caption":"{caption}"}}],` +
-	`"statuses":[{"id":"{status_id}","status":"{status}","timestamp":"{status_timestamp}","recipient_id":"{recipient_id}","biz_opaque_callback_data":"{opaque}",` +
-	`"conversation":{"id":"{conversation_id}","expiration_timestamp":"{expiration}","origin":{"type":"{origin}"}},` +
-	`"pricing":{"billable":true,"pricing_model":"{pricing_model}","category":"{category}"},` +
-	`"errors":[{"code":131026,"title":"{error_title}","message":"{error_message}","error_data":{"details":"{error_details}"}}]}],` +
-	`"errors":[{"code":1,"title":"{value_error}"}]}}]}]}`
-
-// hugeFieldNames are the placeholders of hugeBatch.
-var hugeFieldNames = []string{"message_id", "status_id", "status", "image_message_id", "media_id", "from", "recipient_id", "wa_id",
-	"phone_number_id", "display", "waba", "timestamp", "status_timestamp", "type", "conversation_id", "expiration", "origin",
-	"pricing_model", "category", "error_title", "error_message", "error_details", "value_error", "name", "context_from",
-	"context_id", "body", "mime_type", "sha256", "caption", "opaque"}
-
 // hugeString returns n random letters and digits (incompressible, like the fuzzer's strings:
 // a repeated character would be compressed below the index row limit).
 func hugeString(rng *rand.Rand, n int) string {
@@ -262,31 +210,17 @@ func hugeString(rng *rand.Rand, n int) string {
 	return string(b)
 }
 
-// inboundHugeFields posts hugeBatch with each field in turn holding a 256 KiB and a 1 MiB string,
-// twice: the first post stores its three items (none for a number no channel has), the second
-// is all duplicates, and the database holds one event per item.
+// inboundHugeFields posts testenv.FullBatch with each field in turn holding a 256 KiB and a 1 MiB
+// string, twice: the first post stores its three items (none for a number no channel has), the
+// second is all duplicates, and the database holds one event per item.
 func inboundHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
 	for _, size := range []int{256 << 10, 1 << 20} {
-		for i, field := range hugeFieldNames {
+		for i, field := range testenv.FullBatchFields {
 			n := fmt.Sprint(size, "-", i)
-			vals := map[string]string{"waba": wabaID, "display": "15550100", "pnid": pnid, "name": "Ann", "wa_id": "15550001111",
-				"from": "15550001111", "message_id": "wamid.m" + n, "timestamp": "1700000000", "type": "text", "context_from": "15550100",
-				"context_id": "wamid.c" + n, "body": "hi", "image_message_id": "wamid.i" + n, "media_id": "media" + n, "mime_type": "image/jpeg",
-				"sha256": "abc", "caption": "cap", "status_id": "wamid.s" + n, "status": "delivered", "status_timestamp": "1700000001",
-				"recipient_id": "15550001111", "opaque": "x", "conversation_id": "conv" + n, "expiration": "1700090000", "origin": "service",
-				"pricing_model": "CBP", "category": "service", "error_title": "t", "error_message": "m", "error_details": "d", "value_error": "v"}
-			key := field
-			if field == "phone_number_id" {
-				key = "pnid"
-			}
-			if _, ok := vals[key]; !ok {
-				t.Fatalf("no placeholder {%s}", key)
-			}
-			vals[key] = hugeString(rng, size)
-			post := hugeBatch
-			for k, v := range vals {
-				post = strings.ReplaceAll(post, "{"+k+"}", v)
-			}
+			vals := map[string]string{"waba": wabaID, "phone_number_id": pnid, "message_id": "wamid.m" + n, "context_id": "wamid.c" + n,
+				"image_message_id": "wamid.i" + n, "media_id": "media" + n, "status_id": "wamid.s" + n, "conversation_id": "conv" + n}
+			vals[field] = hugeString(rng, size)
+			post := testenv.FullBatch(vals)
 			want := 3
 			if field == "phone_number_id" {
 				want = 0 // no channel's number: dropped

@@ -21,14 +21,21 @@ const (
 	testVerifyToken = "verify-me"
 )
 
-func signedPost(t *testing.T, url, secret, body string) (int, string) {
-	t.Helper()
+// signedRequest is an upstream webhook post of body to url, signed with secret (unsigned when
+// secret is empty).
+func signedRequest(url, secret, body string) *http.Request {
 	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if secret != "" {
 		req.Header.Set(inbound.SignatureHeader, inbound.Sign(secret, []byte(body)))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	return req
+}
+
+// signedPost sends signedRequest and returns the answer's status and body.
+func signedPost(t *testing.T, url, secret, body string) (int, string) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(signedRequest(url, secret, body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,16 +86,11 @@ func TestInbound(t *testing.T) {
 
 	c1 := e.channelOn(true, pnid)
 	c2 := e.channelOn(true, pnid2)
-	orgB, _ := e.store.CreateOrg(ctx, "B")
-	cB, _ := e.store.CreateChannel(ctx, orgB.ID, "b", time.Hour)
-	if err := e.store.ConnectChannel(ctx, cB.ID, store.Connection{PhoneNumberID: pnid3, WabaID: "w3", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
+	orgB := e.fix.Org(t, &testenv.OrgOpts{Name: "B"})
+	cB := e.fix.Channel(t, orgB.ID, &testenv.ChannelOpts{Name: "b",
+		Connection: &store.Connection{PhoneNumberID: pnid3, WabaID: "w3", UpstreamToken: "t"}})
 	hook := func(org uuid.UUID, events []string, chans ...uuid.UUID) uuid.UUID {
-		w, _, err := e.store.CreateWebhook(ctx, org, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: events, ChannelIDs: chans})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := e.fix.Webhook(t, org, "https://h.example.com", &testenv.WebhookOpts{Events: events, ChannelIDs: chans})
 		return w.ID
 	}
 	orgHook := hook(e.org, []string{"messages", "message_status"})
@@ -163,11 +165,8 @@ func TestInbound(t *testing.T) {
 		t.Fatalf("banned account's channel is %s", c.Status)
 	}
 	// a number removed upstream deactivates its channel (named by display number), and only it
-	cR, _ := e.store.CreateChannel(ctx, e.org, "r", time.Hour)
-	if err := e.store.ConnectChannel(ctx, cR.ID, store.Connection{PhoneNumberID: "4444", WabaID: wabaID,
-		DisplayPhoneNumber: "+1 555-0199", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
+	cR := e.fix.Channel(t, e.org, &testenv.ChannelOpts{Name: "r", Connection: &store.Connection{PhoneNumberID: "4444", WabaID: wabaID,
+		DisplayPhoneNumber: "+1 555-0199", UpstreamToken: "t"}})
 	removed := `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","time":1700000000,"changes":[{"field":"account_update","value":{"event":"PHONE_NUMBER_REMOVED","phone_number":"15550199"}}]}]}`
 	if status, body := signedPost(t, url, testAppSecret, removed); status != 200 {
 		t.Fatalf("number removed: %d %s", status, body)
@@ -180,17 +179,22 @@ func TestInbound(t *testing.T) {
 	}
 }
 
-func (e *relayEnv) count(table string) int {
-	var n int
-	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
+// count counts a table's rows.
+func (e *relayEnv) count(table string) int { return e.countRows("SELECT count(*) FROM " + table) }
+
+// countWhere counts the rows of table whose col is v.
+func (e *relayEnv) countWhere(table, col string, v any) int {
+	return e.countRows("SELECT count(*) FROM "+table+" WHERE "+col+" = $1", v)
 }
 
-func (e *relayEnv) countWhere(table, col string, v any) int {
+// undelivered counts the deliveries not (yet) delivered.
+func (e *relayEnv) undelivered() int {
+	return e.countRows("SELECT count(*) FROM deliveries WHERE status <> 'delivered'")
+}
+
+func (e *relayEnv) countRows(query string, args ...any) int {
 	var n int
-	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+col+" = $1", v).Scan(&n); err != nil {
+	if err := e.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
 		e.t.Fatal(err)
 	}
 	return n
@@ -206,32 +210,20 @@ func TestInboundPostgresDown(t *testing.T) {
 		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
 	url := origin + "/webhooks/upstream"
 	e.channelOn(true, pnid)
-	if _, _, err := e.store.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "w", URL: "https://h.example.com",
-		Events: []string{"messages"}}); err != nil {
-		t.Fatal(err)
-	}
+	e.fix.Webhook(t, e.org, "https://h.example.com")
 	batch := upstreamBatch(map[string][2][]string{pnid: {{"d1", "d2"}, nil}})
 
 	srv.Stop(t)
-	req, _ := http.NewRequest("POST", url, strings.NewReader(batch))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(batch)))
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("with Postgres down: %d %s (Retry-After %q), want 503 with Retry-After", resp.StatusCode, body, resp.Header.Get("Retry-After"))
+	if r := do(t, signedRequest(url, testAppSecret, batch)); r.status != 503 || r.header.Get("Retry-After") == "" {
+		t.Fatalf("with Postgres down: %d %s (Retry-After %q), want 503 with Retry-After", r.status, r.body, r.header.Get("Retry-After"))
 	}
 
 	srv.Start(t)
 	e.pool.Reset() // the test's own connections died with the server
-	waitFor(t, 15*time.Second, func() bool {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		status, _ := signedPost(t, url, testAppSecret, batch)
 		return status == 200
-	})
+	}, "the post stored after Postgres is back")
 	if n := e.count("events"); n != 2 {
 		t.Fatalf("%d events stored after recovery, want 2", n)
 	}

@@ -2,14 +2,11 @@ package caddymodule
 
 import (
 	"context"
-	"crypto/rand"
+	"crypto/x509"
 	"encoding/base64"
-	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,7 +17,6 @@ import (
 	"github.com/caddyserver/caddy/v2/caddyconfig"
 	"github.com/google/uuid"
 
-	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -54,25 +50,22 @@ func TestRekeyLive(t *testing.T) {
 	// more sealed values, so that rekey runs many batches while the traffic goes on
 	const idle = 1200
 	for range idle {
-		if _, err := e.store.CreateChannel(ctx, e.org, "idle", time.Hour); err != nil {
-			t.Fatal(err)
-		}
+		e.fix.Channel(t, e.org, &testenv.ChannelOpts{Name: "idle"})
 	}
-	// two receivers, each with its own webhook and signing secret
-	var receivers []*receiver
-	caPath := filepath.Join(t.TempDir(), "ca.pem")
-	var pems []byte
+	// two receivers, each with its own webhook and signing secret (which it checks every
+	// delivery's signatures with)
+	var receivers []*testenv.Receiver
+	var certs []*x509.Certificate
+	webhooks := map[*testenv.Receiver]store.Webhook{}
+	secrets := map[*testenv.Receiver]string{}
 	for range 2 {
-		rc := newReceiver(t)
-		_, secret, err := e.store.CreateWebhook(ctx, e.org, store.NewWebhook{Name: "r", URL: rc.srv.URL + "/hook", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		rc.secret = secret
+		rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
+		webhooks[rc], secrets[rc] = e.fix.Webhook(t, e.org, rc.URL+"/hook", &testenv.WebhookOpts{Name: "r"})
+		rc.Verify(secrets[rc])
 		receivers = append(receivers, rc)
-		pems = append(pems, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rc.srv.Certificate().Raw})...)
+		certs = append(certs, rc.Certificate())
 	}
-	os.WriteFile(caPath, pems, 0o600)
+	caPath := testenv.CAFile(t, certs...)
 
 	port, adminPort := freePortPair(t)
 	config := func(keys string) string {
@@ -160,10 +153,7 @@ http://127.0.0.1:%d {
 		for i := 0; !stop.Load(); i++ {
 			c := live[i%len(live)]
 			body := upstreamBatch(map[string][2][]string{c.pnid: {{fmt.Sprint("live", i)}, nil}})
-			req, _ := http.NewRequest("POST", origin+"/webhooks/upstream", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set(inbound.SignatureHeader, inbound.Sign(testAppSecret, []byte(body)))
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := http.DefaultClient.Do(signedRequest(origin+"/webhooks/upstream", testAppSecret, body))
 			if err != nil {
 				postConnErrs.Add(1)
 				i-- // not taken: post the same message again
@@ -183,7 +173,7 @@ http://127.0.0.1:%d {
 	delivered := func() int64 {
 		n := int64(-1)
 		for _, rc := range receivers {
-			d, _, _ := rc.ledger()
+			d := len(rc.PerEvent())
 			if n < 0 || int64(d) < n {
 				n = int64(d)
 			}
@@ -194,7 +184,7 @@ http://127.0.0.1:%d {
 	progress := func(what string) {
 		t.Helper()
 		s0, d0 := sendsOK.Load(), delivered()
-		waitFor(t, time.Minute, func() bool { return sendsOK.Load() >= s0+10 && delivered() >= d0+10 })
+		testenv.Eventually(t, time.Minute, func() bool { return sendsOK.Load() >= s0+10 && delivered() >= d0+10 }, "progress (%s)", what)
 		t.Logf("%s: %d sends ok, %d events delivered to each receiver", what, sendsOK.Load(), delivered())
 	}
 
@@ -231,10 +221,10 @@ http://127.0.0.1:%d {
 
 	// every event posted is delivered to both receivers, every delivery correctly signed
 	total := posted.Load()
-	waitFor(t, 2*time.Minute, func() bool { return delivered() == total })
+	testenv.Eventually(t, 2*time.Minute, func() bool { return delivered() == total }, "every event posted delivered")
 	for i, rc := range receivers {
-		if d, _, bad := rc.ledger(); bad != 0 || int64(d) != total {
-			t.Fatalf("receiver %d: %d of %d events, %d bad signatures", i, d, total, bad)
+		if d := len(rc.PerEvent()); int64(d) != total {
+			t.Fatalf("receiver %d: %d of %d events", i, d, total)
 		}
 	}
 	failMu.Lock()
@@ -275,9 +265,7 @@ http://127.0.0.1:%d {
 		}
 	}
 	for _, rc := range receivers {
-		var id uuid.UUID
-		e.pool.QueryRow(ctx, `SELECT id FROM webhooks WHERE url = $1`, rc.srv.URL+"/hook").Scan(&id)
-		if s, err := stB.WebhookSecret(ctx, id); err != nil || s != rc.secret {
+		if s, err := stB.WebhookSecret(ctx, webhooks[rc].ID); err != nil || s != secrets[rc] {
 			t.Fatalf("B alone: webhook secret: %v", err)
 		}
 	}
@@ -305,11 +293,7 @@ func TestEncryptionKeyList(t *testing.T) {
 	if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte("{\n wabarelay {\n encryption_key\n }\n}\n:80 {\n respond ok\n}"), nil); err == nil {
 		t.Fatal("encryption_key without a key adapted")
 	}
-	k := func() string {
-		b := make([]byte, 32)
-		rand.Read(b)
-		return base64.StdEncoding.EncodeToString(b)
-	}
+	k := func() string { return base64.StdEncoding.EncodeToString(testenv.NewKey()) }
 	a, b := k(), k()
 	t.Setenv("WBR_TEST_DATABASE", "postgres://x@127.0.0.1/db")
 	for _, tc := range []struct{ keys, wantErr string }{

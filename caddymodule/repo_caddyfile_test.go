@@ -21,25 +21,11 @@ import (
 // management API, relay, connect link, the upstream's webhook endpoint (inbound) and the dashboard. (Without a Meta app,
 // the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := newRelayEnv(t, "")
-	port := testenv.FreePort(t)
-	host := "localhost:" + strconv.Itoa(port)
-	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
-	e.caddyFile(cfg, port,
-		"WABARELAY_DATABASE_URL="+e.dsn, "WABARELAY_ENCRYPTION_KEY="+e.keyB64,
-		"WABARELAY_UPSTREAM="+e.fake.URL()+"/v26.0",
-		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me")
-	origin := "http://" + host
+	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)
 
 	// management API
-	_, key, err := e.store.CreateAPIKey(context.Background(), e.org, "repo", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, key := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "repo"})
 	req, _ := http.NewRequest("POST", origin+"/v1/channels", strings.NewReader(`{"name":"Support"}`))
 	req.Header.Set("x-api-key", key)
 	req.Header.Set("Content-Type", "application/json")
@@ -79,9 +65,9 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 		DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		return call(t, "POST", origin+"/upstream-proxy/"+pnid+"/messages", ch.ChannelToken, textBody).status == 200
-	})
+	}, "a send through the connected channel")
 
 	// inbound: the upstream's verification and a signed post of a message for the number
 	r = call(t, "GET", origin+"/webhooks/upstream?hub.mode=subscribe&hub.verify_token=verify-me&hub.challenge=4242", "", "")
@@ -99,4 +85,29 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 		!strings.Contains(r.header.Get("Content-Security-Policy"), "script-src 'self'") || strings.Contains(string(r.body), "/dashboard/demo") {
 		t.Fatalf("dashboard: %d %v\n%s", r.status, r.header, r.body)
 	}
+}
+
+// repoCaddy runs the repo's Caddyfile as `make run` does, on port (its site address
+// localhost:8080 moved there) and changed further by edit when set, with e's database and key
+// and env in its environment, and returns its origin (http://localhost:<port>).
+func (e *relayEnv) repoCaddy(port int, edit func(caddyfile string) string, env ...string) string {
+	e.t.Helper()
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	host := "localhost:" + strconv.Itoa(port)
+	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
+	if edit != nil {
+		cfg = edit(cfg)
+	}
+	e.caddyFile(cfg, port, append([]string{"WABARELAY_DATABASE_URL=" + e.dsn, "WABARELAY_ENCRYPTION_KEY=" + e.keyB64}, env...)...)
+	return "http://" + host
+}
+
+// metaAppEnv is the environment of the repo's Caddyfile with a Meta app configured (and the
+// upstream pointed at e's fake).
+func (e *relayEnv) metaAppEnv() []string {
+	return []string{"WABARELAY_UPSTREAM=" + e.fake.URL() + "/v26.0",
+		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me"}
 }

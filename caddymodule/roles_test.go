@@ -3,12 +3,9 @@ package caddymodule
 import (
 	"context"
 	"encoding/json"
-	"encoding/pem"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -153,14 +150,12 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 	e := newRelayEnv(t, "")
 	ctx := context.Background()
 
-	// The receiver's ledger (count per event id, both signatures checked) is the shared test
-	// receiver's; in front of it, each attempt notes who holds the delivery's claim while it is
-	// being made (locked_by is cleared when the outcome is recorded).
-	rc := newReceiver(t)
-	inner := rc.srv.Config.Handler
+	// The receiver (deliveries per event id, both signatures checked) notes, as it answers each
+	// attempt, who holds the delivery's claim while it is being made (locked_by is cleared when
+	// the outcome is recorded).
 	var claimMu sync.Mutex
 	claims := map[string][]string{} // event id → "status locked_by" seen during each attempt
-	front := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, r *http.Request) {
 		var status string
 		var lockedBy *string
 		seen := ""
@@ -177,22 +172,13 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 		claimMu.Lock()
 		claims[r.Header.Get("webhook-id")] = append(claims[r.Header.Get("webhook-id")], seen)
 		claimMu.Unlock()
-		inner.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	caPath := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(caPath, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: front.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
+		w.WriteHeader(http.StatusNoContent)
+	}})
+	caPath := testenv.CAFile(t, rc.Certificate())
 
 	e.channelOn(true, pnid)
-	_, secret, err := e.store.CreateWebhook(ctx, e.org, store.NewWebhook{Name: "r", URL: front.URL + "/hook", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc.mu.Lock()
-	rc.secret = secret
-	rc.mu.Unlock()
+	_, secret := e.fix.Webhook(t, e.org, rc.URL+"/hook", &testenv.WebhookOpts{Name: "r"})
+	rc.Verify(secret)
 
 	// A: inbound (and relay, metrics), no dispatcher; it could reach the receiver if it had one
 	a := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n workers 0\n root_ca %s\n allow_private_targets\n}",
@@ -221,7 +207,7 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 		t.Fatal("B (default workers) logs that it runs no dispatcher")
 	}
 	host, _ := os.Hostname()
-	pidA, pidB := strconv.Itoa(e.procs[a].Process.Pid), strconv.Itoa(e.procs[b].Process.Pid)
+	pidA, pidB := strconv.Itoa(e.caddies[a].PID()), strconv.Itoa(e.caddies[b].PID())
 	isB := func(lockedBy string) bool {
 		return strings.HasPrefix(lockedBy, host+"-") && strings.HasSuffix(lockedBy, "-"+pidB)
 	}
@@ -257,14 +243,8 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 		post(i)
 	}
 
-	took := waitFor(t, 2*time.Minute, func() bool { d, _, _ := rc.ledger(); return d == events })
-	var left int
-	waitFor(t, time.Minute, func() bool {
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left); err != nil {
-			t.Fatal(err)
-		}
-		return left == 0
-	})
+	took := testenv.Eventually(t, 2*time.Minute, func() bool { return len(rc.PerEvent()) == events }, "every event delivered")
+	testenv.Eventually(t, time.Minute, func() bool { return e.undelivered() == 0 }, "every delivery delivered")
 	t.Logf("%d events posted to A delivered in %v", events, took)
 
 	// exactly once, per event id
@@ -296,18 +276,9 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 	if len(got) != events || e.count("events") != events || e.count("deliveries") != events {
 		t.Fatalf("%d event deliveries (%d events, %d deliveries), want %d each", len(got), e.count("events"), e.count("deliveries"), events)
 	}
-	rc.mu.Lock()
-	hits := make(map[string]int, len(rc.hits))
-	for k, v := range rc.hits {
-		hits[k] = v
-	}
-	bad := rc.bad
-	rc.mu.Unlock()
+	hits := rc.PerEvent()
 	claimMu.Lock()
 	defer claimMu.Unlock()
-	if bad != 0 {
-		t.Errorf("%d deliveries failed signature verification", bad)
-	}
 	if len(hits) != events {
 		t.Errorf("receiver saw %d distinct event ids, want %d", len(hits), events)
 	}

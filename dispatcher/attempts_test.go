@@ -65,7 +65,7 @@ func isSequence(n []int, want int) bool {
 // attempt 1: the lost claim used up no attempt.
 func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	ctx := context.Background()
 
@@ -84,7 +84,7 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 
 	e.run(e.config(rc))
 	for _, id := range []uuid.UUID{claimed, handedOff} {
-		waitFor(t, "reclaimed and delivered", patience, e.statusIs(id, "delivered"))
+		testenv.Eventually(t, patience, e.statusIs(id, "delivered"), "reclaimed and delivered")
 		if row := e.delivery(id); row.attempts != 1 {
 			t.Fatalf("reclaimed delivery %+v, want 1 attempt", row)
 		}
@@ -104,7 +104,9 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 // the crashed claim's lease pass (locked_until moved into the past) instead of waiting.
 func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusServiceUnavailable) })
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}})
 	e.webhook(rc.URL)
 	id := e.events(1)[0]
 	ctx := context.Background()
@@ -115,9 +117,9 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	// the log holds attempts 1..n and the delivery counts n and is status.
 	recorded := func(n int, status string) {
 		t.Helper()
-		waitFor(t, "the outcome of the attempt", patience, func() bool {
+		testenv.Eventually(t, patience, func() bool {
 			return len(e.attemptRows(id)) >= n || e.delivery(id).status == "failed"
-		})
+		}, "the outcome of the attempt")
 		if got := e.attemptNumbers(id); !isSequence(got, n) {
 			t.Fatalf("attempt log %v, want attempts 1..%d", got, n)
 		}
@@ -182,7 +184,7 @@ func claimKinds(t *testing.T, d *Dispatcher, limit int, late map[uuid.UUID]bool)
 // that came later.
 func TestRetriesNotStarvedByBacklog(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	ctx := context.Background()
 	ids := e.events(12)

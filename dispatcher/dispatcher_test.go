@@ -4,13 +4,9 @@ import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
-	"crypto/hmac"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +22,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -38,6 +35,7 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 type env struct {
 	t     *testing.T
+	fix   *testenv.Fixture
 	dsn   string
 	pool  *pgxpool.Pool
 	st    *store.Store
@@ -54,17 +52,13 @@ func newEnv(t *testing.T) *env {
 	org := f.Org(t, &testenv.OrgOpts{Name: "o"})
 	conn := f.Connection()
 	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: conn})
-	dsn, pool, st, phone := f.DSN, f.Pool, f.Store, conn.PhoneNumberID
-	return &env{t: t, dsn: dsn, pool: pool, st: st, org: org.ID, phone: phone}
+	return &env{t: t, fix: f, dsn: f.DSN, pool: f.Pool, st: f.Store, org: org.ID, phone: conn.PhoneNumberID}
 }
 
 // webhook creates an org-scoped webhook for "messages" events.
 func (e *env) webhook(url string) (uuid.UUID, string) {
 	e.t.Helper()
-	w, secret, err := e.st.CreateWebhook(context.Background(), e.org, store.NewWebhook{Name: "w", URL: url, Events: []string{"messages"}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	w, secret := e.fix.Webhook(e.t, e.org, url)
 	return w.ID, secret
 }
 
@@ -103,11 +97,6 @@ func dedupeKeys(items []store.IncomingItem) []string {
 	return k
 }
 
-// newReceiver is the kit's receiver over HTTPS; respond decides each answer (n counts from 1).
-func newReceiver(t *testing.T, respond func(n int, w http.ResponseWriter, r *http.Request)) *testenv.Receiver {
-	return testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: respond})
-}
-
 // patience is how long a test waits for something that takes milliseconds on an idle machine:
 // a deadline for a failing test, never a timing the test asserts.
 const patience = 30 * time.Second
@@ -137,7 +126,13 @@ func (e *env) run(cfg Config) func() {
 // start is run that also returns the Dispatcher.
 func (e *env) start(cfg Config) (*Dispatcher, func()) {
 	e.t.Helper()
-	d, err := New(e.pool, e.st.WebhookSecret, cfg, zaptest.NewLogger(e.t))
+	return e.launch(e.st.WebhookSecret, cfg, zaptest.NewLogger(e.t))
+}
+
+// launch is start with the webhook secrets read by secrets and the log written to logger.
+func (e *env) launch(secrets Secrets, cfg Config, logger *zap.Logger) (*Dispatcher, func()) {
+	e.t.Helper()
+	d, err := New(e.pool, secrets, cfg, logger)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -152,12 +147,6 @@ func (e *env) start(cfg Config) (*Dispatcher, func()) {
 	stop := func() { once.Do(func() { cancel(); <-done }) }
 	e.t.Cleanup(stop)
 	return d, stop
-}
-
-// waitFor is testenv.Eventually naming what it waits for.
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	testenv.Eventually(t, timeout, cond, "%s", what)
 }
 
 type deliveryRow struct {
@@ -213,52 +202,15 @@ func (e *env) attemptRows(eventID uuid.UUID) []attemptRow {
 	return out
 }
 
-// ---- independent signature verification -----------------------------------------------------
-
-func verifySvc(t *testing.T, secret, header string, body []byte) int64 {
-	t.Helper()
-	parts := strings.Split(header, ",")
-	if len(parts) != 2 || !strings.HasPrefix(parts[0], "t=") || !strings.HasPrefix(parts[1], "v1=") {
-		t.Fatalf("X-Svc-Signature %q", header)
-	}
-	ts := strings.TrimPrefix(parts[0], "t=")
-	mac := hmac.New(sha256.New, []byte(secret))
-	io.WriteString(mac, ts+"."+string(body))
-	want := hex.EncodeToString(mac.Sum(nil))
-	if !hmac.Equal([]byte(want), []byte(strings.TrimPrefix(parts[1], "v1="))) {
-		t.Fatalf("X-Svc-Signature does not verify: got %s want v1=%s", header, want)
-	}
-	n, _ := strconv.ParseInt(ts, 10, 64)
-	return n
-}
-
-func verifyStandard(t *testing.T, secret string, h http.Header, body []byte) {
-	t.Helper()
-	key, err := base64.StdEncoding.DecodeString(secret[len("whsec_"):])
-	if err != nil || len(key) != 32 {
-		t.Fatalf("secret %q: %v", secret, err)
-	}
-	mac := hmac.New(sha256.New, key)
-	io.WriteString(mac, h.Get("webhook-id")+"."+h.Get("webhook-timestamp")+"."+string(body))
-	want := "v1," + base64.StdEncoding.EncodeToString(mac.Sum(nil))
-	found := false
-	for _, sig := range strings.Fields(h.Get("webhook-signature")) { // space-separated list
-		found = found || hmac.Equal([]byte(sig), []byte(want))
-	}
-	if !found {
-		t.Fatalf("webhook-signature %q does not verify, want %q", h.Get("webhook-signature"), want)
-	}
-}
-
 // ---- tests ---------------------------------------------------------------------------------
 
 func TestDeliveredAndSigned(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	_, secret := e.webhook(rc.URL + "/hook")
 	ids := e.events(1)
 	e.run(e.config(rc))
-	waitFor(t, "delivered", patience, e.statusIs(ids[0], "delivered"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "delivered")
 
 	hits := rc.Deliveries()
 	if len(hits) != 1 {
@@ -278,15 +230,15 @@ func TestDeliveredAndSigned(t *testing.T) {
 	if h.Header.Get("webhook-id") != ids[0].String() {
 		t.Fatalf("webhook-id %q, event %s", h.Header.Get("webhook-id"), ids[0])
 	}
-	ts := verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
-	if h.Header.Get("webhook-timestamp") != strconv.FormatInt(ts, 10) {
-		t.Fatalf("timestamps differ: %q vs %d", h.Header.Get("webhook-timestamp"), ts)
+	// both signatures verify, made at one time (webhook-timestamp is X-Svc-Signature's t)
+	signed, err := testenv.VerifySignature(secret, h.Header, h.Body)
+	if err != nil {
+		t.Fatal(err)
 	}
 	// signed when sent: at most the transit (seconds on a loaded machine) before it arrived
-	if d := h.At.Sub(time.Unix(ts, 0)); d < 0 || d > patience {
-		t.Fatalf("timestamp %d is not the time of sending (received %v)", ts, h.At)
+	if d := h.At.Sub(signed); d < 0 || d > patience {
+		t.Fatalf("signed at %v is not the time of sending (received %v)", signed, h.At)
 	}
-	verifyStandard(t, secret, h.Header, h.Body)
 
 	row := e.delivery(ids[0])
 	if row.attempts != 1 || row.code == nil || *row.code != 200 || row.lastErr != nil {
@@ -307,35 +259,36 @@ func TestSignMatchesIndependentImplementation(t *testing.T) {
 	if wid != id.String() || wts != "1700000000" {
 		t.Fatal(wid, wts)
 	}
-	if verifySvc(t, secret, svc, body) != 1700000000 {
-		t.Fatal(svc)
+	h := http.Header{"X-Svc-Signature": {svc}, "Webhook-Id": {wid}, "Webhook-Timestamp": {wts}, "Webhook-Signature": {wsig}}
+	if at, err := testenv.VerifySignature(secret, h, body); err != nil || at.Unix() != 1700000000 {
+		t.Fatalf("%s signed at %v: %v", svc, at, err)
 	}
-	verifyStandard(t, secret, http.Header{"Webhook-Id": {wid}, "Webhook-Timestamp": {wts}, "Webhook-Signature": {wsig}}, body)
 }
 
 func TestRetriesThenSucceeds(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		if n <= 2 {
 			http.Error(w, "boom "+strconv.Itoa(n), http.StatusInternalServerError)
 			return
 		}
 		io.WriteString(w, "fine")
-	})
+	}})
 	_, secret := e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	e.run(cfg)
 	// delivered is final and written after the receiver answered: every hit is in by now, and
 	// no further claim can pick the delivery up
-	waitFor(t, "delivered", patience, e.statusIs(ids[0], "delivered"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "delivered")
 	hits := rc.Deliveries()
 	if len(hits) != 3 {
 		t.Fatalf("%d hits, want 3", len(hits))
 	}
 	for i, h := range hits {
-		verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
-		verifyStandard(t, secret, h.Header, h.Body)
+		if _, err := testenv.VerifySignature(secret, h.Header, h.Body); err != nil {
+			t.Fatalf("hit %d: %v", i, err)
+		}
 		if h.Header.Get("webhook-id") != ids[0].String() {
 			t.Fatalf("hit %d webhook-id %q", i, h.Header.Get("webhook-id"))
 		}
@@ -359,11 +312,11 @@ func TestRetriesThenSucceeds(t *testing.T) {
 
 func TestAlwaysFailingEndsFailed(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) })
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }})
 	e.webhook(rc.URL)
 	ids := e.events(1)
 	e.run(e.config(rc))
-	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed")) // final: every hit is in
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed") // final: every hit is in
 	if n := len(rc.Deliveries()); n != 4 {
 		t.Fatalf("%d hits, want 4", n)
 	}
@@ -378,18 +331,18 @@ func TestAlwaysFailingEndsFailed(t *testing.T) {
 
 func TestSlowReceiverIsFailure(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		select {
-		case <-time.After(patience): // (only if the dispatcher never gives up)
+		case <-time.After(patience):
 		case <-r.Context().Done():
 		}
-	})
+	}})
 	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.Timeout, cfg.RetryDelays = 200*time.Millisecond, []time.Duration{}
 	e.run(cfg)
-	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed")
 	at := e.attemptRows(ids[0])
 	if len(at) != 1 || at[0].code != nil || at[0].err == nil || *at[0].err != "timeout" || at[0].duration < 200 {
 		t.Fatalf("attempts %+v", at)
@@ -399,19 +352,19 @@ func TestSlowReceiverIsFailure(t *testing.T) {
 func TestRedirectIsFailure(t *testing.T) {
 	e := newEnv(t)
 	var rc *testenv.Receiver
-	rc = newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc = testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/elsewhere" {
 			return
 		}
 		http.Redirect(w, r, rc.URL+"/elsewhere", http.StatusTemporaryRedirect)
-	})
+	}})
 	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.RetryDelays = []time.Duration{}
 	e.run(cfg)
 	// a followed redirect would have hit the receiver before the attempt ended
-	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed")
 	if hits := rc.Deliveries(); len(hits) != 1 {
 		t.Fatalf("%d hits: the redirect was followed", len(hits))
 	}
@@ -422,7 +375,7 @@ func TestRedirectIsFailure(t *testing.T) {
 
 func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	wh, _ := e.webhook(rc.URL)
 	ctx := context.Background()
 	if _, err := e.st.SetWebhookStatus(ctx, e.org, wh, store.WebhookPaused); err != nil {
@@ -440,24 +393,15 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	cfg.PerWebhook = 1 // one at a time, to observe the order
 	// a marker: another org's active webhook gets a delivery stored after the held ones; once
 	// it is delivered, the dispatcher has claimed past the held deliveries and left them alone
-	marker := newReceiver(t, nil)
-	org2, err := e.st.CreateOrg(ctx, "marker")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch2, _ := e.st.CreateChannel(ctx, org2.ID, "m", time.Hour)
-	if err := e.st.ConnectChannel(ctx, ch2.ID, store.Connection{PhoneNumberID: e.phone + "9", WabaID: "wm" + e.phone, UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := e.st.CreateWebhook(ctx, org2.ID, store.NewWebhook{Name: "m", URL: marker.URL, Events: []string{"messages"}}); err != nil {
-		t.Fatal(err)
-	}
+	marker := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
+	org2, phone2 := e.tenant("marker")
+	e.fix.Webhook(t, org2, marker.URL, &testenv.WebhookOpts{Name: "m"})
 	e.run(cfg)
-	if _, err := e.st.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: e.phone + "9", DedupeKey: "marker",
+	if _, err := e.st.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: phone2, DedupeKey: "marker",
 		Data: json.RawMessage(`{"message":{"id":"marker"}}`)}}, store.Claim{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the marker delivered", patience, func() bool { return len(marker.Deliveries()) == 1 })
+	testenv.Eventually(t, patience, func() bool { return len(marker.Deliveries()) == 1 }, "the marker delivered")
 	if n := len(rc.Deliveries()); n != 0 {
 		t.Fatalf("paused webhook got %d hits", n)
 	}
@@ -469,7 +413,7 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 	if _, err := e.st.SetWebhookStatus(ctx, e.org, wh, store.WebhookActive); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "delivered", patience, e.statusIs(ids[2], "delivered"))
+	testenv.Eventually(t, patience, e.statusIs(ids[2], "delivered"), "delivered")
 	hits := rc.Deliveries()
 	if len(hits) != 3 {
 		t.Fatalf("%d hits", len(hits))
@@ -483,13 +427,13 @@ func TestPausedHeldThenDeliveredOldestFirst(t *testing.T) {
 
 func TestLoopbackRefusedWithoutAllowPrivate(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
 	cfg.AllowPrivateTargets, cfg.RetryDelays = false, []time.Duration{}
 	e.run(cfg)
-	waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed")
 	if n := len(rc.Deliveries()); n != 0 {
 		t.Fatalf("receiver got %d hits", n)
 	}
@@ -507,13 +451,7 @@ func TestLoopbackRefusedWithoutAllowPrivate(t *testing.T) {
 // instead of failing the test.
 func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	e := newEnv(t)
-	var mu sync.Mutex
-	counts := map[string]int{}
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		counts[r.Header.Get("webhook-id")]++
-		mu.Unlock()
-	})
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	const n = 200
 	ids := e.events(n)
@@ -525,11 +463,11 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	obsA, obsB := &countingObserver{n: map[string]int{}}, &countingObserver{n: map[string]int{}}
 	cfgA.Observer, cfgB.Observer = obsA, obsB
 	stopA, stopB := e.run(cfgA), e.run(cfgB)
-	waitFor(t, "all delivered", 2*patience, func() bool {
+	testenv.Eventually(t, 2*patience, func() bool {
 		var left int
 		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left)
 		return left == 0
-	})
+	}, "all delivered")
 	stopA()
 	stopB()
 
@@ -554,8 +492,7 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	}
 
 	// Every other event reached the receiver once, after one attempt, by one instance.
-	mu.Lock()
-	defer mu.Unlock()
+	counts := rc.PerEvent()
 	if len(counts) != n {
 		t.Fatalf("%d distinct events delivered, want %d", len(counts), n)
 	}
@@ -594,7 +531,7 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 
 func TestExpiredLeaseIsReclaimed(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	ids := e.events(2)
 	ctx := context.Background()
@@ -607,7 +544,7 @@ func TestExpiredLeaseIsReclaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.run(e.config(rc))
-	waitFor(t, "reclaimed and delivered", patience, e.statusIs(ids[0], "delivered"))
+	testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "reclaimed and delivered")
 	// the lost claim used up no attempt: the reclaim made attempt 2
 	if row := e.delivery(ids[0]); row.attempts != 2 {
 		t.Fatalf("reclaimed delivery %+v, want attempts 2", row)
@@ -668,7 +605,7 @@ func TestPerWebhookCap(t *testing.T) {
 	var cur, peak atomic.Int32
 	full := make(chan struct{}) // closed once 3 requests are in at the same time
 	var fullOnce sync.Once
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		c := cur.Add(1)
 		for {
 			p := peak.Load()
@@ -681,26 +618,26 @@ func TestPerWebhookCap(t *testing.T) {
 		}
 		select {
 		case <-full:
-		case <-time.After(patience): // the cap is never reached: peak says so below
+		case <-time.After(patience):
 			fullOnce.Do(func() { close(full) })
 		}
-		time.Sleep(20 * time.Millisecond) // the receiver's work, during which a 4th would overlap
+		time.Sleep(20 * time.Millisecond)
 		cur.Add(-1)
-	})
+	}})
 	e.webhook(rc.URL)
 	ids := e.events(20)
 	cfg := e.config(rc)
 	cfg.PerWebhook = 3
 	cfg.Timeout, cfg.Lease = 2*patience, 3*patience // longer than any hold
 	e.run(cfg)
-	waitFor(t, "all delivered", 2*patience, func() bool {
+	testenv.Eventually(t, 2*patience, func() bool {
 		for _, id := range ids {
 			if e.delivery(id).status != "delivered" {
 				return false
 			}
 		}
 		return true
-	})
+	}, "all delivered")
 	if p := peak.Load(); p != 3 {
 		t.Fatalf("peak concurrency %d, cap 3", p)
 	}
@@ -735,14 +672,14 @@ func TestObserverAndGracefulShutdown(t *testing.T) {
 	started := make(chan struct{}, 10)
 	release := make(chan struct{})
 	var releaseOnce sync.Once
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		started <- struct{}{}
 		if n == 1 {
 			w.WriteHeader(500)
 			return
 		}
-		<-release // still in flight when the dispatcher is stopped
-	})
+		<-release
+	}})
 	t.Cleanup(func() { releaseOnce.Do(func() { close(release) }) }) // (before rc.srv.Close)
 	e.webhook(rc.URL)
 	ids := e.events(1)
@@ -779,7 +716,7 @@ func TestObserverAndGracefulShutdown(t *testing.T) {
 
 func TestWakesOnNotify(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	sep := "?"
 	if strings.Contains(e.dsn, "?") {
@@ -789,18 +726,18 @@ func TestWakesOnNotify(t *testing.T) {
 	cfg := e.config(rc)
 	cfg.PollInterval = time.Hour // only a notification can wake the dispatcher
 	e.run(cfg)
-	waitFor(t, "LISTEN established", patience, func() bool {
+	testenv.Eventually(t, patience, func() bool {
 		var n int
 		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND query = 'LISTEN `+"\"wabarelay_deliveries\""+`'`).Scan(&n)
 		return n == 1
-	})
+	}, "LISTEN established")
 	// Twice: the first store may race the claim made on connecting; by the second, that claim
 	// is long done, and with a poll interval of an hour only the notification can wake it.
 	for round := range 2 {
 		t0 := time.Now()
 		ids := e.events(1)
-		waitFor(t, "delivered after NOTIFY", patience, e.statusIs(ids[0], "delivered"))
+		testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "delivered after NOTIFY")
 		t.Logf("round %d: store to delivered: %v", round, time.Since(t0))
 	}
 }
@@ -809,7 +746,7 @@ func TestUntrustedCertificateIsFailure(t *testing.T) {
 	for _, name := range []string{"system pool only", "other extra CA"} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
-			rc := newReceiver(t, nil)
+			rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 			e.webhook(rc.URL)
 			ids := e.events(1)
 			cfg := e.config(rc)
@@ -820,7 +757,7 @@ func TestUntrustedCertificateIsFailure(t *testing.T) {
 				cfg.RootCAs = otherCA(t) // (httptest servers all share one certificate)
 			}
 			e.run(cfg)
-			waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+			testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed")
 			if row := e.delivery(ids[0]); row.lastErr == nil || *row.lastErr != "tls_error" {
 				t.Fatalf("delivery %+v", row)
 			}

@@ -1,7 +1,6 @@
 package dispatcher
 
 import (
-	"context"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -13,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // internalText matches what a delivery log must never show a tenant: an IPv4 or IPv6 address,
@@ -66,16 +67,9 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 			core, logs := observer.New(zapcore.DebugLevel)
 			cfg := Config{RetryDelays: []time.Duration{}, Timeout: time.Second, Lease: 30 * time.Second,
 				PollInterval: 50 * time.Millisecond, AllowPrivateTargets: c.allowPrivate, InstanceID: "test-" + uuid.NewString()[:6]}
-			d, err := New(e.pool, e.st.WebhookSecret, cfg, zap.New(core))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); d.Run(ctx, e.dsn) }()
-			t.Cleanup(func() { cancel(); <-done })
+			e.launch(e.st.WebhookSecret, cfg, zap.New(core))
 
-			waitFor(t, "failed", patience, e.statusIs(ids[0], "failed"))
+			testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed")
 			at := e.attemptRows(ids[0])
 			row := e.delivery(ids[0])
 			if len(at) != 1 || at[0].err == nil || row.lastErr == nil {

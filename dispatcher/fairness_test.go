@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -53,23 +53,13 @@ func hangingListener(t *testing.T) string {
 	return "http://" + ln.Addr().String() + "/hook"
 }
 
-// tenant is a second org with a connected channel, in e's database.
+// tenant is another org with a connected channel, in e's database.
 func (e *env) tenant(name string) (org uuid.UUID, phone string) {
 	e.t.Helper()
-	ctx := context.Background()
-	o, err := e.st.CreateOrg(ctx, name)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	ch, err := e.st.CreateChannel(ctx, o.ID, "c", time.Hour)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	phone = "1666" + strconv.Itoa(int(time.Now().UnixNano()%1e6))
-	if err := e.st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: phone, WabaID: "waba" + phone, UpstreamToken: "tok"}); err != nil {
-		e.t.Fatal(err)
-	}
-	return o.ID, phone
+	o := e.fix.Org(e.t, &testenv.OrgOpts{Name: name})
+	conn := e.fix.Connection()
+	e.fix.Channel(e.t, o.ID, &testenv.ChannelOpts{Connection: conn})
+	return o.ID, conn.PhoneNumberID
 }
 
 // handIn stores one event for phone the way wabarelay_inbound does: the deliveries d can start
@@ -102,7 +92,7 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 
 	var mu sync.Mutex
 	arrived := map[string]time.Time{}
-	rc := newReceiver(t, func(_ int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, r *http.Request) {
 		var ev struct {
 			Data struct {
 				Message struct{ ID string } `json:"message"`
@@ -115,36 +105,26 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 		}
 		mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
-	})
+	}})
 	e.webhook(rc.URL)
 
 	orgB, phoneB := e.tenant("b")
 	hang := hangingListener(t)
 	for i := range 500 {
-		if _, _, err := e.st.CreateWebhook(ctx, orgB, store.NewWebhook{Name: fmt.Sprintf("b%d", i), URL: hang, Events: []string{"messages"}}); err != nil {
-			t.Fatal(err)
-		}
+		e.fix.Webhook(t, orgB, hang, &testenv.WebhookOpts{Name: fmt.Sprintf("b%d", i)})
 	}
 
 	cfg := e.config(rc)
 	cfg.Workers, cfg.PerWebhook = 0, 0 // the defaults
 	cfg.Timeout, cfg.Lease = 10*time.Second, 30*time.Second
-	d, err := New(e.pool, e.st.WebhookSecret, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	runCtx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(runCtx, e.dsn) }()
-	stop := sync.OnceFunc(func() { cancel(); <-done })
-	t.Cleanup(stop)
-	waitFor(t, "the dispatcher's first claim", patience, func() bool {
+	d, stop := e.launch(e.st.WebhookSecret, cfg, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	testenv.Eventually(t, patience, func() bool {
 		if n := d.Reserve(1); n > 0 {
 			d.Deliver(n, nil, false)
 			return true
 		}
 		return false
-	})
+	}, "the dispatcher's first claim")
 
 	// B: an event every 500 ms (500 deliveries each: 1,000 a second, always more than B may
 	// run) from the start; A: 10 events every 100 ms for 5 s, starting once B's first events
@@ -167,7 +147,7 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "B's attempts to hold workers", patience, func() bool { return d.free() < DefaultWorkers-32 })
+	testenv.Eventually(t, patience, func() bool { return d.free() < DefaultWorkers-32 }, "B's attempts to hold workers")
 
 	sent := map[string]time.Time{}
 	tick := time.NewTicker(100 * time.Millisecond)
@@ -244,36 +224,29 @@ func TestUnrecordedOutcomesExplained(t *testing.T) {
 			var once sync.Once
 			free := func() { once.Do(func() { close(release) }) }
 			t.Cleanup(free)
-			rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+			rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 				if n == 1 {
-					<-release // the first attempt waits; any other answers at once
+					<-release
 				}
-			})
+			}})
 			hook, _ := e.webhook(rc.URL)
 			core, logs := observer.New(zapcore.DebugLevel)
 			cfg := e.config(rc)
-			d, err := New(e.pool, e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
-			if err != nil {
-				t.Fatal(err)
-			}
-			ctx, cancel := context.WithCancel(context.Background())
-			done := make(chan struct{})
-			go func() { defer close(done); d.Run(ctx, e.dsn) }()
-			t.Cleanup(func() { cancel(); <-done })
+			d, _ := e.launch(e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
 			ids := e.events(1)
-			waitFor(t, "the first attempt", patience, func() bool { return len(rc.Deliveries()) == 1 })
+			testenv.Eventually(t, patience, func() bool { return len(rc.Deliveries()) == 1 }, "the first attempt")
 			if c.lost == 0 {
 				if err := e.st.DeleteWebhook(context.Background(), e.org, hook); err != nil {
 					t.Fatal(err)
 				}
 			} else {
 				e.expireLease(ids[0])
-				waitFor(t, "the reclaim's delivery", patience, e.statusIs(ids[0], "delivered"))
+				testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "the reclaim's delivery")
 			}
 			free()
-			waitFor(t, "the outcome's explanation", patience, func() bool {
+			testenv.Eventually(t, patience, func() bool {
 				return logs.FilterMessageSnippet("not recorded").Len() > 0
-			})
+			}, "the outcome's explanation")
 			if got := d.lostClaims.Load(); got != c.lost {
 				t.Fatalf("lost claims %d, want %d", got, c.lost)
 			}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -16,7 +17,7 @@ import (
 func reserve(t *testing.T, d *Dispatcher, n int) int {
 	t.Helper()
 	var got int
-	waitFor(t, "slots to reserve", patience, func() bool { got = d.Reserve(n); return got > 0 })
+	testenv.Eventually(t, patience, func() bool { got = d.Reserve(n); return got > 0 }, "slots to reserve")
 	return got
 }
 
@@ -42,7 +43,7 @@ func jobsOf(res store.InboundResult) []Job {
 
 func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	_, secret := e.webhook(rc.URL)
 	cfg := e.config(rc)
 	cfg.PollInterval = time.Hour // only the start-up claim: anything delivered later was handed off
@@ -72,7 +73,7 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 	d.Deliver(n, jobsOf(res), res.Queued > 0)
 
 	// The queued one is announced (NOTIFY) and claimed; the two handed off need nothing more.
-	waitFor(t, "three receipts", patience, func() bool { return len(rc.Deliveries()) == 3 })
+	testenv.Eventually(t, patience, func() bool { return len(rc.Deliveries()) == 3 }, "three receipts")
 	for _, h := range rc.Deliveries() {
 		var stored string
 		if err := e.pool.QueryRow(context.Background(), `SELECT convert_from(payload, 'UTF8') FROM events WHERE id = $1`,
@@ -82,11 +83,12 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 		if string(h.Body) != stored {
 			t.Fatalf("body %s\nstored %s", h.Body, stored)
 		}
-		verifySvc(t, secret, h.Header.Get("X-Svc-Signature"), h.Body)
-		verifyStandard(t, secret, h.Header, h.Body)
+		if _, err := testenv.VerifySignature(secret, h.Header, h.Body); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, c := range res.Claimed {
-		waitFor(t, "delivered", patience, e.statusIs(c.EventID, "delivered"))
+		testenv.Eventually(t, patience, e.statusIs(c.EventID, "delivered"), "delivered")
 		if row := e.delivery(c.EventID); row.attempts != 1 {
 			t.Fatalf("handed-off delivery %+v", row)
 		}
@@ -102,10 +104,10 @@ func TestHandOffDeliversWithoutClaim(t *testing.T) {
 
 func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		time.Sleep(100 * time.Millisecond)
 		w.WriteHeader(http.StatusNoContent)
-	})
+	}})
 	e.webhook(rc.URL)
 	cfg := e.config(rc)
 	cfg.PerWebhook = 1
@@ -118,7 +120,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 	}
 	d.Deliver(n, jobsOf(res), false)
 	for _, c := range res.Claimed {
-		waitFor(t, "delivered", patience, e.statusIs(c.EventID, "delivered"))
+		testenv.Eventually(t, patience, e.statusIs(c.EventID, "delivered"), "delivered")
 		// The two over the cap were handed back without using up an attempt.
 		if row := e.delivery(c.EventID); row.attempts != 1 || len(e.attemptRows(c.EventID)) != 1 {
 			t.Fatalf("delivery %+v, attempts %+v", row, e.attemptRows(c.EventID))
@@ -131,7 +133,7 @@ func TestHandOffOverPerWebhookCapGoesBackToQueue(t *testing.T) {
 
 func TestShutdownWaitsForReservations(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	d, stop := e.start(e.config(rc))
 	n := reserve(t, d, 4)
@@ -139,11 +141,11 @@ func TestShutdownWaitsForReservations(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
 	// Shutdown has begun once the loop has ended and no more slots are handed out.
-	waitFor(t, "the claim loop to end", patience, func() bool {
+	testenv.Eventually(t, patience, func() bool {
 		d.mu.Lock()
 		defer d.mu.Unlock()
 		return !d.running
-	})
+	}, "the claim loop to end")
 	if got := d.Reserve(1); got != 0 {
 		t.Fatalf("reserved %d slots while stopping", got)
 	}
@@ -166,14 +168,14 @@ func TestShutdownWaitsForReservations(t *testing.T) {
 func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
 	e := newEnv(t)
 	var running, most atomic.Int32
-	rc := newReceiver(t, func(n int, w http.ResponseWriter, r *http.Request) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		now := running.Add(1)
 		defer running.Add(-1)
 		for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
 		}
 		time.Sleep(100 * time.Millisecond)
 		w.WriteHeader(http.StatusNoContent)
-	})
+	}})
 	for range 3 {
 		e.webhook(rc.URL)
 	}
@@ -187,11 +189,11 @@ func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
 		t.Fatalf("inbound %+v", res)
 	}
 	d.Deliver(n, jobsOf(res), false)
-	waitFor(t, "3 deliveries delivered", patience, func() bool {
+	testenv.Eventually(t, patience, func() bool {
 		var delivered int
 		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status = 'delivered'`).Scan(&delivered)
 		return delivered == 3
-	})
+	}, "3 deliveries delivered")
 	var attempts int
 	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_attempts`).Scan(&attempts); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 // receiver is never called.
 func TestUndecryptableSecretFails(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	wid, _ := e.webhook(rc.URL + "/h")
 	if _, err := e.pool.Exec(context.Background(),
 		`UPDATE webhooks SET secret_enc = decode('00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff', 'hex') WHERE id = $1`, wid); err != nil {
@@ -42,10 +42,10 @@ func TestUndecryptableSecretFails(t *testing.T) {
 	runWithSecrets(t, e, rc, secrets, zap.New(core))
 
 	var status, lastErr string
-	waitFor(t, "the delivery to fail", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		e.pool.QueryRow(context.Background(), `SELECT status, coalesce(last_error, '') FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status, &lastErr)
 		return status == "failed"
-	})
+	}, "the delivery to fail")
 	if !strings.Contains(lastErr, "cannot be decrypted") {
 		t.Fatalf("last_error = %q", lastErr)
 	}
@@ -61,7 +61,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 // the delivery is handed back, and the dispatcher goes on delivering.
 func TestAttemptPanicSurvived(t *testing.T) {
 	e := newEnv(t)
-	rc := newReceiver(t, nil)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL + "/h")
 	ids := e.events(1)
 	core, logs := observer.New(zap.InfoLevel)
@@ -74,10 +74,10 @@ func TestAttemptPanicSurvived(t *testing.T) {
 	}
 	runWithSecrets(t, e, rc, secrets, zap.New(core))
 	var status string
-	waitFor(t, "delivery after a panic", 20*time.Second, func() bool {
+	testenv.Eventually(t, 20*time.Second, func() bool {
 		e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status)
 		return status == "delivered"
-	})
+	}, "delivery after a panic")
 	if logs.FilterMessageSnippet("panicked").Len() != 1 {
 		t.Fatalf("panic not logged once: %v", logs.All())
 	}
@@ -89,12 +89,5 @@ func runWithSecrets(t *testing.T, e *env, rc *testenv.Receiver, secrets Secrets,
 	t.Helper()
 	cfg := e.config(rc)
 	cfg.secretRetry = 20 * time.Millisecond
-	d, err := New(e.pool, secrets, cfg, logger)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); d.Run(ctx, e.dsn) }()
-	t.Cleanup(func() { cancel(); <-done })
+	e.launch(secrets, cfg, logger)
 }

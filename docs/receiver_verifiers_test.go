@@ -2,13 +2,8 @@ package docs_test
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,95 +13,45 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// delivery is one request a webhook receiver got.
-type delivery struct {
-	header http.Header
-	body   []byte
-}
-
 // realDelivery stores one incoming message for an org whose webhook points at a local HTTPS
 // receiver, runs a dispatcher until the receiver has the delivery, and returns what the receiver
 // got and the webhook's secret: the bytes and headers a real receiver sees.
-func realDelivery(t *testing.T) (delivery, string) {
+func realDelivery(t *testing.T) (testenv.Delivery, string) {
 	t.Helper()
 	ctx := context.Background()
-	dsn := testenv.Postgres(t)
-	pool, err := pgxpool.New(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, err := secretbox.New(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := store.New(pool, box)
-
-	got := make(chan delivery, 1)
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		select {
-		case got <- delivery{r.Header.Clone(), body}:
-		default:
-		}
-	}))
-	t.Cleanup(srv.Close)
-
-	org, err := st.CreateOrg(ctx, "docs")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(ctx, org.ID, "docs", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	phone := "1555" + strconv.FormatInt(time.Now().UnixNano()%1e6, 10)
-	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: phone, WabaID: "waba" + phone, UpstreamToken: "tok"}); err != nil {
-		t.Fatal(err)
-	}
-	_, secret, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "docs", URL: srv.URL + "/hook", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	item := store.IncomingItem{Type: "messages", PhoneNumberID: phone, DedupeKey: "docs-" + uuid.NewString(),
+	f := testenv.NewStore(t)
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
+	org := f.Org(t)
+	conn := f.Connection()
+	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: conn})
+	_, secret := f.Webhook(t, org.ID, rc.URL+"/hook")
+	item := store.IncomingItem{Type: "messages", PhoneNumberID: conn.PhoneNumberID, DedupeKey: "docs-" + uuid.NewString(),
 		Data: json.RawMessage(`{"message": {"id": "wamid.docs", "text": {"body": "héllo \u00e9 — ok"}}}`)}
-	if res, err := st.StoreEvents(ctx, []store.IncomingItem{item}, store.Claim{}); err != nil || res.Events != 1 {
+	if res, err := f.Store.StoreEvents(ctx, []store.IncomingItem{item}, store.Claim{}); err != nil || res.Events != 1 {
 		t.Fatalf("store event: %+v %v", res, err)
 	}
 
-	roots := x509.NewCertPool()
-	roots.AddCert(srv.Certificate())
-	d, err := dispatcher.New(pool, st.WebhookSecret, dispatcher.Config{
+	d, err := dispatcher.New(f.Pool, f.Store.WebhookSecret, dispatcher.Config{
 		Timeout: 10 * time.Second, Lease: 30 * time.Second, PollInterval: 50 * time.Millisecond,
-		AllowPrivateTargets: true, RootCAs: roots, InstanceID: "docs-" + uuid.NewString()[:6],
+		AllowPrivateTargets: true, RootCAs: rc.Roots(), InstanceID: "docs-" + uuid.NewString()[:6],
 	}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); d.Run(runCtx, dsn) }()
+	go func() { defer close(done); d.Run(runCtx, f.DSN) }()
 	defer func() { cancel(); <-done }()
-	select {
-	case dl := <-got:
-		return dl, secret
-	case <-time.After(30 * time.Second): // a deadline for a failing test, not a timing
-		t.Fatal("no delivery reached the receiver in 30 s")
-	}
-	return delivery{}, ""
+	return rc.WaitN(t, 1)[0], secret
 }
 
 // snippet returns the receiver guide's verifier in lang (the first ```<lang> block holding a
@@ -174,11 +119,11 @@ sys.exit(0 if verify(sys.argv[1], body, sys.argv[3]) else 1)
 // secret and with a signature from another timestamp. A missing interpreter skips its language.
 func TestReceiverGuideVerifiers(t *testing.T) {
 	dl, secret := realDelivery(t)
-	header := dl.header.Get("X-Svc-Signature")
+	header := dl.Header.Get("X-Svc-Signature")
 	if header == "" {
-		t.Fatalf("delivery without X-Svc-Signature: %v", dl.header)
+		t.Fatalf("delivery without X-Svc-Signature: %v", dl.Header)
 	}
-	tampered := append([]byte(nil), dl.body...)
+	tampered := append([]byte(nil), dl.Body...)
 	tampered[len(tampered)/2] ^= 0x01
 	t0, _, _ := strings.Cut(strings.TrimPrefix(header, "t="), ",")
 	ts, _ := strconv.ParseInt(t0, 10, 64)
@@ -217,7 +162,7 @@ func TestReceiverGuideVerifiers(t *testing.T) {
 				}
 				return err == nil, string(out)
 			}
-			if ok, out := verify(secret, dl.body, header); !ok {
+			if ok, out := verify(secret, dl.Body, header); !ok {
 				t.Errorf("the real delivery is rejected\n%s", out)
 			}
 			for name, c := range map[string]struct {
@@ -225,8 +170,8 @@ func TestReceiverGuideVerifiers(t *testing.T) {
 				body           []byte
 			}{
 				"a changed body byte": {secret, header, tampered},
-				"another secret":      {"whsec_" + strings.Repeat("A", 43) + "=", header, dl.body},
-				"another timestamp":   {secret, otherTime, dl.body},
+				"another secret":      {"whsec_" + strings.Repeat("A", 43) + "=", header, dl.Body},
+				"another timestamp":   {secret, otherTime, dl.Body},
 			} {
 				if ok, _ := verify(c.secret, c.body, c.header); ok {
 					t.Errorf("accepted with %s", name)

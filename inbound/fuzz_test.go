@@ -6,6 +6,8 @@ import (
 	"flag"
 	"strings"
 	"testing"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // FuzzParse: whatever the upstream posts, splitting it never panics, and every item carries
@@ -34,11 +36,11 @@ func FuzzParse(f *testing.F) {
 	// with the seed corpus (go test); under -fuzz they are left out, as in managementapi's
 	// FuzzRequestBody: their baseline coverage would take the fuzz time.
 	if fl := flag.Lookup("test.fuzz"); fl == nil || fl.Value.String() == "" {
-		for _, field := range fullBatchFields {
-			f.Add([]byte(fullBatch(field, strings.Repeat("9", 256<<10))))
+		for _, field := range testenv.FullBatchFields {
+			f.Add([]byte(testenv.FullBatch(map[string]string{field: strings.Repeat("9", 256<<10)})))
 		}
 		for _, field := range []string{"message_id", "status_id", "status", "media_id", "phone_number_id", "waba", "from", "wa_id", "recipient_id"} {
-			f.Add([]byte(fullBatch(field, strings.Repeat("A", 1<<20))))
+			f.Add([]byte(testenv.FullBatch(map[string]string{field: strings.Repeat("A", 1<<20)})))
 		}
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
@@ -65,48 +67,12 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// fullBatch is an upstream post with every field the upstream sends — two messages (text with
-// context, image), a status with conversation, pricing and errors, a contact, value.errors —
-// with field (one of fullBatchFields) holding v and the others their usual values.
-func fullBatch(field, v string) string {
-	vals := map[string]string{"waba": "2001", "display": "15550100", "phone_number_id": "1001", "name": "Ann", "wa_id": "15550001111",
-		"from": "15550001111", "message_id": "wamid.m1", "timestamp": "1700000000", "type": "text", "context_from": "15550100",
-		"context_id": "wamid.c1", "body": "hi", "image_message_id": "wamid.i1", "media_id": "media1", "mime_type": "image/jpeg",
-		"sha256": "abc", "caption": "cap", "status_id": "wamid.s1", "status": "delivered", "status_timestamp": "1700000001",
-		"recipient_id": "15550001111", "opaque": "x", "conversation_id": "conv1", "expiration": "1700090000", "origin": "service",
-		"pricing_model": "CBP", "category": "service", "error_title": "t", "error_message": "m", "error_details": "d", "value_error": "v"}
-	if _, ok := vals[field]; !ok {
-		panic("fullBatch: no field " + field)
-	}
-	vals[field] = v
-	b := `{"object":"whatsapp_business_account","entry":[{"id":"{waba}","time":1700000000,"changes":[{"field":"messages","value":{"messaging_product":"whatsapp",` +
-		`"metadata":{"display_phone_number":"{display}","phone_number_id":"{phone_number_id}"},` +
-		`"contacts":[{"profile":{"name":"{name}"},"wa_id":"{wa_id}"}],` +
-		`"messages":[{"from":"{from}","id":"{message_id}","timestamp":"{timestamp}","type":"{type}","context":{"from":"{context_from}","id":"{context_id}"},"text":{"body":"{body}"}},` +
-		`{"from":"15550001111","id":"{image_message_id}","timestamp":"1700000000","type":"image","image":{"id":"{media_id}","mime_type":"{mime_type}","sha256":"{sha256}","caption":"{caption}"}}],` +
-		`"statuses":[{"id":"{status_id}","status":"{status}","timestamp":"{status_timestamp}","recipient_id":"{recipient_id}","biz_opaque_callback_data":"{opaque}",` +
-		`"conversation":{"id":"{conversation_id}","expiration_timestamp":"{expiration}","origin":{"type":"{origin}"}},` +
-		`"pricing":{"billable":true,"pricing_model":"{pricing_model}","category":"{category}"},` +
-		`"errors":[{"code":131026,"title":"{error_title}","message":"{error_message}","error_data":{"details":"{error_details}"}}]}],` +
-		`"errors":[{"code":1,"title":"{value_error}"}]}}]}]}`
-	for k, x := range vals {
-		b = strings.ReplaceAll(b, "{"+k+"}", x)
-	}
-	return b
-}
-
-// fullBatchFields are the fields of fullBatch.
-var fullBatchFields = []string{"message_id", "status_id", "status", "image_message_id", "media_id", "from", "recipient_id", "wa_id",
-	"phone_number_id", "display", "waba", "timestamp", "status_timestamp", "type", "conversation_id", "expiration", "origin",
-	"pricing_model", "category", "error_title", "error_message", "error_details", "value_error", "name", "context_from",
-	"context_id", "body", "mime_type", "sha256", "caption", "opaque"}
-
 // TestParseHugeFields: a 1 MiB string in any field of a full batch splits like any other batch:
 // three items, the identifiers kept whole in their keys and media ids.
 func TestParseHugeFields(t *testing.T) {
 	huge := strings.Repeat("7", 1<<20)
-	for _, field := range fullBatchFields {
-		b, err := Parse([]byte(fullBatch(field, huge)))
+	for _, field := range testenv.FullBatchFields {
+		b, err := Parse([]byte(testenv.FullBatch(map[string]string{field: huge})))
 		if err != nil || len(b.Items) != 3 {
 			t.Fatalf("%s: %d items, %v; want 3", field, len(b.Items), err)
 		}

@@ -2,7 +2,6 @@ package inbound_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -13,11 +12,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -41,34 +38,12 @@ type fixture struct {
 
 func newFixture(t *testing.T) *fixture {
 	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	org, err := st.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: phoneID, WabaID: wabaID,
-		DisplayPhoneNumber: "+1 555-0100", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	w, _, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com",
-		Events: []string{inbound.TypeMessage, inbound.TypeStatus}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &fixture{st: st, org: org.ID, channel: ch.ID, webhook: w.ID}
+	kit := testenv.NewStore(t)
+	org := kit.Org(t)
+	ch := kit.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: phoneID, WabaID: wabaID,
+		DisplayPhoneNumber: "+1 555-0100", UpstreamToken: "t"}})
+	w, _ := kit.Webhook(t, org.ID, "https://h.example.com", &testenv.WebhookOpts{Events: []string{inbound.TypeMessage, inbound.TypeStatus}})
+	return &fixture{st: kit.Store, org: org.ID, channel: ch.ID, webhook: w.ID}
 }
 
 func (f *fixture) channelStatus(t *testing.T) string {

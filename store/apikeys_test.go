@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -15,10 +16,10 @@ import (
 // ErrAPIKeyNotFound, is idempotent (the first revocation time stays), and the CLI's unscoped
 // revoke still works on any org's key.
 func TestRevokeOrgAPIKey(t *testing.T) {
-	s := newStore(t)
+	f := testenv.NewStore(t)
+	s := f.Store
 	ctx := context.Background()
-	orgA, _ := s.CreateOrg(ctx, "a")
-	orgB, _ := s.CreateOrg(ctx, "b")
+	orgA, orgB := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
 	k, key, err := s.CreateAPIKey(ctx, orgA.ID, "a", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -61,9 +62,10 @@ func TestRevokeOrgAPIKey(t *testing.T) {
 // TestActiveAPIKey: a key looked up by id is refused like AuthenticateAPIKey refuses it (unknown
 // or revoked, expired), and its use is recorded.
 func TestActiveAPIKey(t *testing.T) {
-	s, pool := newStoreAndPool(t)
+	f := testenv.NewStore(t)
+	s, pool := f.Store, f.Pool
 	ctx := context.Background()
-	org, _ := s.CreateOrg(ctx, "o")
+	org := f.Org(t)
 	later := time.Now().Add(time.Hour)
 	k, _, err := s.CreateAPIKey(ctx, org.ID, "k", &later)
 	if err != nil {

@@ -11,31 +11,23 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 func TestStoreEventsMatching(t *testing.T) {
-	s := newStore(t)
+	f := testenv.NewStore(t)
+	s := f.Store
 	ctx := context.Background()
-	orgA, _ := s.CreateOrg(ctx, "a")
-	orgB, _ := s.CreateOrg(ctx, "b")
+	orgA, orgB := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
 	connected := func(org uuid.UUID, pnid string) store.Channel {
-		c, err := s.CreateChannel(ctx, org, "c"+pnid, time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
-			t.Fatal(err)
-		}
-		return c
+		return f.Channel(t, org, &testenv.ChannelOpts{Name: "c" + pnid,
+			Connection: &store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}})
 	}
 	c1, c2 := connected(orgA.ID, "111"), connected(orgA.ID, "222")
 	connected(orgB.ID, "333")
 	hook := func(org uuid.UUID, events []string, channels ...uuid.UUID) uuid.UUID {
-		w, _, err := s.CreateWebhook(ctx, org, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: events, ChannelIDs: channels})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org, "https://h.example.com", &testenv.WebhookOpts{Events: events, ChannelIDs: channels})
 		return w.ID
 	}
 	all := hook(orgA.ID, []string{"messages", "message_status"})
@@ -94,17 +86,13 @@ func TestStoreEventsMatching(t *testing.T) {
 	}
 }
 
-// storeWithChannel returns a store with one org and one active channel on phone number id "1".
-func storeWithChannel(t *testing.T) (*store.Store, store.Org) {
+// storeWithChannel returns a fixture with one org and one active channel on phone number id "1".
+func storeWithChannel(t *testing.T) (*testenv.Fixture, store.Org) {
 	t.Helper()
-	s := newStore(t)
-	ctx := context.Background()
-	org, _ := s.CreateOrg(ctx, "o")
-	c, _ := s.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err := s.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}); err != nil {
-		t.Fatal(err)
-	}
-	return s, org
+	f := testenv.NewStore(t)
+	org := f.Org(t)
+	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}})
+	return f, org
 }
 
 // storeOn stores one message item with the store's clock at day (and the upstream timestamp
@@ -151,11 +139,10 @@ func finish(t *testing.T, s *store.Store, key, status string, attempted ...time.
 // TestRetentionDropsPartitions: the retention drops whole days (events, deliveries and attempts
 // partitions), not rows, and keeps a day while one of its deliveries is still live.
 func TestRetentionDropsPartitions(t *testing.T) {
-	s, org := storeWithChannel(t)
+	f, org := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
-	if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
-		t.Fatal(err)
-	}
+	f.Webhook(t, org.ID, "https://h.example.com")
 	now := time.Now().UTC()
 	// (the days ahead, as the app keeps them, also when the test database is from yesterday)
 	if err := s.EnsurePartitions(ctx, now, now.AddDate(0, 0, store.PartitionsAhead)); err != nil {
@@ -235,7 +222,8 @@ func TestRetentionDropsPartitions(t *testing.T) {
 // TestDuplicatesAcrossDays: an upstream re-send is recognised within the dedupe window even when
 // the original is in an earlier day's partition; past the window it is a new event.
 func TestDuplicatesAcrossDays(t *testing.T) {
-	s, _ := storeWithChannel(t)
+	f, _ := storeWithChannel(t)
+	s := f.Store
 	now := time.Now().UTC()
 	storeOn(t, s, now.AddDate(0, 0, -6), "recent")
 	storeOn(t, s, now.AddDate(0, 0, -9), "old")
@@ -258,7 +246,8 @@ func TestDuplicatesAcrossDays(t *testing.T) {
 // TestInboundCreatesMissingPartition: storing events on a day with no partition (the partition
 // manager is behind) creates it and stores the events.
 func TestInboundCreatesMissingPartition(t *testing.T) {
-	s, _ := storeWithChannel(t)
+	f, _ := storeWithChannel(t)
+	s := f.Store
 	ahead := time.Now().UTC().AddDate(0, 0, store.PartitionsAhead+2)
 	s.SetNow(func() time.Time { return ahead })
 	defer s.SetNow(time.Now)
@@ -272,12 +261,10 @@ func TestInboundCreatesMissingPartition(t *testing.T) {
 // queue's pending rows, go back to pending on resume, and fail with a reason in the delivery
 // log once older than the hold limit.
 func TestHeldDeliveriesFailAfterMaxHold(t *testing.T) {
-	s, org := storeWithChannel(t)
+	f, org := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
-	w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	w, _ := f.Webhook(t, org.ID, "https://h.example.com")
 	pool := s.Pool()
 	statuses := func() string {
 		t.Helper()
@@ -323,14 +310,12 @@ func TestHeldDeliveriesFailAfterMaxHold(t *testing.T) {
 // TestDeleteWebhookCancelsDeliveries: a deleted webhook's deliveries (pending ones included)
 // and their attempts go with it; another webhook's stay.
 func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
-	s, org := storeWithChannel(t)
+	f, org := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
 	var hooks []uuid.UUID
 	for range 2 {
-		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org.ID, "https://h.example.com")
 		hooks = append(hooks, w.ID)
 	}
 	items := []store.IncomingItem{
@@ -393,7 +378,8 @@ func hugeText(n int) string {
 // object ids longer than MaxObjectIDLen are not recorded for the scope (counted), shorter ones
 // are; a huge number is no channel's.
 func TestStoreEventsHugeIdentifiers(t *testing.T) {
-	s, _ := storeWithChannel(t)
+	f, _ := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
 	now := time.Now().UTC()
 	keys := []string{
@@ -454,12 +440,10 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 // due delivery of its webhook; another webhook's backlog does not keep a webhook from the
 // hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
 func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
-	s, org := storeWithChannel(t)
+	f, org := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
-	busy, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "busy", URL: "https://a.example.com", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	busy, _ := f.Webhook(t, org.ID, "https://a.example.com", &testenv.WebhookOpts{Name: "busy"})
 	item := func(key string) []store.IncomingItem {
 		return []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}}
 	}
@@ -467,10 +451,7 @@ func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 	if res, err := s.StoreEvents(ctx, item("old"), store.Claim{}); err != nil || res.Queued != 1 {
 		t.Fatalf("stored %+v, %v", res, err)
 	}
-	idle, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "idle", URL: "https://b.example.com", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	idle, _ := f.Webhook(t, org.ID, "https://b.example.com", &testenv.WebhookOpts{Name: "idle"})
 	claim := store.Claim{Instance: "i1", Lease: time.Minute, Max: 8}
 	res, err := s.StoreEvents(ctx, item("new"), claim)
 	if err != nil {
@@ -491,12 +472,11 @@ func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 // TestDeliveryIDsAreUUIDv7: delivery ids are UUIDv7 like every other id, their time the
 // delivery's creation (the store's clock), so that they sort by time.
 func TestDeliveryIDsAreUUIDv7(t *testing.T) {
-	s, org := storeWithChannel(t)
+	f, org := storeWithChannel(t)
+	s := f.Store
 	ctx := context.Background()
 	for range 2 {
-		if _, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://h.example.com", Events: []string{"messages"}}); err != nil {
-			t.Fatal(err)
-		}
+		f.Webhook(t, org.ID, "https://h.example.com")
 	}
 	at := time.Now().UTC().AddDate(0, 0, -2).Truncate(time.Millisecond).Add(123 * time.Millisecond)
 	storeOn(t, s, at, "m:v7")

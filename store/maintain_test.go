@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -31,7 +32,8 @@ func TestRetentionPolicy(t *testing.T) {
 
 // TestMaintainCreatesPartitions: one round of maintenance makes the partitions ahead.
 func TestMaintainCreatesPartitions(t *testing.T) {
-	s, pool := newStoreAndPool(t)
+	f := testenv.NewStore(t)
+	s, pool := f.Store, f.Pool
 	ctx := context.Background()
 	s.Maintain(ctx, store.RetentionPolicy{}, nil)
 	name := "events_p" + time.Now().UTC().AddDate(0, 0, store.PartitionsAhead).Format("20060102")

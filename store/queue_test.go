@@ -9,6 +9,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -86,6 +87,25 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 	return took, read["delivery_queue"], p[0].Plan.Hit + p[0].Plan.Read
 }
 
+// queueDue queues n deliveries of org's webhook w with status st, due a minute ago, with their
+// events, straight into the tables (faster than storing events by the thousand).
+func queueDue(t *testing.T, pool *pgxpool.Pool, org, w uuid.UUID, n int, st string) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `
+		WITH e AS (
+			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
+			SELECT gen_random_uuid(), $1, gen_random_uuid(), 'messages', 'k', '{}', now() FROM generate_series(1, $3)
+			RETURNING id, created_at
+		), d AS (
+			INSERT INTO deliveries (id, event_id, webhook_id, created_at)
+			SELECT gen_random_uuid(), e.id, $2, e.created_at FROM e RETURNING id, event_id, created_at
+		)
+		INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
+		SELECT d.id, d.created_at, d.event_id, $2, $4, now() - interval '1 minute' FROM d`, org, w, n, st); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestClaimNeverScansOtherBacklogs: beside a paused webhook holding 50,000 deliveries and a slow
 // webhook at its per-webhook cap on this instance with 20,000 due ones, a claim for a healthy
 // webhook reads (kept or filtered out) a few queue rows per row it takes and per webhook, not
@@ -93,39 +113,18 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 // not scanned. (Its buffers grow only with the indexes' depth.)
 func TestClaimNeverScansOtherBacklogs(t *testing.T) {
 	ctx := context.Background()
-	s, pool := newStoreAndPool(t)
-	org, err := s.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	s, pool := f.Store, f.Pool
+	org := f.Org(t)
 	hook := func(name string) uuid.UUID {
-		w, _, err := s.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org.ID, "https://"+name+".example.com", &testenv.WebhookOpts{Name: name})
 		return w.ID
 	}
 	healthy, slow, paused := hook("healthy"), hook("slow"), hook("paused")
 	if _, err := s.SetWebhookStatus(ctx, org.ID, paused, store.WebhookPaused); err != nil {
 		t.Fatal(err)
 	}
-	// n queued deliveries of webhook w with status st, due a minute ago, with their events.
-	queue := func(w uuid.UUID, n int, st string) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, `
-			WITH e AS (
-				INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-				SELECT gen_random_uuid(), $1, gen_random_uuid(), 'messages', 'k', '{}', now() FROM generate_series(1, $3)
-				RETURNING id, created_at
-			), d AS (
-				INSERT INTO deliveries (id, event_id, webhook_id, created_at)
-				SELECT gen_random_uuid(), e.id, $2, e.created_at FROM e RETURNING id, event_id, created_at
-			)
-			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
-			SELECT d.id, d.created_at, d.event_id, $2, $4, now() - interval '1 minute' FROM d`, org.ID, w, n, st); err != nil {
-			t.Fatal(err)
-		}
-	}
+	queue := func(w uuid.UUID, n int, st string) { queueDue(t, pool, org.ID, w, n, st) }
 	queue(healthy, 200, "pending")
 	claim := store.QueueClaim{Instance: "i", Lease: time.Minute, Limit: 50, PerWebhook: 16, Busy: map[uuid.UUID]int{slow: 16}}
 	analyze := func() {
@@ -169,38 +168,14 @@ func TestClaimNeverScansOtherBacklogs(t *testing.T) {
 // the claim still reads no webhook's backlog beyond what it takes.
 func TestClaimSharesPerOrgFirst(t *testing.T) {
 	ctx := context.Background()
-	s, pool := newStoreAndPool(t)
-	orgA, err := s.CreateOrg(ctx, "a")
-	if err != nil {
-		t.Fatal(err)
-	}
-	orgB, err := s.CreateOrg(ctx, "b")
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := testenv.NewStore(t)
+	pool := f.Pool
+	orgA, orgB := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
 	hook := func(org uuid.UUID, name string) uuid.UUID {
-		w, _, err := s.CreateWebhook(ctx, org, store.NewWebhook{Name: name, URL: "https://" + name + ".example.com", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		w, _ := f.Webhook(t, org, "https://"+name+".example.com", &testenv.WebhookOpts{Name: name})
 		return w.ID
 	}
-	queue := func(org, w uuid.UUID, n int) {
-		t.Helper()
-		if _, err := pool.Exec(ctx, `
-			WITH e AS (
-				INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-				SELECT gen_random_uuid(), $1, gen_random_uuid(), 'messages', 'k', '{}', now() FROM generate_series(1, $3)
-				RETURNING id, created_at
-			), d AS (
-				INSERT INTO deliveries (id, event_id, webhook_id, created_at)
-				SELECT gen_random_uuid(), e.id, $2, e.created_at FROM e RETURNING id, event_id, created_at
-			)
-			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at)
-			SELECT d.id, d.created_at, d.event_id, $2, 'pending', now() - interval '1 minute' FROM d`, org, w, n); err != nil {
-			t.Fatal(err)
-		}
-	}
+	queue := func(org, w uuid.UUID, n int) { queueDue(t, pool, org, w, n, "pending") }
 	a := hook(orgA.ID, "a")
 	queue(orgA.ID, a, 2000)
 	bHooks := map[uuid.UUID]bool{}

@@ -29,6 +29,7 @@ func sealV1(key []byte, plaintext, aad string) []byte {
 // rekeyWorld is a database whose secrets are sealed under key A: channels (connected ones with
 // an upstream token, some with a registration PIN, some values in the old format) and webhooks.
 type rekeyWorld struct {
+	fix      *testenv.Fixture
 	pool     *pgxpool.Pool
 	a, b     []byte
 	org      uuid.UUID
@@ -38,31 +39,21 @@ type rekeyWorld struct {
 
 func newRekeyWorld(t *testing.T, nChannels int) *rekeyWorld {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	w := &rekeyWorld{pool: pool, a: testenv.NewKey(), b: testenv.NewKey(), channels: map[uuid.UUID][3]string{}, webhooks: map[uuid.UUID]string{}}
-	st := store.New(pool, testenv.Keyring(t, w.a))
+	f := testenv.NewStore(t) // its key is A
+	pool, st := f.Pool, f.Store
+	w := &rekeyWorld{fix: f, pool: pool, a: f.Key, b: testenv.NewKey(), channels: map[uuid.UUID][3]string{}, webhooks: map[uuid.UUID]string{}}
 	ctx := context.Background()
-	org, err := st.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
+	org := f.Org(t)
 	w.org = org.ID
 	for i := range nChannels {
-		c, err := st.CreateChannel(ctx, org.ID, "c", time.Hour)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v := [3]string{c.ChannelToken, "", ""}
+		opts := &testenv.ChannelOpts{}
+		v := [3]string{"", "", ""}
 		if i%3 != 2 {
 			v[1] = fmt.Sprintf("EAAG-upstream-%d", i)
-			if err := st.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: fmt.Sprint(5000 + i), WabaID: "w", UpstreamToken: v[1]}); err != nil {
-				t.Fatal(err)
-			}
+			opts.Connection = &store.Connection{PhoneNumberID: fmt.Sprint(5000 + i), WabaID: "w", UpstreamToken: v[1]}
 		}
+		c := f.Channel(t, org.ID, opts)
+		v[0] = c.ChannelToken
 		if i%2 == 0 {
 			v[2] = fmt.Sprintf("%06d", i)
 			if err := st.SetChannelPIN(ctx, c.ID, v[2]); err != nil {
@@ -82,10 +73,7 @@ func newRekeyWorld(t *testing.T, nChannels int) *rekeyWorld {
 		w.channels[c.ID] = v
 	}
 	for range 4 {
-		wh, secret, err := st.CreateWebhook(ctx, org.ID, store.NewWebhook{Name: "w", URL: "https://r.example/h", Events: []string{"messages"}})
-		if err != nil {
-			t.Fatal(err)
-		}
+		wh, secret := f.Webhook(t, org.ID, "https://r.example/h")
 		w.webhooks[wh.ID] = secret
 	}
 	return w
@@ -95,7 +83,7 @@ func newRekeyWorld(t *testing.T, nChannels int) *rekeyWorld {
 // was written; want overrides values changed since.
 func (w *rekeyWorld) check(t *testing.T, keys ...[]byte) {
 	t.Helper()
-	st := store.New(w.pool, testenv.Keyring(t, keys...))
+	st := w.fix.StoreWith(t, keys...)
 	ctx := context.Background()
 	for id, v := range w.channels {
 		c, err := st.GetChannel(ctx, w.org, id)
@@ -138,7 +126,7 @@ func (w *rekeyWorld) values() int64 {
 func TestRekey(t *testing.T) {
 	w := newRekeyWorld(t, 12)
 	w.check(t, w.a)
-	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
+	st := w.fix.StoreWith(t, w.b, w.a)
 	var progress []store.RekeyProgress
 	res, err := st.Rekey(context.Background(), store.RekeyOptions{BatchSize: 5, Progress: func(p store.RekeyProgress) { progress = append(progress, p) }})
 	if err != nil {
@@ -162,7 +150,7 @@ func TestRekey(t *testing.T) {
 		t.Fatalf("progress: %+v", progress)
 	}
 	w.check(t, w.b)
-	if _, err := store.New(w.pool, testenv.Keyring(t, w.a)).WebhookSecret(context.Background(), anyKey(w.webhooks)); !errors.Is(err, secretbox.ErrOpen) {
+	if _, err := w.fix.StoreWith(t, w.a).WebhookSecret(context.Background(), anyKey(w.webhooks)); !errors.Is(err, secretbox.ErrOpen) {
 		t.Fatalf("A still opens a rekeyed secret: %v", err)
 	}
 
@@ -184,7 +172,7 @@ func anyKey[V any](m map[uuid.UUID]V) uuid.UUID {
 // and the rest under A (still readable with [B, A]); running it again finishes the job.
 func TestRekeyResumes(t *testing.T) {
 	w := newRekeyWorld(t, 12)
-	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
+	st := w.fix.StoreWith(t, w.b, w.a)
 	ctx, cancel := context.WithCancel(context.Background())
 	var first store.RekeyProgress
 	res, err := st.Rekey(ctx, store.RekeyOptions{BatchSize: 4, Progress: func(p store.RekeyProgress) {
@@ -226,8 +214,8 @@ func TestRekeyKeepsConcurrentWrites(t *testing.T) {
 		t.Run(column, func(t *testing.T) {
 			w := newRekeyWorld(t, 6)
 			ctx := context.Background()
-			stBA := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
-			stA := store.New(w.pool, testenv.Keyring(t, w.a))
+			stBA := w.fix.StoreWith(t, w.b, w.a)
+			stA := w.fix.StoreWith(t, w.a)
 			var once sync.Once
 			opts := store.RekeyOptions{BatchSize: 100}
 			opts.SetRekeyBeforeWrite(func(_, col string) {
@@ -287,7 +275,7 @@ func TestRekeyUnreadable(t *testing.T) {
 		t.Fatal(err)
 	}
 	delete(w.webhooks, id)
-	res, err := store.New(w.pool, testenv.Keyring(t, w.b, w.a)).Rekey(ctx, store.RekeyOptions{})
+	res, err := w.fix.StoreWith(t, w.b, w.a).Rekey(ctx, store.RekeyOptions{})
 	if !errors.Is(err, store.ErrRekeyIncomplete) || !strings.Contains(err.Error(), id.String()) || strings.Contains(err.Error(), "whsec_lost") {
 		t.Fatalf("err = %v", err)
 	}
@@ -310,7 +298,7 @@ func TestRekeyKeepsCaches(t *testing.T) {
 	if _, err := conn.Exec(ctx, `LISTEN wabarelay_channels`); err != nil {
 		t.Fatal(err)
 	}
-	st := store.New(w.pool, testenv.Keyring(t, w.b, w.a))
+	st := w.fix.StoreWith(t, w.b, w.a)
 	if res, err := st.Rekey(ctx, store.RekeyOptions{BatchSize: 2}); err != nil || res.Rekeyed == 0 {
 		t.Fatalf("rekey: %+v %v", res, err)
 	}

@@ -8,31 +8,16 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
-func newStore(t *testing.T) *store.Store {
-	s, _ := newStoreAndPool(t)
-	return s
-}
-
-// newStoreAndPool is newStore that also returns the pool, for tests that set up rows directly.
-func newStoreAndPool(t *testing.T) (*store.Store, *pgxpool.Pool) {
-	t.Helper()
-	f := testenv.NewStore(t)
-	return f.Store, f.Pool
-}
-
 func TestAPIKeys(t *testing.T) {
-	s, pool := newStoreAndPool(t)
+	f := testenv.NewStore(t)
+	s, pool := f.Store, f.Pool
 	ctx := context.Background()
-	org, err := s.CreateOrg(ctx, "o")
-	if err != nil {
-		t.Fatal(err)
-	}
+	org := f.Org(t)
 	k, key, err := s.CreateAPIKey(ctx, org.ID, "ci", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -86,13 +71,11 @@ func TestAPIKeys(t *testing.T) {
 // TestChannelByTokenAndDeactivate: lookup by token, operator deactivation, and concurrent
 // deletes of a non-active channel.
 func TestChannelByTokenAndDeactivate(t *testing.T) {
-	s := newStore(t)
+	f := testenv.NewStore(t)
+	s := f.Store
 	ctx := context.Background()
-	org, _ := s.CreateOrg(ctx, "o")
-	c, err := s.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	org := f.Org(t)
+	c := f.Channel(t, org.ID)
 	got, err := s.ChannelByToken(ctx, c.ChannelToken)
 	if err != nil || got.ID != c.ID {
 		t.Fatalf("by token: %v", err)
@@ -119,13 +102,11 @@ func TestChannelByTokenAndDeactivate(t *testing.T) {
 // when they are text of at most MaxObjectIDLen bytes; a longer one (the scope's primary key would
 // refuse one of a few kilobytes) is skipped without failing the others.
 func TestAdmitChannelObjectsHugeIDs(t *testing.T) {
-	s := newStore(t)
+	f := testenv.NewStore(t)
+	s := f.Store
 	ctx := context.Background()
-	org, _ := s.CreateOrg(ctx, "o")
-	c, err := s.CreateChannel(ctx, org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	org := f.Org(t)
+	c := f.Channel(t, org.ID)
 	okID := hugeText(store.MaxObjectIDLen)
 	ids := []string{"tpl-1", hugeText(store.MaxObjectIDLen + 1), hugeText(256 << 10), hugeText(1 << 20), okID}
 	admitted, err := s.AdmitChannelObjects(ctx, c.ID, store.ObjectTemplate, ids)

@@ -2,7 +2,11 @@ package testenv_test
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"net/http"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,23 +14,50 @@ import (
 
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // TestReceiverVerifies: the receiver records deliveries, answers by attempt number, and its
-// verifier accepts the dispatcher's signatures and refuses a changed body or another secret.
+// verifier accepts the dispatcher's signatures, returning their time, and refuses a changed
+// body, another secret and headers out of their exact shape.
 func TestReceiverVerifies(t *testing.T) {
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{Respond: func(n int, w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(500 + n)
 	}})
-	secret := "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+	secret := store.NewWebhookSecret()
 	body := []byte(`{"type":"messages"}`)
-	svc, id, ts, sig := dispatcher.Sign(secret, uuid.New(), time.Now(), body)
+	svc, id, ts, sig := dispatcher.Sign(secret, uuid.New(), time.Unix(1700000000, 0), body)
 	h := http.Header{"X-Svc-Signature": {svc}, "Webhook-Id": {id}, "Webhook-Timestamp": {ts}, "Webhook-Signature": {sig}}
-	if err := testenv.VerifySignature(secret, h, body); err != nil {
-		t.Fatal(err)
+	if at, err := testenv.VerifySignature(secret, h, body); err != nil || at.Unix() != 1700000000 {
+		t.Fatalf("signed at %v: %v", at, err)
 	}
-	if testenv.VerifySignature(secret, h, append(body, ' ')) == nil || testenv.VerifySignature("whsec_AAAA", h, body) == nil {
-		t.Fatal("a changed body or another secret verifies")
+	// refused: a changed body, another secret, a secret not of 32 bytes, a header out of shape
+	// or another timestamp, and a webhook-signature list without the right one
+	other := func(k, v string) http.Header { c := h.Clone(); c.Set(k, v); return c }
+	tPart, v1Part, _ := strings.Cut(svc, ",")
+	for name, c := range map[string]struct {
+		secret string
+		h      http.Header
+		body   []byte
+	}{
+		"changed body":        {secret, h, append(body, ' ')},
+		"another secret":      {store.NewWebhookSecret(), h, body},
+		"short secret":        {"whsec_AAAA", h, body},
+		"v1 first":            {secret, other("X-Svc-Signature", v1Part+","+tPart), body},
+		"extra part":          {secret, other("X-Svc-Signature", svc+",v0=00"), body},
+		"upper-case hex":      {secret, other("X-Svc-Signature", tPart+",v1="+strings.ToUpper(strings.TrimPrefix(v1Part, "v1="))), body},
+		"other timestamp":     {secret, other("Webhook-Timestamp", "1700000001"), body},
+		"wrong signature":     {secret, other("Webhook-Signature", "v1,"+strings.Repeat("A", 43)+"="), body},
+		"no webhook-id":       {secret, other("Webhook-Id", ""), body},
+		"signature elsewhere": {secret, other("Webhook-Signature", "v2,"+sig[3:]), body},
+	} {
+		if _, err := testenv.VerifySignature(c.secret, c.h, c.body); err == nil {
+			t.Errorf("%s: verifies", name)
+		}
+	}
+	// the list may hold other signatures beside the right one
+	if _, err := testenv.VerifySignature(secret, other("Webhook-Signature", "v1,AAAA "+sig), body); err != nil {
+		t.Errorf("a list holding the signature: %v", err)
 	}
 	rc.Verify(secret)
 	for want := 501; want <= 502; want++ {
@@ -61,4 +92,29 @@ func TestFixtureFactories(t *testing.T) {
 	}
 	start := time.Now()
 	testenv.Eventually(t, testenv.Patience, func() bool { return time.Since(start) > 20*time.Millisecond }, "time to pass")
+}
+
+// TestReceiverPerEventAndCAFile: PerEvent counts deliveries by webhook-id, and a client that
+// trusts CAFile's certificates reaches the receiver over TLS.
+func TestReceiverPerEventAndCAFile(t *testing.T) {
+	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
+	pemFile := testenv.CAFile(t, rc.Certificate())
+	raw, err := os.ReadFile(pemFile)
+	roots := x509.NewCertPool()
+	if err != nil || !roots.AppendCertsFromPEM(raw) {
+		t.Fatalf("CAFile %s: %v", pemFile, err)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	for _, id := range []string{"a", "b", "a"} {
+		req, _ := http.NewRequest("POST", rc.URL, nil)
+		req.Header.Set("Webhook-Id", id)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if got := rc.PerEvent(); len(got) != 2 || got["a"] != 2 || got["b"] != 1 {
+		t.Fatalf("PerEvent %v", got)
+	}
 }

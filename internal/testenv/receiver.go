@@ -7,11 +7,14 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
-	"errors"
+	"encoding/pem"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -78,7 +81,7 @@ func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
 	secret := rc.secret
 	rc.mu.Unlock()
 	if secret != "" {
-		if err := VerifySignature(secret, r.Header, body); err != nil {
+		if _, err := VerifySignature(secret, r.Header, body); err != nil {
 			rc.t.Errorf("testenv: receiver: delivery %d: %v", d.N, err)
 		}
 	}
@@ -99,7 +102,7 @@ func (rc *Receiver) Verify(secret string) {
 	got := append([]Delivery(nil), rc.got...)
 	rc.mu.Unlock()
 	for _, d := range got {
-		if err := VerifySignature(secret, d.Header, d.Body); err != nil {
+		if _, err := VerifySignature(secret, d.Header, d.Body); err != nil {
 			rc.t.Errorf("testenv: receiver: delivery %d: %v", d.N, err)
 		}
 	}
@@ -136,34 +139,62 @@ func (rc *Receiver) Roots() *x509.CertPool {
 // Certificate returns the receiver's TLS certificate (nil without TLS).
 func (rc *Receiver) Certificate() *x509.Certificate { return rc.srv.Certificate() }
 
+// PerEvent returns how many deliveries the receiver got for each event: a count per
+// webhook-id header (the event's id), so that len(PerEvent()) is the number of distinct events
+// and a count above 1 a repeat.
+func (rc *Receiver) PerEvent() map[string]int {
+	rc.mu.Lock()
+	defer rc.mu.Unlock()
+	n := make(map[string]int, len(rc.got))
+	for _, d := range rc.got {
+		n[d.Header.Get("Webhook-Id")]++
+	}
+	return n
+}
+
+// CAFile writes certs, PEM-encoded one after the other, to a file in a temporary directory of the
+// test and returns its path: a delivery root_ca that trusts test receivers (Receiver.Certificate).
+func CAFile(t testing.TB, certs ...*x509.Certificate) string {
+	t.Helper()
+	var b []byte
+	for _, c := range certs {
+		b = append(b, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	path := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	return path
+}
+
 // VerifySignature checks a delivery's signatures as docs/receiver-guide.md describes them,
-// independently of the dispatcher's signing code: X-Svc-Signature ("t=<unix>,v1=<hex
-// HMAC-SHA256(secret, "<t>.<body>")>", keyed with the whole secret) and the Standard Webhooks
-// webhook-signature ("v1,<base64 HMAC-SHA256(key, "<webhook-id>.<webhook-timestamp>.<body>")>",
-// keyed with the base64-decoded part of the secret after "whsec_"), whose timestamps must agree.
-func VerifySignature(secret string, h http.Header, body []byte) error {
-	var t, v1 string
-	for _, part := range strings.Split(h.Get("X-Svc-Signature"), ",") {
-		k, v, _ := strings.Cut(part, "=")
-		switch k {
-		case "t":
-			t = v
-		case "v1":
-			v1 = v
-		}
+// independently of the dispatcher's signing code, and returns the time they were made. The
+// X-Svc-Signature must read exactly "t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
+// "<t>.<body>")>" (keyed with the whole secret); the Standard Webhooks webhook-signature, a
+// space-separated list, must hold "v1,<base64 HMAC-SHA256(key,
+// "<webhook-id>.<webhook-timestamp>.<body>")>", keyed with the 32 bytes the secret's part after
+// "whsec_" encodes in base64; webhook-timestamp must be t.
+func VerifySignature(secret string, h http.Header, body []byte) (time.Time, error) {
+	header := h.Get("X-Svc-Signature")
+	t, v1, ok := strings.Cut(header, ",")
+	t, okT := strings.CutPrefix(t, "t=")
+	v1, okV := strings.CutPrefix(v1, "v1=")
+	unix, err := strconv.ParseInt(t, 10, 64)
+	if !ok || !okT || !okV || err != nil {
+		return time.Time{}, fmt.Errorf("X-Svc-Signature %q is not t=<unix seconds>,v1=<hex>", header)
 	}
 	m := hmac.New(sha256.New, []byte(secret))
 	fmt.Fprintf(m, "%s.%s", t, body)
-	if got, err := hex.DecodeString(v1); err != nil || !hmac.Equal(got, m.Sum(nil)) {
-		return errors.New("X-Svc-Signature does not verify")
+	if want := hex.EncodeToString(m.Sum(nil)); !hmac.Equal([]byte(v1), []byte(want)) {
+		return time.Time{}, fmt.Errorf("X-Svc-Signature %q does not verify (want v1=%s)", header, want)
 	}
 	id, ts := h.Get("Webhook-Id"), h.Get("Webhook-Timestamp")
 	if id == "" || ts != t {
-		return fmt.Errorf("webhook-id %q, webhook-timestamp %q (X-Svc-Signature t=%s)", id, ts, t)
+		return time.Time{}, fmt.Errorf("webhook-id %q, webhook-timestamp %q (X-Svc-Signature t=%s)", id, ts, t)
 	}
 	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-	if err != nil {
-		return fmt.Errorf("secret: %w", err)
+	if err != nil || len(key) != 32 || !strings.HasPrefix(secret, "whsec_") {
+		return time.Time{}, fmt.Errorf("secret %q is not whsec_<base64 of 32 bytes>", secret)
 	}
 	m = hmac.New(sha256.New, key)
 	fmt.Fprintf(m, "%s.%s.%s", id, ts, body)
@@ -171,9 +202,10 @@ func VerifySignature(secret string, h http.Header, body []byte) error {
 	for _, sig := range strings.Fields(h.Get("Webhook-Signature")) {
 		if b64, ok := strings.CutPrefix(sig, "v1,"); ok {
 			if got, err := base64.StdEncoding.DecodeString(b64); err == nil && hmac.Equal(got, want) {
-				return nil
+				return time.Unix(unix, 0), nil
 			}
 		}
 	}
-	return errors.New("webhook-signature does not verify")
+	return time.Time{}, fmt.Errorf("webhook-signature %q does not verify (want v1,%s)", h.Get("Webhook-Signature"),
+		base64.StdEncoding.EncodeToString(want))
 }
