@@ -12,7 +12,7 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// TestCLIWithoutKey: commands that change no secret need no encryption key (DESIGN §4), and a
+// TestCLIWithoutKey: commands that change no secret need no encryption key (docs/configuration.md#cli), and a
 // missing setting is named in the error.
 func TestCLIWithoutKey(t *testing.T) {
 	f := testenv.NewStore(t)
