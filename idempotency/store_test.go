@@ -9,11 +9,12 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // patience is how long a test waits for something that takes milliseconds on an idle machine:
@@ -21,57 +22,24 @@ import (
 // would otherwise wait out is a multiple of it.
 const patience = 30 * time.Second
 
-// waiting reports whether n Begin calls (of any store of this package) are parked, waiting for
-// their key, within the time given: read from the goroutines' stacks, where a parked Begin is
-// the top frame of a goroutine blocked in select. It is how a test knows that its duplicates
-// wait before it completes, releases or cancels, instead of sleeping "long enough".
-func waiting(n int, within time.Duration) bool {
-	deadline := time.Now().Add(within)
-	buf := make([]byte, 1<<20)
-	for {
-		for {
-			m := runtime.Stack(buf, true)
-			if m < len(buf) {
-				buf = buf[:m]
-				break
-			}
-			buf = make([]byte, 2*len(buf))
-		}
-		parked := 0
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			lines := strings.Split(g, "\n")
-			if len(lines) < 2 || !strings.Contains(lines[0], "[select") {
-				continue
-			}
-			top := ""
-			for i := 1; i < len(lines); i += 2 { // function line, then its file line
-				if !strings.HasPrefix(lines[i], "runtime.") {
-					top = lines[i]
-					break
-				}
-			}
-			if strings.HasPrefix(top, "github.com/wabarelay/wabarelay/idempotency.(*") &&
-				(strings.Contains(top, ").Begin(") || strings.Contains(top, ").begin(")) {
-				parked++
-			}
-		}
-		if parked >= n {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		buf = buf[:cap(buf)]
-		time.Sleep(5 * time.Millisecond) // polling
-	}
+// parked counts the Begin calls (of any store of this package) waiting for their key, read
+// from the goroutines' stacks: it is how a test knows that its duplicates wait before it
+// completes, releases or cancels, instead of sleeping "long enough".
+func parked() int {
+	return testenv.Parked(func(fn string) bool {
+		return strings.HasPrefix(fn, "github.com/wabarelay/wabarelay/idempotency.(*") &&
+			(strings.HasSuffix(fn, ").Begin") || strings.HasSuffix(fn, ").begin"))
+	})
 }
+
+// waiting reports whether n Begin calls are parked within patience (for a key's owner, on a
+// goroutine of its own, that waits for its duplicates).
+func waiting(n int) bool { return testenv.Within(patience, func() bool { return parked() >= n }) }
 
 // waitWaiting fails the test unless n Begin calls are parked within patience.
 func waitWaiting(t *testing.T, n int) {
 	t.Helper()
-	if !waiting(n, patience) {
-		t.Fatalf("%d Begin calls not waiting within %v", n, patience)
-	}
+	testenv.Eventually(t, patience, func() bool { return parked() >= n }, "%d Begin calls waiting", n)
 }
 
 // newStores returns two Stores that share state: for Redis, two stores on two separate clients
@@ -169,7 +137,7 @@ func testConcurrentBegin(t *testing.T, newStores newStores) {
 			r, err := s.Begin(context.Background(), key, fp)
 			results[i], errs[i] = r, err
 			if err == nil && r.Outcome == Acquired {
-				if !waiting(n-1, patience) { // the upstream send, while the duplicates wait
+				if !waiting(n - 1) { // the upstream send, while the duplicates wait
 					t.Errorf("the %d duplicates are not all waiting", n-1)
 				}
 				errs[i] = s.Complete(context.Background(), key, r.Token, want)
@@ -259,7 +227,7 @@ func testReleaseHandsOver(t *testing.T, newStores newStores) {
 			r, err := s.Begin(context.Background(), key, fp)
 			results[i], errs[i] = r, err
 			if err == nil && r.Outcome == Acquired {
-				if !waiting(n-1, patience) { // the others wait again, now for the new owner
+				if !waiting(n - 1) { // the others wait again, now for the new owner
 					t.Errorf("the other %d are not waiting for the new owner", n-1)
 				}
 				errs[i] = s.Complete(context.Background(), key, r.Token, want)
@@ -346,21 +314,19 @@ func testWaitLimitAndLease(t *testing.T, newStores newStores) {
 // until then the answer must be InProgress or Mismatch.
 func acquireEventually(t *testing.T, s Store, key, fp string) Result {
 	t.Helper()
-	deadline := time.Now().Add(patience)
-	for {
-		r, err := s.Begin(context.Background(), key, fp)
+	var r Result
+	testenv.Eventually(t, patience, func() bool {
+		var err error
+		r, err = s.Begin(context.Background(), key, fp)
 		switch {
 		case err != nil:
 			t.Fatalf("Begin(%q): %v", key, err)
-		case r.Outcome == Acquired:
-			return r
-		case r.Outcome != InProgress && r.Outcome != Mismatch:
+		case r.Outcome != Acquired && r.Outcome != InProgress && r.Outcome != Mismatch:
 			t.Fatalf("Begin(%q) = %v while its lease or TTL ends", key, r.Outcome)
-		case time.Now().After(deadline):
-			t.Fatalf("Begin(%q) still %v %v after the lease or TTL ended", key, r.Outcome, patience)
 		}
-		time.Sleep(10 * time.Millisecond) // polling
-	}
+		return r.Outcome == Acquired
+	}, "Begin(%q) to acquire after the lease or TTL ended", key)
+	return r
 }
 
 // testLeaseExpiryWhileWaiting: duplicates waiting for a crashed owner take over when its lease
