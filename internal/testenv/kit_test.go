@@ -60,6 +60,15 @@ func TestFixtureFactories(t *testing.T) {
 	if s, err := f.Store.WebhookSecret(t.Context(), w.ID); err != nil || s != secret {
 		t.Fatalf("webhook secret: %v", err)
 	}
+	conn, err := f.Pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(t.Context(), `LISTEN "kit_test"`); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitListen(t, "kit_test")
 	start := time.Now()
 	testenv.Eventually(t, testenv.Patience, func() bool { return time.Since(start) > 20*time.Millisecond }, "time to pass")
 }
