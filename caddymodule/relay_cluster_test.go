@@ -94,8 +94,8 @@ func TestRelayRedisCluster(t *testing.T) {
 	if r := keyed(a, other, pnid3, "on-a-live-master"); r.status != 200 {
 		t.Fatalf("a channel on a surviving master: %d %s", r.status, r.body)
 	}
-	waitFor(t, 30*time.Second, func() bool {
+	testenv.Eventually(t, 30*time.Second, func() bool {
 		r := call(t, "GET", strings.TrimSuffix(a, proxyPrefix)+"/v1/health", "", "")
 		return r.status == 503 && strings.Contains(string(r.body), "Redis")
-	})
+	}, "/v1/health to say Redis is unavailable")
 }
