@@ -109,6 +109,51 @@ func mustBegin(t *testing.T, s Store, key, fp string, want Outcome) Result {
 	return r
 }
 
+// race starts n Begin calls of key at once, on stores a and b in turn; the one that acquires
+// calls owned, then completes with want. The function it returns waits for all of them and
+// checks that exactly one acquired and the others replayed want.
+func race(t *testing.T, a, b Store, n int, key, fp string, want Response, owned func()) (wait func()) {
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		results = make([]Result, n)
+		errs    = make([]error, n)
+	)
+	for i := range n {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			<-start
+			r, err := s.Begin(context.Background(), key, fp)
+			results[i], errs[i] = r, err
+			if err == nil && r.Outcome == Acquired {
+				owned()
+				errs[i] = s.Complete(context.Background(), key, r.Token, want)
+			}
+		})
+	}
+	close(start)
+	return func() {
+		t.Helper()
+		wg.Wait()
+		counts := map[Outcome]int{}
+		for i, r := range results {
+			if errs[i] != nil {
+				t.Fatalf("caller %d: %v", i, errs[i])
+			}
+			counts[r.Outcome]++
+			if r.Outcome == Replay {
+				sameResponse(t, r.Response, want)
+			}
+		}
+		if counts[Acquired] != 1 || counts[Replay] != n-1 {
+			t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
+		}
+	}
+}
+
 // testConcurrentBegin: 50 concurrent Begins on one key over two stores; exactly one is Acquired,
 // its owner completes once the 49 others wait, and they all replay the identical response, woken
 // by the completion (long before their Wait would end).
@@ -119,65 +164,20 @@ func testConcurrentBegin(t *testing.T, newStores newStores) {
 	const key, fp = "chan-1:order-42", "fp-1"
 	want := sampleResponse("concurrent")
 
-	var (
-		wg      sync.WaitGroup
-		start   = make(chan struct{})
-		results = make([]Result, n)
-		errs    = make([]error, n)
-		elapsed = make([]time.Duration, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
-		}
-		wg.Go(func() {
-			<-start
-			t0 := time.Now()
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				if !waiting(n - 1) { // the upstream send, while the duplicates wait
-					t.Errorf("the %d duplicates are not all waiting", n-1)
-				}
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-			elapsed[i] = time.Since(t0)
-		})
-	}
 	t0 := time.Now()
-	close(start)
-	wg.Wait()
+	race(t, a, b, n, key, fp, want, func() {
+		if !waiting(n - 1) { // the upstream send, while the duplicates wait
+			t.Errorf("the %d duplicates are not all waiting", n-1)
+		}
+	})()
 	total := time.Since(t0)
-
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("caller %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
-	t.Logf("%d callers over two stores: 1 send, %d replays, all done in %v (slowest %v)", n, n-1, total, maxDuration(elapsed))
+	t.Logf("%d callers over two stores: 1 send, %d replays, all done in %v", n, n-1, total)
 	if total > wait/2 {
 		t.Errorf("took %v; waiters must be woken by the completion, not wait out their %v", total, wait)
 	}
 	// Later repeats replay too, from either store.
 	sameResponse(t, mustBegin(t, a, key, fp, Replay).Response, want)
 	sameResponse(t, mustBegin(t, b, key, fp, Replay).Response, want)
-}
-
-func maxDuration(d []time.Duration) time.Duration {
-	var m time.Duration
-	for _, x := range d {
-		m = max(m, x)
-	}
-	return m
 }
 
 // testMismatch: the same key with another fingerprint is Mismatch at once, in flight and after
@@ -213,45 +213,16 @@ func testReleaseHandsOver(t *testing.T, newStores newStores) {
 	want := sampleResponse("second")
 
 	const n = 10
-	var (
-		wg      sync.WaitGroup
-		results = make([]Result, n)
-		errs    = make([]error, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
+	done := race(t, a, b, n, key, fp, want, func() {
+		if !waiting(n - 1) { // the others wait again, now for the new owner
+			t.Errorf("the other %d are not waiting for the new owner", n-1)
 		}
-		wg.Go(func() {
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				if !waiting(n - 1) { // the others wait again, now for the new owner
-					t.Errorf("the other %d are not waiting for the new owner", n-1)
-				}
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-		})
-	}
+	})
 	waitWaiting(t, n) // all of them wait for the first owner
 	if err := a.Release(context.Background(), key, first.Token); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("waiter %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
+	done()
 	// The released owner can no longer complete or release.
 	if err := a.Complete(context.Background(), key, first.Token, sampleResponse("stale")); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("Complete by released owner = %v, want ErrNotOwner", err)
@@ -337,40 +308,7 @@ func testLeaseExpiryWhileWaiting(t *testing.T, newStores newStores) {
 	mustBegin(t, a, key, fp, Acquired) // this owner "crashes"
 	want := sampleResponse("takeover")
 
-	const n = 6
-	var (
-		wg      sync.WaitGroup
-		results = make([]Result, n)
-		errs    = make([]error, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
-		}
-		wg.Go(func() {
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				time.Sleep(50 * time.Millisecond)
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-		})
-	}
-	wg.Wait()
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("waiter %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
+	race(t, a, b, 6, key, fp, want, func() { time.Sleep(50 * time.Millisecond) })()
 }
 
 // testFencing: once the lease has ended and another request owns the key, the old owner's
