@@ -444,17 +444,8 @@ func TestRelayTwoInstances(t *testing.T) {
 	// 50 concurrent sends with one key, across both instances: one upstream send, 50 identical answers
 	ch := e.channel(true)
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"order-42"}`
-	e.fake.SetLatency(150 * time.Millisecond)
-	results := callsAcross(t, []string{a, b}, 50, "POST", "/"+pnid+"/messages", ch.ChannelToken, body)
-	e.fake.SetLatency(0)
-	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
-		t.Fatalf("upstream sends = %d, want 1", n)
-	}
 	replayed := 0
-	for i, r := range results {
-		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
-			t.Fatalf("response %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
-		}
+	for _, r := range e.sendOnceAcross([]string{a, b}, ch, body) {
 		if r.header.Get("Idempotent-Replayed") == "true" {
 			replayed++
 		}
@@ -531,20 +522,28 @@ func TestRelayRedisDown(t *testing.T) {
 	}
 }
 
-// callsAcross makes n calls at once, call i on instance bases[i % len(bases)], and returns the
-// answers in order.
-func callsAcross(t *testing.T, bases []string, n int, method, path, token, body string) []relayResp {
+// sendOnceAcross makes 50 keyed sends of ch's body at once, send i on instance
+// bases[i % len(bases)], the upstream slow enough for them to overlap, and checks that the
+// upstream got one send (the only one on pnid so far) and all 50 got its answer; it returns the answers in order.
+func (e *relayEnv) sendOnceAcross(bases []string, ch store.Channel, body string) []relayResp {
+	t := e.t
 	t.Helper()
+	e.fake.SetLatency(150 * time.Millisecond)
 	var wg sync.WaitGroup
-	results := make([]relayResp, n)
+	results := make([]relayResp, 50)
 	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = call(t, method, bases[i%len(bases)]+path, token, body)
-		}()
+		wg.Go(func() { results[i] = call(t, "POST", bases[i%len(bases)]+"/"+pnid+"/messages", ch.ChannelToken, body) })
 	}
 	wg.Wait()
+	e.fake.SetLatency(0)
+	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
+		t.Fatalf("upstream sends = %d, want 1", n)
+	}
+	for i, r := range results {
+		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
+			t.Fatalf("answer %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
+		}
+	}
 	return results
 }
 
