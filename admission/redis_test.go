@@ -6,9 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"net/http"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -22,9 +20,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/ratelimit"
 )
-
-// patience bounds every wait of these tests.
-const patience = 30 * time.Second
 
 // pair is two instances on separate clients of the same Redis (single or Cluster): each with
 // its idempotency store, limit log (limit per minute) and combined admission.
@@ -111,7 +106,9 @@ func testClaimRedis(t *testing.T, clients [2]redis.UniversalClient) {
 			}
 			if res.Outcome == idempotency.Acquired {
 				owners.Add(1)
-				waitWaiting(t, 49)
+				if !testenv.Within(testenv.Patience, func() bool { return parkedClaims() >= 49 }) {
+					t.Errorf("the other 49 claims are not waiting for the owner")
+				}
 				if err := p.stores[i%2].Complete(ctx, "{ch-b}:once", res.Token, sampleResponse); err != nil {
 					t.Error(err)
 				}
@@ -152,7 +149,7 @@ func limitRedisKey(lim *ratelimit.RedisLimiter, key string) string {
 // TestClaimRedis runs testClaimRedis on one Redis.
 func TestClaimRedis(t *testing.T) {
 	url := testenv.Redis(t)
-	testClaimRedis(t, [2]redis.UniversalClient{newTestClient(t, url), newTestClient(t, url)})
+	testClaimRedis(t, twoClients(t, url))
 }
 
 // TestClaimRedisCluster runs testClaimRedis on a 3-master Redis Cluster, each instance on its
@@ -178,72 +175,34 @@ func TestClaimRedisCluster(t *testing.T) {
 // TestClaimRedisDown: with Redis gone, a combined claim fails with ErrUnavailable.
 func TestClaimRedisDown(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	p := newPair(t, [2]redis.UniversalClient{newTestClient(t, srv.URL()), newTestClient(t, srv.URL())}, 10)
+	p := newPair(t, twoClients(t, srv.URL()), 10)
 	srv.Kill(t)
 	if _, _, err := p.adms[0].claim(context.Background(), "{c}", "{c}:k", "fp"); !errors.Is(err, idempotency.ErrUnavailable) {
 		t.Fatalf("Redis down: %v, want ErrUnavailable", err)
 	}
 }
 
-// newTestClient returns a client of url with short timeouts (a dead Redis shows promptly),
-// closed when tb ends.
-func newTestClient(tb testing.TB, url string) *redis.Client {
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	const prompt = 500 * time.Millisecond
-	c := redis.NewClient(&redis.Options{Addr: opt.Addr, DB: opt.DB, DialTimeout: prompt, ReadTimeout: prompt, WriteTimeout: prompt})
-	tb.Cleanup(func() { c.Close() })
-	return c
+// twoClients returns two clients of the Redis at url (two instances), with short timeouts so
+// that a dead Redis shows promptly.
+func twoClients(t *testing.T, url string) [2]redis.UniversalClient {
+	return [2]redis.UniversalClient{testenv.RedisClient(t, url, testenv.ShortTimeouts), testenv.RedisClient(t, url, testenv.ShortTimeouts)}
 }
 
 // sampleResponse is a send's answer as the relay stores it.
 var sampleResponse = idempotency.Response{Status: 200, Header: http.Header{"Content-Type": {"application/json"}},
 	Body: []byte(`{"messages":[{"id":"wamid.once"}]}`)}
 
-// waitWaiting fails the test unless n claims wait for their key's owner within patience: read
-// from the goroutines' stacks (a goroutine blocked in select whose first frame outside the
-// runtime is the store's claim loop), instead of sleeping "long enough".
-func waitWaiting(t *testing.T, n int) {
-	t.Helper()
-	for deadline := time.Now().Add(patience); parkedClaims() < n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d claims not waiting within %v", n, patience)
-		}
-	}
-}
-
-// parkedClaims counts the goroutines parked in idempotency.(*Redis).begin's wait.
+// parkedClaims counts the claims waiting for their key's owner, parked in
+// idempotency.(*Redis).begin (testenv.Parked): how a test knows that they wait, instead of
+// sleeping "long enough".
 func parkedClaims() int {
-	buf := make([]byte, 1<<20)
-	n := runtime.Stack(buf, true)
-	for ; n == len(buf); n = runtime.Stack(buf, true) {
-		buf = make([]byte, 2*len(buf))
-	}
-	buf = buf[:n]
-	parked := 0
-	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "[select") {
-			continue
-		}
-		for _, line := range strings.Split(g, "\n")[1:] {
-			if strings.HasPrefix(line, "runtime.") || strings.HasPrefix(line, "\t") {
-				continue
-			}
-			if strings.HasPrefix(line, "github.com/wabarelay/wabarelay/idempotency.(*Redis).begin(") {
-				parked++
-			}
-			break
-		}
-	}
-	return parked
+	return testenv.Parked(func(fn string) bool { return fn == "github.com/wabarelay/wabarelay/idempotency.(*Redis).begin" })
 }
 
 // BenchmarkClaimRedis measures one keyed send's admission on Redis (limit + claim in one round
 // trip), each with a new key under a limit it never reaches.
 func BenchmarkClaimRedis(b *testing.B) {
-	client := newTestClient(b, testenv.Redis(b))
+	client := testenv.RedisClient(b, testenv.Redis(b), testenv.ShortTimeouts)
 	prefix := "wabarelay:admission:bench:" + rand.Text() + ":"
 	idem := idempotency.NewRedis(client, idempotency.Options{Prefix: prefix}, nil)
 	b.Cleanup(func() { idem.Close() })

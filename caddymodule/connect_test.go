@@ -1,12 +1,9 @@
 package caddymodule
 
 import (
-	"fmt"
 	"net"
 	"net/http"
 	"testing"
-
-	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // TestConnectCookieSecureThroughTrustedProxy: behind a TLS-terminating proxy that Caddy trusts
@@ -14,26 +11,11 @@ import (
 // the same header from an untrusted peer changes nothing.
 func TestConnectCookieSecureThroughTrustedProxy(t *testing.T) {
 	e := newRelayEnv(t, "")
-	port := testenv.FreePort(t)
-	cfg := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	servers {
+	origin := e.caddySite(`servers {
 		trusted_proxies static 127.0.0.2/32
-	}
-	wabarelay {
-		database       {env.WBR_TEST_DATABASE}
-		encryption_key {env.WBR_TEST_KEY}
-		upstream       %s/v26.0
-	}
-}
-http://127.0.0.1:%d {
-	handle /connect/* {
+	}`, "", e.fake.URL(), `handle /connect/* {
 		wabarelay_connect
-	}
-}
-`, e.fake.URL(), port)
-	origin := e.caddyFile(cfg, port, "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64)
+	}`)
 	ch := e.channel(false)
 	from := func(ip string) bool {
 		t.Helper()

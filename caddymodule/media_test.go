@@ -45,7 +45,7 @@ const maxGrowth = 12 << 20
 func TestRelayMedia(t *testing.T) {
 	e := newRelayEnv(t, "")
 	base := e.caddy("")
-	pid := e.procs[strings.TrimSuffix(base, proxyPrefix)].Process.Pid
+	pid := e.caddies[strings.TrimSuffix(base, proxyPrefix)].PID()
 	ch, other := e.channel(true), e.channelOn(true, pnid2)
 	data := make([]byte, 20<<20)
 	rand.Read(data)

@@ -8,12 +8,10 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/relay"
 )
 
@@ -70,23 +68,6 @@ func leakUpstream(bodies map[int][]byte) http.Handler {
 	})
 }
 
-// peakRSS returns the peak resident memory (VmHWM) of process pid in bytes.
-func peakRSS(t *testing.T, pid int) int64 {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Skipf("no /proc: %v", err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			return kb << 10
-		}
-	}
-	t.Fatal("no VmHWM")
-	return 0
-}
-
 // TestRelayTokenNeverLeaks: through Caddy, answers of 1 KiB, 9 MiB and 50 MiB — plain and
 // gzip-encoded by the upstream on its own, chunked, the token across chunk boundaries and in
 // the paging link — reach the caller decoded, without a byte sequence of the upstream token,
@@ -100,25 +81,9 @@ func TestRelayTokenNeverLeaks(t *testing.T) {
 	}
 	up := httptest.NewServer(leakUpstream(bodies))
 	defer up.Close()
-	port := testenv.FreePort(t)
-	cfg := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	wabarelay {
-		database       {env.WBR_TEST_DATABASE}
-		encryption_key {env.WBR_TEST_KEY}
-		upstream       %s/v26.0
-	}
-}
-http://127.0.0.1:%d {
-	handle_path %s/* {
-		wabarelay_proxy
-	}
-}
-`, up.URL, port, proxyPrefix)
-	origin := e.caddyFile(cfg, port, "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64)
+	origin := e.caddySite("", "", up.URL, proxyRoute)
 	base := origin + proxyPrefix
-	pid := e.procs[origin].Process.Pid
+	pid := e.caddies[origin].PID()
 	ch := e.channel(true)
 	client := &http.Client{Transport: &http.Transport{DisableCompression: true}} // the caller sees the bytes as sent
 
@@ -158,15 +123,15 @@ http://127.0.0.1:%d {
 			}
 		}
 	}
-	before := peakRSS(t, pid)
+	_, before := rss(t, pid)
 	for _, enc := range []string{"", "gzip"} {
 		for _, m := range []string{"GET", "POST"} {
 			fetch(m, 50<<20, enc)
 		}
 	}
 	// A 50 MiB answer held whole would raise the peak by at least 50 MiB.
-	if grown := peakRSS(t, pid) - before; grown > 25<<20 {
-		t.Fatalf("Caddy's peak memory grew by %d MiB over four 50 MiB answers", grown>>20)
+	if _, after := rss(t, pid); after-before > 25<<20 {
+		t.Fatalf("Caddy's peak memory grew by %d MiB over four 50 MiB answers", (after-before)>>20)
 	}
 }
 

@@ -23,19 +23,19 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// relayEnv is a relay test world: fake upstream, database, Redis, and channels.
+// relayEnv is a relay test world: fake upstream, database (a testenv.Fixture, whose DSN, key,
+// pool and store the fields repeat), an org, and the Caddy processes started on them.
 type relayEnv struct {
-	t        *testing.T
-	fake     *fakegraph.Server
-	dsn      string
-	redisURL string
-	keyB64   string
-	fix      *testenv.Fixture
-	store    *store.Store
-	pool     *pgxpool.Pool
-	org      uuid.UUID
-	procs    map[string]*exec.Cmd      // Caddy processes by origin
-	caddies  map[string]*testenv.Caddy // the same, as testenv started them
+	t       *testing.T
+	fake    *fakegraph.Server
+	fix     *testenv.Fixture
+	dsn     string
+	keyB64  string
+	store   *store.Store
+	pool    *pgxpool.Pool
+	org     uuid.UUID
+	caddies map[string]*testenv.Caddy // Caddy processes by origin
+	procs   map[string]*exec.Cmd      // the same processes' commands (events_test.go, roles_test.go)
 }
 
 const (
@@ -46,18 +46,23 @@ const (
 	pnid3       = "1003"
 	otherPnid   = "9009"
 	proxyPrefix = "/upstream-proxy"
+	// proxyRoute is the site's relay route: {proxy_url} is the origin + proxyPrefix.
+	proxyRoute = "handle_path " + proxyPrefix + "/* {\n\t\twabarelay_proxy\n\t}"
 )
 
+// newRelayEnv returns a relay test world on a fresh database. Each Caddy gets its Redis from
+// caddy or caddyWith: redisURL is not used here.
 func newRelayEnv(t *testing.T, redisURL string) *relayEnv {
 	t.Helper()
 	return newRelayEnvOn(t, redisURL, testenv.Postgres(t))
 }
 
 // newRelayEnvOn is newRelayEnv on the database dsn (for tests that stop their own server).
-func newRelayEnvOn(t *testing.T, redisURL, dsn string) *relayEnv {
+func newRelayEnvOn(t *testing.T, _, dsn string) *relayEnv {
 	t.Helper()
 	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn})
-	e := &relayEnv{t: t, fake: fakegraph.New(), dsn: dsn, redisURL: redisURL, keyB64: f.KeyB64, fix: f, store: f.Store, pool: f.Pool}
+	e := &relayEnv{t: t, fake: fakegraph.New(), fix: f, dsn: dsn, keyB64: f.KeyB64, store: f.Store, pool: f.Pool,
+		caddies: map[string]*testenv.Caddy{}, procs: map[string]*exec.Cmd{}}
 	e.fake.Start()
 	t.Cleanup(e.fake.Close)
 	for _, n := range []string{pnid, pnid2, pnid3} {
@@ -77,14 +82,19 @@ func (e *relayEnv) channel(connected bool) store.Channel {
 	return e.channelOn(connected, pnid)
 }
 
+// channelOn creates a channel of the env's org; connected ones are active on the fake's number.
 func (e *relayEnv) channelOn(connected bool, number string) store.Channel {
 	e.t.Helper()
 	opts := &testenv.ChannelOpts{}
 	if connected {
-		opts.Connection = &store.Connection{PhoneNumberID: number, WabaID: wabaID,
-			DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}
+		opts.Connection = connection(number)
 	}
 	return e.fix.Channel(e.t, e.org, opts)
+}
+
+// connection is a connection on the fake's number n of the business account wabaID.
+func connection(n string) *store.Connection {
+	return &store.Connection{PhoneNumberID: n, WabaID: wabaID, DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}
 }
 
 // caddy starts a Caddy process running the relay and returns its base URL ({proxy_url}).
@@ -93,18 +103,32 @@ func (e *relayEnv) caddy(redisURL string) string {
 	return e.caddyWith(redisURL, "", "") + proxyPrefix
 }
 
-// caddyWith starts a Caddy process with extra lines in the wabarelay option and the site, and
-// returns its origin.
+// caddyWith starts a Caddy process on the fake upstream, with Redis at redisURL (none when
+// ""), extra lines in the wabarelay option and the site (beside the relay's route and
+// /metrics), and returns its origin.
 func (e *relayEnv) caddyWith(redisURL, appExtra, siteExtra string) string {
 	e.t.Helper()
-	port := testenv.FreePort(e.t)
-	redisLine := appExtra
 	if redisURL != "" {
-		redisLine += "\nredis {env.WBR_TEST_REDIS}"
+		appExtra += "\nredis {env.WBR_TEST_REDIS}"
 	}
+	return e.caddySite("", appExtra, e.fake.URL(), proxyRoute+`
+	handle /metrics {
+		metrics
+	}
+	`+siteExtra, "WBR_TEST_REDIS="+redisURL)
+}
+
+// caddySite starts a Caddy process serving site (the site block's lines) on a port of its
+// own, with the global options global and the wabarelay app on the env's database and key,
+// upstream (a base URL; /v26.0 is added) and the lines app, and env added to its environment;
+// it returns the origin.
+func (e *relayEnv) caddySite(global, app, upstream, site string, env ...string) string {
+	e.t.Helper()
+	port := testenv.FreePort(e.t)
 	cfg := fmt.Sprintf(`{
 	admin off
 	persist_config off
+	%s
 	wabarelay {
 		database       {env.WBR_TEST_DATABASE}
 		encryption_key {env.WBR_TEST_KEY}
@@ -113,20 +137,15 @@ func (e *relayEnv) caddyWith(redisURL, appExtra, siteExtra string) string {
 	}
 }
 http://127.0.0.1:%d {
-	handle_path %s/* {
-		wabarelay_proxy
-	}
-	handle /metrics {
-		metrics
-	}
 	%s
 }
-`, redisLine, e.fake.URL(), port, proxyPrefix, siteExtra)
-	return e.caddyFile(cfg, port, "WBR_TEST_DATABASE="+e.dsn, "WBR_TEST_KEY="+e.keyB64, "WBR_TEST_REDIS="+redisURL)
+`, global, app, upstream, port, site)
+	return e.caddyFile(cfg, port, append([]string{"WBR_TEST_DATABASE=" + e.dsn, "WBR_TEST_KEY=" + e.keyB64}, env...)...)
 }
 
 // caddyFile starts a Caddy process with the Caddyfile cfg, serving on port, with env added to
-// its environment, and returns its origin once it serves its configuration.
+// its environment, and returns its origin once it serves its configuration. At the end of the
+// test its log must hold neither the upstream token nor a media URL.
 func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 	e.t.Helper()
 	c := testenv.StartCaddy(e.t, cfg, env...)
@@ -141,10 +160,7 @@ func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 		}
 	})
 	origin := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if e.procs == nil {
-		e.procs, e.caddies = map[string]*exec.Cmd{}, map[string]*testenv.Caddy{}
-	}
-	e.procs[origin], e.caddies[origin] = c.Cmd, c
+	e.caddies[origin], e.procs[origin] = c, c.Cmd
 	return origin
 }
 
@@ -234,11 +250,12 @@ func TestRelayAuthAndScope(t *testing.T) {
 	if _, err := e.store.DeactivateChannel(context.Background(), active.ID); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, func() bool {
+	testenv.Eventually(t, time.Second, func() bool {
 		return call(t, "POST", send, active.ChannelToken, textBody).status == 403
-	})
+	}, "the deactivated channel refused")
 }
 
+// waitFor is testenv.Eventually without a message, for the tests that still call it.
 func waitFor(t *testing.T, limit time.Duration, cond func() bool) time.Duration {
 	t.Helper()
 	return testenv.Eventually(t, limit, cond)
@@ -392,7 +409,8 @@ func TestRelayDisconnected(t *testing.T) {
 	if err := e.store.ConnectChannel(context.Background(), ch.ID, store.Connection{PhoneNumberID: pnid, WabaID: wabaID, UpstreamToken: "EAAGnewToken"}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, textBody).status == 200 })
+	testenv.Eventually(t, time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, textBody).status == 200 },
+		"the reconnected channel served")
 
 	// the same on a keyed send after the reconnect: a 190 releases the key, and the 503 is whole
 	e.fake.RevokeToken("EAAGnewToken")
@@ -426,17 +444,8 @@ func TestRelayTwoInstances(t *testing.T) {
 	// 50 concurrent sends with one key, across both instances: one upstream send, 50 identical answers
 	ch := e.channel(true)
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"order-42"}`
-	e.fake.SetLatency(150 * time.Millisecond)
-	results := callsAcross(t, []string{a, b}, 50, "POST", "/"+pnid+"/messages", ch.ChannelToken, body)
-	e.fake.SetLatency(0)
-	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
-		t.Fatalf("upstream sends = %d, want 1", n)
-	}
 	replayed := 0
-	for i, r := range results {
-		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
-			t.Fatalf("response %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
-		}
+	for _, r := range e.sendOnceAcross([]string{a, b}, ch, body) {
 		if r.header.Get("Idempotent-Replayed") == "true" {
 			replayed++
 		}
@@ -471,15 +480,10 @@ func TestRelayTwoInstances(t *testing.T) {
 	if _, err := e.store.DeleteChannel(context.Background(), e.org, del.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	took := waitFor(t, time.Second, func() bool { return call(t, "POST", b+"/"+pnid3+"/messages", del.ChannelToken, textBody).status == 401 })
+	took := testenv.Eventually(t, time.Second, func() bool {
+		return call(t, "POST", b+"/"+pnid3+"/messages", del.ChannelToken, textBody).status == 401
+	}, "the deleted channel refused by the other instance")
 	t.Logf("deleted channel refused after %v", took)
-}
-
-func (e *relayEnv) exec(sql string, args ...any) {
-	e.t.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
-		e.t.Fatal(err)
-	}
 }
 
 // TestRelayRedisDown: with Redis killed, sends carrying a key get 503 (never a risked double
@@ -511,26 +515,35 @@ func TestRelayRedisDown(t *testing.T) {
 		t.Fatalf("send without key while Redis is down: %d %s", r.status, r.body)
 	}
 	rs.Restart(t)
-	waitFor(t, 10*time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, withKey("c")).status == 200 })
+	testenv.Eventually(t, 10*time.Second, func() bool { return call(t, "POST", send, ch.ChannelToken, withKey("c")).status == 200 },
+		"keyed sends served after Redis returned")
 	if r := call(t, "POST", send, ch.ChannelToken, withKey("c")); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after recovery the key is not remembered: %d %v", r.status, r.header)
 	}
 }
 
-// callsAcross makes n calls at once, call i on instance bases[i % len(bases)], and returns the
-// answers in order.
-func callsAcross(t *testing.T, bases []string, n int, method, path, token, body string) []relayResp {
+// sendOnceAcross makes 50 keyed sends of ch's body at once, send i on instance
+// bases[i % len(bases)], the upstream slow enough for them to overlap, and checks that the
+// upstream got one send (the only one on pnid so far) and all 50 got its answer; it returns the answers in order.
+func (e *relayEnv) sendOnceAcross(bases []string, ch store.Channel, body string) []relayResp {
+	t := e.t
 	t.Helper()
+	e.fake.SetLatency(150 * time.Millisecond)
 	var wg sync.WaitGroup
-	results := make([]relayResp, n)
+	results := make([]relayResp, 50)
 	for i := range results {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			results[i] = call(t, method, bases[i%len(bases)]+path, token, body)
-		}()
+		wg.Go(func() { results[i] = call(t, "POST", bases[i%len(bases)]+"/"+pnid+"/messages", ch.ChannelToken, body) })
 	}
 	wg.Wait()
+	e.fake.SetLatency(0)
+	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
+		t.Fatalf("upstream sends = %d, want 1", n)
+	}
+	for i, r := range results {
+		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
+			t.Fatalf("answer %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
+		}
+	}
 	return results
 }
 

@@ -12,15 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 // TestRelayScopeNotWidened: ids in an answer other than the channel's own template and media
@@ -32,15 +29,8 @@ func TestRelayScopeNotWidened(t *testing.T) {
 	base := e.caddy("")
 	ch := e.channelOn(true, pnid)
 	// the sibling number pnid2 belongs to a channel of another org
-	other, err := e.store.CreateOrg(context.Background(), "other")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sib, err := e.store.CreateChannel(context.Background(), other.ID, "sibling", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	connectOn(t, e, sib.ID, pnid2)
+	other := e.fix.Org(t, &testenv.OrgOpts{Name: "other"})
+	sib := e.fix.Channel(t, other.ID, &testenv.ChannelOpts{Name: "sibling", Connection: connection(pnid2)})
 
 	r := call(t, "GET", base+"/"+wabaID+"/phone_numbers", ch.ChannelToken, "")
 	if r.status != 200 || !bytes.Contains(r.body, []byte(`"`+pnid2+`"`)) {
@@ -70,18 +60,9 @@ func TestRelayScopeNotWidened(t *testing.T) {
 	}
 	expectRelayError(t, call(t, "POST", base+"/"+pnid2+"/messages", ch.ChannelToken, textBody), 403, "Path not allowed for this channel")
 	// and the sibling's own token reaches its number (the other org's channel is unaffected)
-	waitFor(t, 5*time.Second, func() bool {
+	testenv.Eventually(t, 5*time.Second, func() bool {
 		return call(t, "POST", base+"/"+pnid2+"/messages", sib.ChannelToken, textBody).status == 200
-	})
-}
-
-// connectOn activates channel id on the fake's number n of the business account wabaID.
-func connectOn(t *testing.T, e *relayEnv, id uuid.UUID, n string) {
-	t.Helper()
-	if err := e.store.ConnectChannel(context.Background(), id, store.Connection{PhoneNumberID: n, WabaID: wabaID,
-		DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}); err != nil {
-		t.Fatal(err)
-	}
+	}, "the sibling's own token served")
 }
 
 // TestRelayPathShapesRefused: dot segments, empty segments and encoded slashes are refused by
@@ -153,7 +134,8 @@ func TestRelayHangUpKeepsTheSend(t *testing.T) {
 		done <- err
 	}()
 	// hang up once the upstream has the send
-	waitFor(t, 10*time.Second, func() bool { return len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")) == 1 })
+	testenv.Eventually(t, 10*time.Second, func() bool { return len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")) == 1 },
+		"the send to reach the upstream")
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("the first call was not cut off")
@@ -180,13 +162,7 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 	e := newRelayEnv(t, redisURL)
 	base := e.caddy(redisURL)
 	ch := e.channel(true)
-	opt, err := redis.ParseURL(redisURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	defer rdb.Close()
-	idem := idempotency.NewRedis(rdb, idempotency.Options{}, zap.NewNop())
+	idem := idempotency.NewRedis(testenv.RedisClient(t, redisURL), idempotency.Options{}, zap.NewNop())
 	defer idem.Close()
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"},"idempotency_key":"zero-1"}`
 	stripped := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"}}`
@@ -217,12 +193,7 @@ func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 	ch := e.channel(true)
 	base := e.caddy("")
 	// the channel listener flushes the cache when it connects: warm the cache after that
-	waitFor(t, 20*time.Second, func() bool {
-		var n int
-		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN "wabarelay_channels"'`).Scan(&n)
-		return n == 1
-	})
+	e.fix.WaitListen(t, "wabarelay_channels")
 	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, textBody); r.status != 200 {
 		t.Fatalf("warm-up: %d %s", r.status, r.body)
 	}

@@ -524,7 +524,7 @@ func TestBrowserExpiredPage(t *testing.T) {
 	checkExpiredPage(t, s.browser, s.url+"/connect/", "", "Support line")
 	// So is a link whose time is up.
 	link, c := s.link(s.url)
-	if _, err := s.pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID); err != nil {
+	if _, err := s.Pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID); err != nil {
 		t.Fatal(err)
 	}
 	checkExpiredPage(t, s.browser, link, "", "Support line", appID, configID)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/wabarelay/wabarelay/connect"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // TestCompletionNumberMustBelongToAccount: a phone_number_id that is not one of the business
@@ -76,14 +77,9 @@ func TestOperatorDeactivationDuringCompletion(t *testing.T) {
 	code := w.code("EAAGop")
 	go func() { done <- w.post("/connect/"+c.ChannelToken, completion(code, pnid, waba)) }()
 	// deactivate once the completion is under way upstream
-	deadline := time.Now().Add(20 * time.Second)
-	for len(w.fake.RequestsTo("GET", "/oauth/access_token")) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the completion never reached the upstream")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, err := w.store.DeactivateChannel(context.Background(), c.ID); err != nil {
+	testenv.Eventually(t, testenv.Patience, func() bool { return len(w.fake.RequestsTo("GET", "/oauth/access_token")) > 0 },
+		"the completion to reach the upstream")
+	if _, err := w.Store.DeactivateChannel(context.Background(), c.ID); err != nil {
 		t.Fatal(err)
 	}
 	a := <-done
@@ -95,7 +91,7 @@ func TestOperatorDeactivationDuringCompletion(t *testing.T) {
 		t.Fatalf("deactivation undone: %+v", got)
 	}
 	// the operator reopens it: now the owner can connect
-	if _, err := w.store.ReopenLink(context.Background(), nil, c.ID, time.Hour, true); err != nil {
+	if _, err := w.Store.ReopenLink(context.Background(), nil, c.ID, time.Hour, true); err != nil {
 		t.Fatal(err)
 	}
 	if a := w.post("/connect/"+c.ChannelToken, completion(w.code("EAAGop2"), pnid, waba)); a.status != 200 || a.body["status"] != "active" {

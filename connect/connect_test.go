@@ -2,7 +2,6 @@ package connect_test
 
 import (
 	"context"
-	"crypto/rand"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -13,13 +12,11 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/connect"
 	"github.com/wabarelay/wabarelay/graph"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -31,13 +28,14 @@ const (
 	pnid, waba       = "106540352242922", "524126980791429"
 )
 
+// world is a connect handler (srv) over a store (the Fixture) with an org, and the fake
+// upstream behind its completion.
 type world struct {
-	t     *testing.T
-	fake  *fakegraph.Server
-	store *store.Store
-	pool  *pgxpool.Pool
-	srv   *httptest.Server
-	org   uuid.UUID
+	*testenv.Fixture
+	t    *testing.T
+	fake *fakegraph.Server
+	srv  *httptest.Server
+	org  uuid.UUID
 }
 
 func newWorld(t *testing.T, pin string) *world {
@@ -47,17 +45,8 @@ func newWorld(t *testing.T, pin string) *world {
 	t.Cleanup(w.fake.Close)
 	w.fake.AddNumber(pnid, waba, "+1 555-010-0100", "Acme Support")
 	w.fake.AddNumber("999", "888", "+1 555-010-0999", "Other")
-	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, 32)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	w.pool, w.store = pool, store.New(pool, box)
-	org, _ := w.store.CreateOrg(context.Background(), "o")
-	w.org = org.ID
+	w.Fixture = testenv.NewStore(t)
+	w.org = w.Org(t).ID
 	opt := w.options()
 	opt.RegisterPIN = pin
 	w.srv = httptest.NewServer(w.handler(opt))
@@ -67,7 +56,7 @@ func newWorld(t *testing.T, pin string) *world {
 
 // options are the connect options of the world's handler: its store and fake upstream.
 func (w *world) options() connect.Options {
-	return connect.Options{Store: w.store, Graph: graph.New(w.fake.URL()+"/v26.0", nil),
+	return connect.Options{Store: w.Store, Graph: graph.New(w.fake.URL()+"/v26.0", nil),
 		AppID: appID, AppSecret: appSecret, ConfigID: configID, SDKURL: "https://connect.facebook.net/en_US/sdk.js",
 		GraphVersion: "v26.0", ConnectBase: "https://relay.example.com"}
 }
@@ -82,11 +71,7 @@ func (w *world) handler(opt connect.Options) *connect.Handler {
 }
 
 func (w *world) channel() store.Channel {
-	c, err := w.store.CreateChannel(context.Background(), w.org, "Support line", time.Hour)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return c
+	return w.Channel(w.t, w.org, &testenv.ChannelOpts{Name: "Support line"})
 }
 
 // code adds a fresh Embedded Signup code that exchanges for token (granted pnid and waba).
@@ -122,7 +107,7 @@ func completion(code, p, wb string) string {
 }
 
 func (w *world) get(id uuid.UUID) store.Channel {
-	c, err := w.store.GetChannel(context.Background(), w.org, id)
+	c, err := w.Store.GetChannel(context.Background(), w.org, id)
 	if err != nil {
 		w.t.Fatal(err)
 	}
@@ -144,16 +129,16 @@ func TestCompleteSuccessAndRepeat(t *testing.T) {
 		t.Fatal("app not subscribed to the business account")
 	}
 	registered, pin, _ := w.fake.NumberState(pnid)
-	stored, _ := w.store.ChannelPIN(context.Background(), c.ID)
+	stored, _ := w.Store.ChannelPIN(context.Background(), c.ID)
 	if !registered || len(pin) != 6 || pin != stored {
 		t.Fatalf("register: %v pin %q stored %q", registered, pin, stored)
 	}
-	rc, err := w.store.RelayChannelByToken(context.Background(), c.ChannelToken)
+	rc, err := w.Store.RelayChannelByToken(context.Background(), c.ChannelToken)
 	if err != nil || rc.UpstreamToken != "EAAGbusiness1" || rc.Status != "active" {
 		t.Fatalf("relay view: %+v %v", rc, err)
 	}
 	var clear int
-	w.pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE position('EAAGbusiness1'::bytea in upstream_token_enc) > 0`).Scan(&clear)
+	w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE position('EAAGbusiness1'::bytea in upstream_token_enc) > 0`).Scan(&clear)
 	if clear != 0 {
 		t.Fatal("upstream token stored in clear")
 	}
@@ -278,7 +263,7 @@ func TestLinksAndPage(t *testing.T) {
 func TestExpiredUnknownAndBadInput(t *testing.T) {
 	w := newWorld(t, "")
 	c := w.channel()
-	w.pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID)
+	w.Pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID)
 	for _, tok := range []string{c.ChannelToken, "unknown-token", strings.Repeat("x", 500)} {
 		resp, err := http.Get(w.srv.URL + "/connect/" + tok)
 		if err != nil {
@@ -328,7 +313,7 @@ func TestReconnectAfter190(t *testing.T) {
 	if a := w.post("/connect/"+c.ChannelToken, completion(w.code("EAAGfirst"), pnid, waba)); a.status != 200 {
 		t.Fatalf("connect: %d %s", a.status, a.raw)
 	}
-	if err := w.store.MarkUpstreamDisconnected(ctx, c.ID); err != nil {
+	if err := w.Store.MarkUpstreamDisconnected(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}
 	// the link is closed until reopened
@@ -336,7 +321,7 @@ func TestReconnectAfter190(t *testing.T) {
 		t.Fatalf("before reopen: %d %s", a.status, a.raw)
 	}
 	org := w.org
-	if _, err := w.store.ReopenLink(ctx, &org, c.ID, time.Hour, false); err != nil {
+	if _, err := w.Store.ReopenLink(ctx, &org, c.ID, time.Hour, false); err != nil {
 		t.Fatal(err)
 	}
 	if a := w.post("/connect/"+c.ChannelToken, completion(w.code("EAAGother"), "999", "888")); a.status != 409 || a.body["error"] != connect.MsgOtherNumber {
@@ -346,7 +331,7 @@ func TestReconnectAfter190(t *testing.T) {
 	if a.status != 200 || a.body["upstream_disconnected_at"] != nil || a.body["channel_token"] != c.ChannelToken || a.body["status"] != "active" {
 		t.Fatalf("reconnect: %d %s", a.status, a.raw)
 	}
-	if rc, _ := w.store.RelayChannelByToken(ctx, c.ChannelToken); rc.UpstreamToken != "EAAGsecond" || rc.Disconnected {
+	if rc, _ := w.Store.RelayChannelByToken(ctx, c.ChannelToken); rc.UpstreamToken != "EAAGsecond" || rc.Disconnected {
 		t.Fatalf("after reconnect: %+v", rc)
 	}
 }

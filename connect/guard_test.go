@@ -61,7 +61,7 @@ func TestGuessedLinksCostNoQuery(t *testing.T) {
 	if rec := get("198.51.100.2", c.ChannelToken); rec.Code != http.StatusSeeOther {
 		t.Fatalf("valid link from another address: %d", rec.Code)
 	}
-	w.pool.Close() // from here on a lookup could only fail (503)
+	w.Pool.Close() // from here on a lookup could only fail (503)
 	for _, token := range []string{random(), c.ChannelToken, "short"} {
 		rec := get("198.51.100.1", token)
 		ra, err := strconv.Atoi(rec.Header().Get("Retry-After"))

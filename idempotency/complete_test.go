@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -67,17 +66,11 @@ func testCompleteBatched(t *testing.T, client redis.UniversalClient, counted scr
 	var queued atomic.Bool
 	*counted.gate = func(first int) {
 		// On the flusher's goroutine: no t.Fatal here.
-		queued.Store(func() bool {
-			for deadline := time.Now().Add(patience); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
-				s.completions.mu.Lock()
-				q := len(s.completions.queue)
-				s.completions.mu.Unlock()
-				if q == n+1-first {
-					return true
-				}
-			}
-			return false
-		}())
+		queued.Store(testenv.Within(patience, func() bool {
+			s.completions.mu.Lock()
+			defer s.completions.mu.Unlock()
+			return len(s.completions.queue) == n+1-first
+		}))
 	}
 	tokens := make([]string, n)
 	for i := range n {
@@ -137,7 +130,7 @@ func testCompleteBatched(t *testing.T, client redis.UniversalClient, counted scr
 
 func TestCompleteBatched(t *testing.T) {
 	counted := newScripts()
-	client := newTestClient(t, testenv.Redis(t))
+	client := testenv.RedisClient(t, testenv.Redis(t), testenv.ShortTimeouts)
 	client.AddHook(counted)
 	testCompleteBatched(t, client, counted)
 }
@@ -151,16 +144,6 @@ func TestCompleteBatchedCluster(t *testing.T) {
 
 func newScripts() scripts {
 	return scripts{calls: new(atomic.Int64), trips: new(atomic.Int64), gate: new(func(int)), once: new(sync.Once)}
-}
-
-// waitFor polls cond until it holds, failing the test after patience.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(patience); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v", patience)
-		}
-	}
 }
 
 func itoa(i int) string {

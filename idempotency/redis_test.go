@@ -20,19 +20,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// newTestClient returns a client with short timeouts, so that a dead Redis shows promptly.
-func newTestClient(t testing.TB, url string) *redis.Client {
-	t.Helper()
-	opt, err := redis.ParseURL(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
-	c := redis.NewClient(opt)
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
 // testPrefix returns a key prefix of its own for a test (the Redis server may be shared).
 func testPrefix() string { return "wabarelay:idem:test:" + rand.Text() + ":" }
 
@@ -42,8 +29,8 @@ func newRedisPair(t *testing.T, url string, opt Options) (*Redis, *Redis) {
 	if opt.Prefix == "" {
 		opt.Prefix = testPrefix()
 	}
-	a := NewRedis(newTestClient(t, url), opt, zaptest.NewLogger(t).Named("a"))
-	b := NewRedis(newTestClient(t, url), opt, zaptest.NewLogger(t).Named("b"))
+	a := NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), opt, zaptest.NewLogger(t).Named("a"))
+	b := NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), opt, zaptest.NewLogger(t).Named("b"))
 	t.Cleanup(func() { a.Close(); b.Close() })
 	return a, b
 }
@@ -66,15 +53,9 @@ func (h dialFailures) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 }
 
 // waitSubscribed waits until s's pub/sub listener is subscribed.
-func waitSubscribed(t *testing.T, s *Redis, within time.Duration) {
+func waitSubscribed(t *testing.T, s *Redis) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !s.subscribed.Load() {
-		if time.Now().After(deadline) {
-			t.Fatalf("pub/sub listener not subscribed within %v", within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, patience, s.subscribed.Load, "the pub/sub listener to subscribe")
 }
 
 func TestRedis(t *testing.T) {
@@ -93,7 +74,7 @@ func TestRedisWakeByPubSub(t *testing.T) {
 	const key, fp = "chan-1:k-pubsub", "fp"
 	r := mustBegin(t, a, key, fp, Acquired)
 	mustBegin(t, b, "chan-1:k-warm", fp, Acquired) // the listener starts with the first Begin
-	waitSubscribed(t, b, patience)
+	waitSubscribed(t, b)
 
 	done := make(chan Result, 1)
 	go func() {
@@ -123,7 +104,7 @@ func TestRedisWakeByPubSub(t *testing.T) {
 // lease and the completed TTL (PTTL).
 func TestRedisRecord(t *testing.T) {
 	url := testenv.Redis(t)
-	c := newTestClient(t, url)
+	c := testenv.RedisClient(t, url, testenv.ShortTimeouts)
 	prefix := testPrefix()
 	a, _ := newRedisPair(t, url, Options{Prefix: prefix, Lease: 90 * time.Second})
 	ctx := context.Background()
@@ -203,7 +184,7 @@ func TestRedisKillRestart(t *testing.T) {
 	var failed [2]atomic.Int64
 	var stores [2]*Redis
 	for i, name := range []string{"a", "b"} {
-		c := newTestClient(t, srv.URL())
+		c := testenv.RedisClient(t, srv.URL(), testenv.ShortTimeouts)
 		c.AddHook(dialFailures{&failed[i]})
 		stores[i] = NewRedis(c, opt, zaptest.NewLogger(t).Named(name))
 	}
@@ -215,8 +196,8 @@ func TestRedisKillRestart(t *testing.T) {
 	// Both listeners up before the outage.
 	mustBegin(t, a, "k-warm-a", fp, Acquired)
 	owned := mustBegin(t, b, "k-warm-b", fp, Acquired)
-	waitSubscribed(t, a, patience)
-	waitSubscribed(t, b, patience)
+	waitSubscribed(t, a)
+	waitSubscribed(t, b)
 
 	// A duplicate waiting when Redis dies.
 	waitErr := make(chan error, 1)
@@ -255,43 +236,31 @@ func TestRedisKillRestart(t *testing.T) {
 	check("Begin", func() error { _, err := a.Begin(ctx, "k-down", fp); return err })
 	check("Complete", func() error { return b.Complete(ctx, "k-warm-b", owned.Token, sampleResponse("x")) })
 	check("Release", func() error { return b.Release(ctx, "k-warm-b", owned.Token) })
-	for deadline := time.Now().Add(patience); a.subscribed.Load() || b.subscribed.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("listener still reports subscribed with Redis down")
-		}
-	}
+	testenv.Eventually(t, patience, func() bool { return !a.subscribed.Load() && !b.subscribed.Load() },
+		"the listeners to report unsubscribed with Redis down")
 
 	// Each listener fails to reconnect twice (nothing else dials now) before Redis is back.
 	base := [2]int64{failed[0].Load(), failed[1].Load()}
-	for deadline := time.Now().Add(patience); failed[0].Load() < base[0]+2 || failed[1].Load() < base[1]+2; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("listeners did not try to reconnect: %d and %d failed dials", failed[0].Load()-base[0], failed[1].Load()-base[1])
-		}
-	}
+	testenv.Eventually(t, patience, func() bool { return failed[0].Load() >= base[0]+2 && failed[1].Load() >= base[1]+2 },
+		"the listeners to try to reconnect twice each")
 	srv.Restart(t)
 	restartedAt := time.Now()
 
 	// Begin works again with the same stores (the restarted Redis is empty).
 	var r Result
-	for {
+	testenv.Eventually(t, patience, func() bool {
 		var err error
 		r, err = a.Begin(ctx, "k-after", fp)
-		if err == nil {
-			break
-		}
-		if time.Since(restartedAt) > patience {
-			t.Fatalf("Begin still failing %v after restart: %v", patience, err)
-		}
-		time.Sleep(50 * time.Millisecond) // polling
-	}
+		return err == nil
+	}, "Begin to work after the restart")
 	if r.Outcome != Acquired {
 		t.Fatalf("Begin after restart = %v", r.Outcome)
 	}
 	t.Logf("Begin works %v after restart", time.Since(restartedAt))
 
 	// The pub/sub listeners are back: a waiter on b (no safety poll) is woken by a's Complete.
-	waitSubscribed(t, b, patience)
-	waitSubscribed(t, a, patience)
+	waitSubscribed(t, b)
+	waitSubscribed(t, a)
 	t.Logf("listeners re-subscribed %v after restart", time.Since(restartedAt))
 	b.poll = time.Hour // only pub/sub can wake it now; no Begin of b is running
 	var wg sync.WaitGroup
@@ -318,7 +287,7 @@ func TestRedisKillRestart(t *testing.T) {
 // started or Redis is down.
 func TestRedisClose(t *testing.T) {
 	url := testenv.Redis(t)
-	s := NewRedis(newTestClient(t, url), Options{Prefix: testPrefix()}, nil)
+	s := NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), Options{Prefix: testPrefix()}, nil)
 	if err := s.Close(); err != nil { // never started
 		t.Fatal(err)
 	}
@@ -327,9 +296,9 @@ func TestRedisClose(t *testing.T) {
 		t.Fatal("listener started after Close")
 	}
 
-	s = NewRedis(newTestClient(t, url), Options{Prefix: testPrefix()}, nil)
+	s = NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), Options{Prefix: testPrefix()}, nil)
 	mustBegin(t, s, "k", "fp", Acquired)
-	waitSubscribed(t, s, patience)
+	waitSubscribed(t, s)
 	done := make(chan struct{})
 	go func() { s.Close(); close(done) }()
 	select {
@@ -340,15 +309,12 @@ func TestRedisClose(t *testing.T) {
 
 	// Redis unreachable: the listener is retrying; Close still returns.
 	core, logs := observer.New(zapcore.WarnLevel)
-	s = NewRedis(newTestClient(t, "redis://127.0.0.1:1/0"), Options{}, zap.New(core))
+	s = NewRedis(testenv.RedisClient(t, "redis://127.0.0.1:1/0", testenv.ShortTimeouts), Options{}, zap.New(core))
 	if _, err := s.Begin(context.Background(), "k", "fp"); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("Begin on unreachable Redis = %v", err)
 	}
-	for deadline := time.Now().Add(patience); logs.FilterMessageSnippet("pub/sub connection to Redis lost").Len() == 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the listener did not report its failed connection")
-		}
-	}
+	testenv.Eventually(t, patience, func() bool { return logs.FilterMessageSnippet("pub/sub connection to Redis lost").Len() > 0 },
+		"the listener to report its failed connection")
 	done = make(chan struct{})
 	go func() { s.Close(); close(done) }()
 	select {

@@ -9,11 +9,12 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // patience is how long a test waits for something that takes milliseconds on an idle machine:
@@ -21,57 +22,24 @@ import (
 // would otherwise wait out is a multiple of it.
 const patience = 30 * time.Second
 
-// waiting reports whether n Begin calls (of any store of this package) are parked, waiting for
-// their key, within the time given: read from the goroutines' stacks, where a parked Begin is
-// the top frame of a goroutine blocked in select. It is how a test knows that its duplicates
-// wait before it completes, releases or cancels, instead of sleeping "long enough".
-func waiting(n int, within time.Duration) bool {
-	deadline := time.Now().Add(within)
-	buf := make([]byte, 1<<20)
-	for {
-		for {
-			m := runtime.Stack(buf, true)
-			if m < len(buf) {
-				buf = buf[:m]
-				break
-			}
-			buf = make([]byte, 2*len(buf))
-		}
-		parked := 0
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			lines := strings.Split(g, "\n")
-			if len(lines) < 2 || !strings.Contains(lines[0], "[select") {
-				continue
-			}
-			top := ""
-			for i := 1; i < len(lines); i += 2 { // function line, then its file line
-				if !strings.HasPrefix(lines[i], "runtime.") {
-					top = lines[i]
-					break
-				}
-			}
-			if strings.HasPrefix(top, "github.com/wabarelay/wabarelay/idempotency.(*") &&
-				(strings.Contains(top, ").Begin(") || strings.Contains(top, ").begin(")) {
-				parked++
-			}
-		}
-		if parked >= n {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		buf = buf[:cap(buf)]
-		time.Sleep(5 * time.Millisecond) // polling
-	}
+// parked counts the Begin calls (of any store of this package) waiting for their key, read
+// from the goroutines' stacks: it is how a test knows that its duplicates wait before it
+// completes, releases or cancels, instead of sleeping "long enough".
+func parked() int {
+	return testenv.Parked(func(fn string) bool {
+		return strings.HasPrefix(fn, "github.com/wabarelay/wabarelay/idempotency.(*") &&
+			(strings.HasSuffix(fn, ").Begin") || strings.HasSuffix(fn, ").begin"))
+	})
 }
+
+// waiting reports whether n Begin calls are parked within patience (for a key's owner, on a
+// goroutine of its own, that waits for its duplicates).
+func waiting(n int) bool { return testenv.Within(patience, func() bool { return parked() >= n }) }
 
 // waitWaiting fails the test unless n Begin calls are parked within patience.
 func waitWaiting(t *testing.T, n int) {
 	t.Helper()
-	if !waiting(n, patience) {
-		t.Fatalf("%d Begin calls not waiting within %v", n, patience)
-	}
+	testenv.Eventually(t, patience, func() bool { return parked() >= n }, "%d Begin calls waiting", n)
 }
 
 // newStores returns two Stores that share state: for Redis, two stores on two separate clients
@@ -141,6 +109,51 @@ func mustBegin(t *testing.T, s Store, key, fp string, want Outcome) Result {
 	return r
 }
 
+// race starts n Begin calls of key at once, on stores a and b in turn; the one that acquires
+// calls owned, then completes with want. The function it returns waits for all of them and
+// checks that exactly one acquired and the others replayed want.
+func race(t *testing.T, a, b Store, n int, key, fp string, want Response, owned func()) (wait func()) {
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		results = make([]Result, n)
+		errs    = make([]error, n)
+	)
+	for i := range n {
+		s := a
+		if i%2 == 1 {
+			s = b
+		}
+		wg.Go(func() {
+			<-start
+			r, err := s.Begin(context.Background(), key, fp)
+			results[i], errs[i] = r, err
+			if err == nil && r.Outcome == Acquired {
+				owned()
+				errs[i] = s.Complete(context.Background(), key, r.Token, want)
+			}
+		})
+	}
+	close(start)
+	return func() {
+		t.Helper()
+		wg.Wait()
+		counts := map[Outcome]int{}
+		for i, r := range results {
+			if errs[i] != nil {
+				t.Fatalf("caller %d: %v", i, errs[i])
+			}
+			counts[r.Outcome]++
+			if r.Outcome == Replay {
+				sameResponse(t, r.Response, want)
+			}
+		}
+		if counts[Acquired] != 1 || counts[Replay] != n-1 {
+			t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
+		}
+	}
+}
+
 // testConcurrentBegin: 50 concurrent Begins on one key over two stores; exactly one is Acquired,
 // its owner completes once the 49 others wait, and they all replay the identical response, woken
 // by the completion (long before their Wait would end).
@@ -151,65 +164,20 @@ func testConcurrentBegin(t *testing.T, newStores newStores) {
 	const key, fp = "chan-1:order-42", "fp-1"
 	want := sampleResponse("concurrent")
 
-	var (
-		wg      sync.WaitGroup
-		start   = make(chan struct{})
-		results = make([]Result, n)
-		errs    = make([]error, n)
-		elapsed = make([]time.Duration, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
-		}
-		wg.Go(func() {
-			<-start
-			t0 := time.Now()
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				if !waiting(n-1, patience) { // the upstream send, while the duplicates wait
-					t.Errorf("the %d duplicates are not all waiting", n-1)
-				}
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-			elapsed[i] = time.Since(t0)
-		})
-	}
 	t0 := time.Now()
-	close(start)
-	wg.Wait()
+	race(t, a, b, n, key, fp, want, func() {
+		if !waiting(n - 1) { // the upstream send, while the duplicates wait
+			t.Errorf("the %d duplicates are not all waiting", n-1)
+		}
+	})()
 	total := time.Since(t0)
-
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("caller %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
-	t.Logf("%d callers over two stores: 1 send, %d replays, all done in %v (slowest %v)", n, n-1, total, maxDuration(elapsed))
+	t.Logf("%d callers over two stores: 1 send, %d replays, all done in %v", n, n-1, total)
 	if total > wait/2 {
 		t.Errorf("took %v; waiters must be woken by the completion, not wait out their %v", total, wait)
 	}
 	// Later repeats replay too, from either store.
 	sameResponse(t, mustBegin(t, a, key, fp, Replay).Response, want)
 	sameResponse(t, mustBegin(t, b, key, fp, Replay).Response, want)
-}
-
-func maxDuration(d []time.Duration) time.Duration {
-	var m time.Duration
-	for _, x := range d {
-		m = max(m, x)
-	}
-	return m
 }
 
 // testMismatch: the same key with another fingerprint is Mismatch at once, in flight and after
@@ -245,45 +213,16 @@ func testReleaseHandsOver(t *testing.T, newStores newStores) {
 	want := sampleResponse("second")
 
 	const n = 10
-	var (
-		wg      sync.WaitGroup
-		results = make([]Result, n)
-		errs    = make([]error, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
+	done := race(t, a, b, n, key, fp, want, func() {
+		if !waiting(n - 1) { // the others wait again, now for the new owner
+			t.Errorf("the other %d are not waiting for the new owner", n-1)
 		}
-		wg.Go(func() {
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				if !waiting(n-1, patience) { // the others wait again, now for the new owner
-					t.Errorf("the other %d are not waiting for the new owner", n-1)
-				}
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-		})
-	}
+	})
 	waitWaiting(t, n) // all of them wait for the first owner
 	if err := a.Release(context.Background(), key, first.Token); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("waiter %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
+	done()
 	// The released owner can no longer complete or release.
 	if err := a.Complete(context.Background(), key, first.Token, sampleResponse("stale")); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("Complete by released owner = %v, want ErrNotOwner", err)
@@ -346,21 +285,19 @@ func testWaitLimitAndLease(t *testing.T, newStores newStores) {
 // until then the answer must be InProgress or Mismatch.
 func acquireEventually(t *testing.T, s Store, key, fp string) Result {
 	t.Helper()
-	deadline := time.Now().Add(patience)
-	for {
-		r, err := s.Begin(context.Background(), key, fp)
+	var r Result
+	testenv.Eventually(t, patience, func() bool {
+		var err error
+		r, err = s.Begin(context.Background(), key, fp)
 		switch {
 		case err != nil:
 			t.Fatalf("Begin(%q): %v", key, err)
-		case r.Outcome == Acquired:
-			return r
-		case r.Outcome != InProgress && r.Outcome != Mismatch:
+		case r.Outcome != Acquired && r.Outcome != InProgress && r.Outcome != Mismatch:
 			t.Fatalf("Begin(%q) = %v while its lease or TTL ends", key, r.Outcome)
-		case time.Now().After(deadline):
-			t.Fatalf("Begin(%q) still %v %v after the lease or TTL ended", key, r.Outcome, patience)
 		}
-		time.Sleep(10 * time.Millisecond) // polling
-	}
+		return r.Outcome == Acquired
+	}, "Begin(%q) to acquire after the lease or TTL ended", key)
+	return r
 }
 
 // testLeaseExpiryWhileWaiting: duplicates waiting for a crashed owner take over when its lease
@@ -371,40 +308,7 @@ func testLeaseExpiryWhileWaiting(t *testing.T, newStores newStores) {
 	mustBegin(t, a, key, fp, Acquired) // this owner "crashes"
 	want := sampleResponse("takeover")
 
-	const n = 6
-	var (
-		wg      sync.WaitGroup
-		results = make([]Result, n)
-		errs    = make([]error, n)
-	)
-	for i := range n {
-		s := a
-		if i%2 == 1 {
-			s = b
-		}
-		wg.Go(func() {
-			r, err := s.Begin(context.Background(), key, fp)
-			results[i], errs[i] = r, err
-			if err == nil && r.Outcome == Acquired {
-				time.Sleep(50 * time.Millisecond)
-				errs[i] = s.Complete(context.Background(), key, r.Token, want)
-			}
-		})
-	}
-	wg.Wait()
-	counts := map[Outcome]int{}
-	for i, r := range results {
-		if errs[i] != nil {
-			t.Fatalf("waiter %d: %v", i, errs[i])
-		}
-		counts[r.Outcome]++
-		if r.Outcome == Replay {
-			sameResponse(t, r.Response, want)
-		}
-	}
-	if counts[Acquired] != 1 || counts[Replay] != n-1 {
-		t.Fatalf("outcomes = %v, want 1 acquired and %d replays", counts, n-1)
-	}
+	race(t, a, b, 6, key, fp, want, func() { time.Sleep(50 * time.Millisecond) })()
 }
 
 // testFencing: once the lease has ended and another request owns the key, the old owner's

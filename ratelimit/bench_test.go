@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // benchKeys spreads parallel calls over many keys, like many channels.
@@ -52,7 +54,7 @@ func benchmarkAllow(b *testing.B, newLimiter func(limit int, window time.Duratio
 }
 
 func BenchmarkRedisAllow(b *testing.B) {
-	c := newClient(b, testRedisURL(b))
+	c := testenv.RedisClient(b, testenv.Redis(b))
 	prefix := uniquePrefix(b, c)
 	n := 0
 	benchmarkAllow(b, func(limit int, window time.Duration) Limiter {

@@ -22,14 +22,7 @@ import (
 func TestFallbackRedisOutage(t *testing.T) {
 	ctx := context.Background()
 	srv := testenv.StartRedis(t)
-	opts, err := redis.ParseURL(srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.MaxRetries = -1
-	opts.DialTimeout = time.Second
-	client := redis.NewClient(opts)
-	defer client.Close()
+	client := testenv.RedisClient(t, srv.URL(), func(o *redis.Options) { o.MaxRetries, o.DialTimeout = -1, time.Second })
 
 	core, logs := observer.New(zapcore.InfoLevel)
 	mem := NewMemory(3, time.Minute)
@@ -41,7 +34,7 @@ func TestFallbackRedisOutage(t *testing.T) {
 
 	zcard := func(key string) int64 {
 		t.Helper()
-		c := newClient(t, srv.URL())
+		c := testenv.RedisClient(t, srv.URL())
 		n, err := c.ZCard(ctx, "rl:"+key).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -92,18 +85,11 @@ func TestFallbackRedisOutage(t *testing.T) {
 	}
 
 	srv.Restart(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	testenv.Eventually(t, testenv.Patience, func() bool {
 		clk.Advance(defaultProbeEvery) // every call may probe
 		mustAllow(t, l, "c")
-		if zcard("c") > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("Redis limiter not used again after restart")
-		}
-		time.Sleep(10 * time.Millisecond) // polling the restarted server
-	}
+		return zcard("c") > 0
+	}, "the Redis limiter to be used again after the restart")
 	// Back on Redis: a fresh key gets exactly the limit, recorded in Redis.
 	for i := range 5 {
 		if d := mustAllow(t, l, "d"); d.Allowed != (i < 3) {

@@ -12,11 +12,13 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 func TestRedis100PerMinute(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, testRedisURL(t))
+	c := testenv.RedisClient(t, testenv.Redis(t))
 	prefix := uniquePrefix(t, c)
 	l := NewRedis(c, 100, time.Minute, prefix)
 
@@ -68,17 +70,17 @@ func TestRedis100PerMinute(t *testing.T) {
 // independent clients and limiters) hammering one key concurrently.
 func TestRedisExactAcrossInstances(t *testing.T) {
 	ctx := context.Background()
-	url := testRedisURL(t)
+	url := testenv.Redis(t)
 	var limiters []*RedisLimiter
 	var prefix string
 	for i := range 3 {
-		c := newClient(t, url)
+		c := testenv.RedisClient(t, url)
 		if i == 0 {
 			prefix = uniquePrefix(t, c)
 		}
 		limiters = append(limiters, NewRedis(c, 100, time.Minute, prefix))
 	}
-	check := newClient(t, url)
+	check := testenv.RedisClient(t, url)
 
 	for round := range 3 {
 		key := "hot-" + string(rune('a'+round))
@@ -142,7 +144,7 @@ func TestRedisRollingWindow(t *testing.T) {
 		t.Skip("real-time test")
 	}
 	ctx := context.Background()
-	c := newClient(t, testRedisURL(t))
+	c := testenv.RedisClient(t, testenv.Redis(t))
 	const window, gap = 2 * time.Second, time.Second
 	l := NewRedis(c, 5, window, uniquePrefix(t, c))
 	const key = "k"
@@ -199,19 +201,19 @@ func TestRedisRollingWindow(t *testing.T) {
 	aLeaves := leaves(a)
 	rejected := 1
 	var f call
-	for {
+	testenv.Eventually(t, testenv.Patience, func() bool {
 		c := allow()
 		if c.Allowed {
 			f = c
-			break
+			return true
 		}
 		pointsAt(fmt.Sprintf("rejected call %d", rejected), c, aLeaves)
 		if !c.from.Before(aLeaves.latest) {
 			t.Fatalf("rejected after A left the window: %+v", c.Decision)
 		}
 		rejected++
-		time.Sleep(10 * time.Millisecond) // polling
-	}
+		return false
+	}, "a call allowed once A left the window")
 	if f.to.Before(aLeaves.earliest) {
 		t.Fatalf("allowed before A left the window")
 	}
@@ -236,7 +238,7 @@ func TestRedisRollingWindow(t *testing.T) {
 
 func TestRedisSetLimit(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, testRedisURL(t))
+	c := testenv.RedisClient(t, testenv.Redis(t))
 	l := NewRedis(c, 10, time.Minute, uniquePrefix(t, c))
 	for range 10 {
 		if d, err := l.Allow(ctx, "k"); err != nil || !d.Allowed {
@@ -279,7 +281,7 @@ func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 
 func TestRedisOneRoundTrip(t *testing.T) {
 	ctx := context.Background()
-	c := newClient(t, testRedisURL(t))
+	c := testenv.RedisClient(t, testenv.Redis(t))
 	l := NewRedis(c, 1000, time.Minute, uniquePrefix(t, c))
 	if _, err := l.Allow(ctx, "warm"); err != nil { // loads the script if needed
 		t.Fatal(err)

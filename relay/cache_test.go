@@ -14,7 +14,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -31,26 +30,11 @@ func (s *countingStore) RelayChannelByToken(ctx context.Context, token string) (
 	return s.Store.RelayChannelByToken(ctx, token)
 }
 
+// cacheEnv is a store that counts its channel loads, its pool and a pending channel.
 func cacheEnv(t testing.TB) (*countingStore, *pgxpool.Pool, store.Channel) {
 	t.Helper()
-	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, 32)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	org, err := st.CreateOrg(context.Background(), "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch, err := st.CreateChannel(context.Background(), org.ID, "c", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &countingStore{Store: st}, pool, ch
+	f := testenv.NewStore(t)
+	return &countingStore{Store: f.Store}, f.Pool, f.Channel(t, f.Org(t).ID)
 }
 
 // lockChannels holds an exclusive lock on the channels table until the test ends: every load
@@ -81,7 +65,7 @@ func TestCacheWaitersHonourTheirContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { _, err := c.Lookup(ctx, ch.ChannelToken); done <- err }()
-	waitUntil(t, func() bool { return st.loads.Load() == 1 }) // the load is blocked
+	testenv.Eventually(t, testenv.Patience, func() bool { return st.loads.Load() == 1 }, "the load to block") // the load is blocked
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled waiter: %v", err)
@@ -123,12 +107,12 @@ func TestCacheOneRefreshPerEntry(t *testing.T) {
 	}
 	wg.Wait() // every request answered while the refresh is blocked
 	release()
-	waitUntil(t, func() bool {
+	testenv.Eventually(t, testenv.Patience, func() bool {
 		c.mu.RLock()
 		defer c.mu.RUnlock()
 		e := c.byHash[sha256.Sum256([]byte(ch.ChannelToken))]
 		return e != nil && e.fetched.Equal(clock)
-	})
+	}, "the refresh")
 	if n := st.loads.Load(); n != 2 {
 		t.Fatalf("loads = %d, want 2 (the first and one refresh)", n)
 	}
@@ -158,14 +142,5 @@ func TestCacheNegativesBounded(t *testing.T) {
 	before := st.loads.Load()
 	if _, err := c.Lookup(context.Background(), last); !errors.Is(err, ErrUnknownToken) || st.loads.Load() != before {
 		t.Fatalf("the newest unknown token cost a query (%v)", err)
-	}
-}
-
-func waitUntil(t *testing.T, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !cond(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met in 20s")
-		}
 	}
 }

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/idempotency"
@@ -52,12 +51,10 @@ type relayFixture struct {
 // its idempotency store) defaults to memory stores with a limit of limit calls per minute.
 func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, idempotency.Store)) *relayFixture {
 	t.Helper()
-	cs, _, ch := cacheEnv(t)
-	st, ctx := cs.Store, context.Background()
-	if err := st.ConnectChannel(ctx, ch.ID, store.Connection{PhoneNumberID: tPNID, WabaID: tWABA,
-		DisplayPhoneNumber: "+1 555 0100", UpstreamToken: tUpstream}); err != nil {
-		t.Fatal(err)
-	}
+	fx := testenv.NewStore(t)
+	st := fx.Store
+	ch := fx.Channel(t, fx.Org(t).ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: tPNID,
+		WabaID: tWABA, DisplayPhoneNumber: "+1 555 0100", UpstreamToken: tUpstream}})
 	fake := fakegraph.New(fakegraph.WithPlainJSON())
 	fake.Start() // media URLs point at its listener
 	t.Cleanup(fake.Close)
@@ -381,12 +378,7 @@ func TestRelayRateLimitBeforeClaim(t *testing.T) {
 
 // TestRelayRedisAdmission: the same on Redis, where the limit and the claim are one script.
 func TestRelayRedisAdmission(t *testing.T) {
-	opt, err := redis.ParseURL(testenv.Redis(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb := testenv.RedisClient(t, testenv.Redis(t))
 	testRateLimitBeforeClaim(t, func() (Admission, idempotency.Store) {
 		prefix := "t:" + rand.Text() + ":"
 		limitLog := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")

@@ -184,6 +184,18 @@ func (f *Fixture) Webhook(t testing.TB, org uuid.UUID, url string, opts ...*Webh
 	return w, secret
 }
 
+// WaitListen waits (up to Patience) until a session on the fixture's database listens on the
+// notification channel (a LISTEN loop such as internal/pglisten's has connected).
+func (f *Fixture) WaitListen(t testing.TB, channel string) {
+	t.Helper()
+	Eventually(t, Patience, func() bool {
+		var n int
+		f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query IN ('LISTEN ' || $1, 'LISTEN "' || $1 || '"')`, channel).Scan(&n)
+		return n > 0
+	}, "LISTEN %s", channel)
+}
+
 // StoreWith returns a store on the fixture's pool that encrypts with keys[0] and opens with
 // any of keys (a keyring, as during a key rotation).
 func (f *Fixture) StoreWith(t testing.TB, keys ...[]byte) *store.Store {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,6 +91,15 @@ func TestFixtureFactories(t *testing.T) {
 	if s, err := f.Store.WebhookSecret(t.Context(), w.ID); err != nil || s != secret {
 		t.Fatalf("webhook secret: %v", err)
 	}
+	conn, err := f.Pool.Acquire(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(t.Context(), `LISTEN "kit_test"`); err != nil {
+		t.Fatal(err)
+	}
+	f.WaitListen(t, "kit_test")
 	start := time.Now()
 	testenv.Eventually(t, testenv.Patience, func() bool { return time.Since(start) > 20*time.Millisecond }, "time to pass")
 }
@@ -116,5 +126,45 @@ func TestReceiverPerEventAndCAFile(t *testing.T) {
 	}
 	if got := rc.PerEvent(); len(got) != 2 || got["a"] != 2 || got["b"] != 1 {
 		t.Fatalf("PerEvent %v", got)
+	}
+}
+
+// TestWaiting: Within reports whether a condition held in time; Parked counts the goroutines
+// waiting in a select of the function it is told, and no others.
+func TestWaiting(t *testing.T) {
+	if testenv.Within(30*time.Millisecond, func() bool { return false }) || !testenv.Within(0, func() bool { return true }) {
+		t.Fatal("Within misreports")
+	}
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { parkHere(release) })
+	}
+	wg.Go(func() { <-release }) // blocked, but not in a select
+	here := func(fn string) bool { return fn == "github.com/wabarelay/wabarelay/internal/testenv_test.parkHere" }
+	testenv.Eventually(t, testenv.Patience, func() bool { return testenv.Parked(here) == 3 }, "3 parked goroutines")
+	close(release)
+	wg.Wait()
+	if n := testenv.Parked(here); n != 0 {
+		t.Fatalf("%d parked after their release", n)
+	}
+}
+
+//go:noinline
+func parkHere(release <-chan struct{}) {
+	select {
+	case <-release:
+	case <-time.After(time.Hour):
+	}
+}
+
+// TestRedisClient: the client reaches the server, with the options it was tuned with.
+func TestRedisClient(t *testing.T) {
+	c := testenv.RedisClient(t, testenv.Redis(t), testenv.ShortTimeouts)
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if o := c.Options(); o.DialTimeout != 500*time.Millisecond || o.ReadTimeout != 500*time.Millisecond {
+		t.Fatalf("options %+v", o)
 	}
 }
