@@ -30,9 +30,9 @@ func TestChannelListenerWithPoolParams(t *testing.T) {
 	if _, err := e.store.DeleteChannel(context.Background(), e.org, ch.ID, true); err != nil {
 		t.Fatal(err)
 	}
-	// generous for a loaded machine, and still far below the 30 s TTL backstop
-	took := waitFor(t, 3*time.Second, func() bool {
+	// generous for a loaded machine, and still far below the cache's TTL backstop (relay.DefaultTTL)
+	took := testenv.Eventually(t, 10*time.Second, func() bool {
 		return call(t, "POST", b+"/"+pnid+"/messages", ch.ChannelToken, textBody).status == 401
-	})
+	}, "the deleted channel refused")
 	t.Logf("deleted channel refused after %v", took)
 }

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -35,7 +34,6 @@ type relayEnv struct {
 	pool    *pgxpool.Pool
 	org     uuid.UUID
 	caddies map[string]*testenv.Caddy // Caddy processes by origin
-	procs   map[string]*exec.Cmd      // the same processes' commands (events_test.go, roles_test.go)
 }
 
 const (
@@ -62,7 +60,7 @@ func newRelayEnvOn(t *testing.T, _, dsn string) *relayEnv {
 	t.Helper()
 	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn})
 	e := &relayEnv{t: t, fake: fakegraph.New(), fix: f, dsn: dsn, keyB64: f.KeyB64, store: f.Store, pool: f.Pool,
-		caddies: map[string]*testenv.Caddy{}, procs: map[string]*exec.Cmd{}}
+		caddies: map[string]*testenv.Caddy{}}
 	e.fake.Start()
 	t.Cleanup(e.fake.Close)
 	for _, n := range []string{pnid, pnid2, pnid3} {
@@ -160,7 +158,7 @@ func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 		}
 	})
 	origin := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	e.caddies[origin], e.procs[origin] = c, c.Cmd
+	e.caddies[origin] = c
 	return origin
 }
 
@@ -253,12 +251,6 @@ func TestRelayAuthAndScope(t *testing.T) {
 	testenv.Eventually(t, time.Second, func() bool {
 		return call(t, "POST", send, active.ChannelToken, textBody).status == 403
 	}, "the deactivated channel refused")
-}
-
-// waitFor is testenv.Eventually without a message, for the tests that still call it.
-func waitFor(t *testing.T, limit time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	return testenv.Eventually(t, limit, cond)
 }
 
 func TestRelayForwarding(t *testing.T) {
@@ -421,7 +413,7 @@ func TestRelayDisconnected(t *testing.T) {
 }
 
 // substituted checks that an answer the relay made in place of the upstream's carries only
-// the relay's headers (DESIGN §5 "Substituted answers").
+// the relay's headers (docs/relay.md#substituted-answers).
 func substituted(t *testing.T, r relayResp) {
 	t.Helper()
 	for _, name := range []string{"Www-Authenticate", "Content-Encoding", "X-Fb-Trace-Id", "X-Fb-Request-Id"} {
