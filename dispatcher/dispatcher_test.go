@@ -726,12 +726,7 @@ func TestWakesOnNotify(t *testing.T) {
 	cfg := e.config(rc)
 	cfg.PollInterval = time.Hour // only a notification can wake the dispatcher
 	e.run(cfg)
-	testenv.Eventually(t, patience, func() bool {
-		var n int
-		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query = 'LISTEN `+"\"wabarelay_deliveries\""+`'`).Scan(&n)
-		return n == 1
-	}, "LISTEN established")
+	e.fix.WaitListen(t, "wabarelay_deliveries")
 	// Twice: the first store may race the claim made on connecting; by the second, that claim
 	// is long done, and with a poll interval of an hour only the notification can wake it.
 	for round := range 2 {
