@@ -87,7 +87,7 @@ func TestListener(t *testing.T) {
 
 	// the server ends the listener's connection: it comes back
 	if _, err := pool.Exec(context.Background(),
-		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`); err != nil {
+		`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query LIKE 'LISTEN%' AND pid <> pg_backend_pid()`); err != nil {
 		t.Fatal(err)
 	}
 	wait("reconnection", connects)
