@@ -3,6 +3,7 @@ package testenv_test
 import (
 	"bytes"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -61,4 +62,44 @@ func TestFixtureFactories(t *testing.T) {
 	}
 	start := time.Now()
 	testenv.Eventually(t, testenv.Patience, func() bool { return time.Since(start) > 20*time.Millisecond }, "time to pass")
+}
+
+// TestWaiting: Within reports whether a condition held in time; Parked counts the goroutines
+// waiting in a select of the function it is told, and no others.
+func TestWaiting(t *testing.T) {
+	if testenv.Within(30*time.Millisecond, func() bool { return false }) || !testenv.Within(0, func() bool { return true }) {
+		t.Fatal("Within misreports")
+	}
+	release := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() { parkHere(release) })
+	}
+	wg.Go(func() { <-release }) // blocked, but not in a select
+	here := func(fn string) bool { return fn == "github.com/wabarelay/wabarelay/internal/testenv_test.parkHere" }
+	testenv.Eventually(t, testenv.Patience, func() bool { return testenv.Parked(here) == 3 }, "3 parked goroutines")
+	close(release)
+	wg.Wait()
+	if n := testenv.Parked(here); n != 0 {
+		t.Fatalf("%d parked after their release", n)
+	}
+}
+
+//go:noinline
+func parkHere(release <-chan struct{}) {
+	select {
+	case <-release:
+	case <-time.After(time.Hour):
+	}
+}
+
+// TestRedisClient: the client reaches the server, with the options it was tuned with.
+func TestRedisClient(t *testing.T) {
+	c := testenv.RedisClient(t, testenv.Redis(t), testenv.ShortTimeouts)
+	if err := c.Ping(t.Context()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if o := c.Options(); o.DialTimeout != 500*time.Millisecond || o.ReadTimeout != 500*time.Millisecond {
+		t.Fatalf("options %+v", o)
+	}
 }

@@ -29,6 +29,28 @@ func Redis(t testing.TB) string {
 	return StartRedis(t).URL()
 }
 
+// RedisClient returns a go-redis client of url (a redis:// URL such as Redis returns), closed
+// at the end of the test; tune, when given, changes its options first (ShortTimeouts, say).
+func RedisClient(t testing.TB, url string, tune ...func(*redis.Options)) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	for _, f := range tune {
+		f(opt)
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// ShortTimeouts is a RedisClient option for tests that stop their server: dials, reads and
+// writes time out after 500 ms, so that a dead server shows promptly.
+func ShortTimeouts(o *redis.Options) {
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout = 500*time.Millisecond, 500*time.Millisecond, 500*time.Millisecond
+}
+
 // RedisServer is a throwaway redis-server owned by one test, for fault tests. It keeps no data on
 // disk: a restarted server is empty.
 type RedisServer struct {
