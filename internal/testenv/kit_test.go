@@ -2,7 +2,12 @@ package testenv_test
 
 import (
 	"bytes"
+	"encoding/pem"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -101,5 +106,41 @@ func TestRedisClient(t *testing.T) {
 	}
 	if o := c.Options(); o.DialTimeout != 500*time.Millisecond || o.ReadTimeout != 500*time.Millisecond {
 		t.Fatalf("options %+v", o)
+	}
+}
+
+// TestFixtureQueries: Exec changes rows, Count and CountWhere count them, QueryValue reads one
+// value of the type asked for.
+func TestFixtureQueries(t *testing.T) {
+	f := testenv.NewStore(t)
+	a, b := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
+	f.Channel(t, a.ID)
+	f.Channel(t, a.ID)
+	f.Channel(t, b.ID)
+	if n, na := f.Count(t, "channels"), f.CountWhere(t, "channels", "org_id", a.ID); n != 3 || na != 2 {
+		t.Fatalf("Count %d, CountWhere %d; want 3 and 2", n, na)
+	}
+	f.Exec(t, `UPDATE orgs SET name = $1 WHERE id = $2`, "renamed", b.ID)
+	if name := testenv.QueryValue[string](t, f, `SELECT name FROM orgs WHERE id = $1`, b.ID); name != "renamed" {
+		t.Fatalf("name %q", name)
+	}
+}
+
+// TestTLSClient: the client trusts the certificate in the CA file it is given, and no other.
+func TestTLSClient(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(srv.Close)
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	pemBytes := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})
+	if err := os.WriteFile(caFile, pemBytes, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := testenv.TLSClient(t, caFile).Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := http.Get(srv.URL); err == nil {
+		t.Fatal("the server's certificate is trusted without the CA file")
 	}
 }
