@@ -1,7 +1,6 @@
 package caddymodule
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"os"
@@ -33,15 +32,8 @@ func TestDashboardSharesGuardAndLimit(t *testing.T) {
 		"WABARELAY_UPSTREAM="+e.fake.URL()+"/v26.0",
 		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me")
 	origin := "http://" + host
-	ctx := context.Background()
-	_, key, err := e.store.CreateAPIKey(ctx, e.org, "pages", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, key2, err := e.store.CreateAPIKey(ctx, e.org, "other", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, key := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "pages"})
+	_, key2 := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "other"})
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	send := func(method, path string, body url.Values, hdr ...string) *http.Response {
 		t.Helper()

@@ -31,8 +31,8 @@ func TestChannelListenerWithPoolParams(t *testing.T) {
 		t.Fatal(err)
 	}
 	// generous for a loaded machine, and still far below the 30 s TTL backstop
-	took := waitFor(t, 3*time.Second, func() bool {
+	took := testenv.Eventually(t, 3*time.Second, func() bool {
 		return call(t, "POST", b+"/"+pnid+"/messages", ch.ChannelToken, textBody).status == 401
-	})
+	}, "the deleted channel refused")
 	t.Logf("deleted channel refused after %v", took)
 }
