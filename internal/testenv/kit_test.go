@@ -144,3 +144,13 @@ func TestTLSClient(t *testing.T) {
 		t.Fatal("the server's certificate is trusted without the CA file")
 	}
 }
+
+// TestReceiverClose: a closed receiver refuses connections (a receiver gone down).
+func TestReceiverClose(t *testing.T) {
+	rc := testenv.NewReceiver(t)
+	rc.Close()
+	if resp, err := http.Post(rc.URL, "application/json", nil); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a closed receiver answered %d", resp.StatusCode)
+	}
+}
