@@ -34,14 +34,9 @@ var keyRe = regexp.MustCompile(`^crt_pk_[0-9A-Za-z]{44}$`)
 
 func (e *env) createKey(key, body string) apiKeyJSON {
 	e.t.Helper()
-	r := e.do("POST", "/api_keys", key, body)
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create api key: %d %s", r.status, r.body)
-	}
-	var k apiKeyJSON
-	r.json(e.t, &k)
+	k := created[apiKeyJSON](e, "/api_keys", key, body)
 	if k.Key == nil || !keyRe.MatchString(*k.Key) {
-		e.t.Fatalf("created key = %s", r.body)
+		e.t.Fatalf("created key = %+v", k)
 	}
 	return k
 }

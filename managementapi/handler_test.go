@@ -154,15 +154,22 @@ func (e *env) expectBodyRefused(path string) {
 	expectError(e.t, e.doRequest(r, "name=x"), 415, "Content-Type must be application/json")
 }
 
+// created sends POST path with body by key, checks that it was answered 201 and returns the
+// answer decoded.
+func created[T any](e *env, path, key, body string) T {
+	e.t.Helper()
+	r := e.do("POST", path, key, body)
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("POST %s: %d %s", path, r.status, r.body)
+	}
+	var v T
+	r.json(e.t, &v)
+	return v
+}
+
 func (e *env) createChannel(key, name string) managementapi.Channel {
 	e.t.Helper()
-	r := e.do("POST", "/channels", key, fmt.Sprintf(`{"name":%q}`, name))
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create channel: %d %s", r.status, r.body)
-	}
-	var c managementapi.Channel
-	r.json(e.t, &c)
-	return c
+	return created[managementapi.Channel](e, "/channels", key, fmt.Sprintf(`{"name":%q}`, name))
 }
 
 type webhookJSON struct {
@@ -179,13 +186,7 @@ type webhookJSON struct {
 
 func (e *env) createWebhook(key, body string) webhookJSON {
 	e.t.Helper()
-	r := e.do("POST", "/webhooks", key, body)
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create webhook: %d %s", r.status, r.body)
-	}
-	var w webhookJSON
-	r.json(e.t, &w)
-	return w
+	return created[webhookJSON](e, "/webhooks", key, body)
 }
 
 var tsRe = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
