@@ -1,11 +1,8 @@
 package caddymodule
 
 import (
-	"context"
 	"net/http"
 	"net/url"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -19,29 +16,12 @@ import (
 // session cookies in the app's one auth guard, so after 20 the address is refused by the API
 // as well, before any lookup.
 func TestDashboardSharesGuardAndLimit(t *testing.T) {
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		t.Fatal(err)
-	}
 	e := newRelayEnv(t, "")
-	port := testenv.FreePort(t)
-	host := "localhost:" + strconv.Itoa(port)
-	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
-	cfg = strings.Replace(cfg, "management_rate_limit 600 1m", "management_rate_limit 5 1m", 1)
-	e.caddyFile(cfg, port,
-		"WABARELAY_DATABASE_URL="+e.dsn, "WABARELAY_ENCRYPTION_KEY="+e.keyB64,
-		"WABARELAY_UPSTREAM="+e.fake.URL()+"/v26.0",
-		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me")
-	origin := "http://" + host
-	ctx := context.Background()
-	_, key, err := e.store.CreateAPIKey(ctx, e.org, "pages", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, key2, err := e.store.CreateAPIKey(ctx, e.org, "other", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	origin := e.repoCaddy(testenv.FreePort(t), func(cfg string) string {
+		return strings.Replace(cfg, "management_rate_limit 600 1m", "management_rate_limit 5 1m", 1)
+	}, e.metaAppEnv()...)
+	_, key := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "pages"})
+	_, key2 := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "other"})
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
 	send := func(method, path string, body url.Values, hdr ...string) *http.Response {
 		t.Helper()

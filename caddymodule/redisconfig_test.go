@@ -2,7 +2,6 @@ package caddymodule
 
 import (
 	"encoding/json"
-	"os"
 	"strings"
 	"testing"
 
@@ -68,8 +67,7 @@ func TestRedisConfigResolve(t *testing.T) {
 	if b, _ := json.Marshal(c); string(b) != `"redis://127.0.0.1:6379/0"` {
 		t.Fatalf("string form marshals as %s", b)
 	}
-	os.Setenv("WBR_TEST_REDIS_PW", "s3cret-pw")
-	defer os.Unsetenv("WBR_TEST_REDIS_PW")
+	t.Setenv("WBR_TEST_REDIS_PW", "s3cret-pw")
 	c = RedisConfig{}
 	if err := json.Unmarshal([]byte(`{"addresses":["127.0.0.1:1","127.0.0.1:2"],"password":"{env.WBR_TEST_REDIS_PW}"}`), &c); err != nil {
 		t.Fatal(err)

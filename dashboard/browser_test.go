@@ -35,6 +35,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/internal/browsertest"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -127,48 +128,9 @@ func signIn(t *testing.T, p *browsertest.Page, e *env, key string) {
 	wantPage(t, status, path, http.StatusOK, "/dashboard/channels")
 }
 
-// seedDelivery inserts an event, a delivery of it to webhook wh with the given
-// status and one attempt (code, latency, response body) five minutes ago.
-func seedDelivery(t *testing.T, e *env, wh, ch uuid.UUID, status string, code, ms int, body string) uuid.UUID {
-	t.Helper()
-	ctx := context.Background()
-	evID, delID, attID := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-	if _, err := e.pool.Exec(ctx, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload)
-		VALUES ($1, $2, $3, 'messages', $4, '{}')`, evID, e.org.ID, ch, evID.String()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code, created_at)
-		VALUES ($1, $2, $3, $4, 1, $5, (SELECT created_at FROM events WHERE id = $2))`, delID, evID, wh, status, code); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)
-		VALUES ($1, $2, 1, now() - interval '5 minutes', $3, $4, $5)`, attID, delID, ms, code, body); err != nil {
-		t.Fatal(err)
-	}
-	return delID
-}
-
-func deliveryStatus(t *testing.T, e *env, id uuid.UUID) string {
-	t.Helper()
-	var s string
-	if err := e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE id = $1`, id).Scan(&s); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// makeActive turns a channel into a connected one, as Embedded Signup would.
-func makeActive(t *testing.T, e *env, id uuid.UUID) {
-	t.Helper()
-	if _, err := e.pool.Exec(context.Background(), `UPDATE channels SET status = 'active', phone_number_id = '1001', waba_id = '2001',
-		display_phone_number = '+1 555 0100', connected_at = now(), token_expires_at = NULL WHERE id = $1`, id); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func channels(t *testing.T, e *env) []store.Channel {
 	t.Helper()
-	list, err := e.st.ListChannels(context.Background(), e.org.ID)
+	list, err := e.Store.ListChannels(context.Background(), e.org.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +139,7 @@ func channels(t *testing.T, e *env) []store.Channel {
 
 func webhooks(t *testing.T, e *env) []store.Webhook {
 	t.Helper()
-	list, err := e.st.ListWebhooks(context.Background(), e.org.ID)
+	list, err := e.Store.ListWebhooks(context.Background(), e.org.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,13 +320,8 @@ func TestBrowserChannels(t *testing.T) {
 	}
 
 	// A channel whose link expired: Reconnect opens a new one.
-	old, err := e.st.CreateChannel(ctx, e.org.ID, "Old link", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `UPDATE channels SET token_expires_at = now() - interval '1 minute' WHERE id = $1`, old.ID); err != nil {
-		t.Fatal(err)
-	}
+	old := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Old link"})
+	e.Exec(t, `UPDATE channels SET token_expires_at = now() - interval '1 minute' WHERE id = $1`, old.ID)
 	oldCard := "#channel-" + old.ID.String()
 	p.Navigate(t, e.srv.URL+"/dashboard/channels")
 	if present(t, p, "#link-"+old.ID.String()) || present(t, p, oldCard+" svg.qr") {
@@ -375,7 +332,7 @@ func TestBrowserChannels(t *testing.T) {
 	wantPage(t, status, path, http.StatusOK, "/dashboard/channels")
 	wantText(t, p, `.notice[role=status]`, "The connect link is open again.")
 	p.Do(t, chromedp.WaitVisible(css("#link-"+old.ID.String())), chromedp.WaitVisible(css(oldCard+" svg.qr")))
-	fresh, err := e.st.GetChannel(ctx, e.org.ID, old.ID)
+	fresh, err := e.Store.GetChannel(ctx, e.org.ID, old.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -389,16 +346,9 @@ func TestBrowserChannels(t *testing.T) {
 	// Reconnect is offered exactly where the API accepts it: a connected
 	// channel whose upstream token died, not one the operator deactivated.
 	makeActive(t, e, old.ID)
-	if _, err := e.pool.Exec(ctx, `UPDATE channels SET upstream_disconnected_at = now() WHERE id = $1`, old.ID); err != nil {
-		t.Fatal(err)
-	}
-	off, err := e.st.CreateChannel(ctx, e.org.ID, "Switched off", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `UPDATE channels SET status = 'inactive', inactive_reason = 'operator', token_expires_at = NULL WHERE id = $1`, off.ID); err != nil {
-		t.Fatal(err)
-	}
+	e.Exec(t, `UPDATE channels SET upstream_disconnected_at = now() WHERE id = $1`, old.ID)
+	off := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Switched off"})
+	e.Exec(t, `UPDATE channels SET status = 'inactive', inactive_reason = 'operator', token_expires_at = NULL WHERE id = $1`, off.ID)
 	p.Navigate(t, e.srv.URL+"/dashboard/channels")
 	wantText(t, p, oldCard+" .row", "upstream token dead")
 	if present(t, p, "#channel-"+off.ID.String()+` form[action$="/reconnect"]`) {
@@ -423,14 +373,8 @@ func TestBrowserChannels(t *testing.T) {
 func TestBrowserWebhooks(t *testing.T) {
 	e, b := newBrowserEnv(t)
 	ctx := context.Background()
-	support, err := e.st.CreateChannel(ctx, e.org.ID, "Support line", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sales, err := e.st.CreateChannel(ctx, e.org.ID, "Sales", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
+	sales := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales"})
 	p := b.NewPage(t)
 	signIn(t, p, e, e.key)
 	status, path := click(t, p, `nav a[href$="/webhooks"]`)
@@ -460,7 +404,7 @@ func TestBrowserWebhooks(t *testing.T) {
 	if wh.Name != "CRM" || strings.Join(wh.Events, ",") != "messages" || len(wh.ChannelIDs) != 1 || wh.ChannelIDs[0] != support.ID {
 		t.Fatalf("webhook created = %+v", wh)
 	}
-	if got, err := e.st.WebhookSecret(ctx, wh.ID); err != nil || got != secret {
+	if got, err := e.Store.WebhookSecret(ctx, wh.ID); err != nil || got != secret {
 		t.Fatalf("the page showed %q, the store holds %q (%v)", secret, got, err)
 	}
 	card := "#webhook-" + wh.ID.String()
@@ -481,13 +425,13 @@ func TestBrowserWebhooks(t *testing.T) {
 	wantText(t, p, `.notice[role=status]`, "Webhook updated.")
 	wantText(t, p, card+" .badge", "paused")
 	wantText(t, p, card+` form[action$="/status"] button`, "Resume")
-	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "paused" {
+	if got, _ := e.Store.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "paused" {
 		t.Errorf("status in the store = %s after Pause", got.Status)
 	}
 	shot(t, p, "paused", "desktop")
 	click(t, p, card+` form[action$="/status"] button`)
 	wantText(t, p, card+" .badge", "active")
-	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "active" {
+	if got, _ := e.Store.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "active" {
 		t.Errorf("status in the store = %s after Resume", got.Status)
 	}
 
@@ -500,7 +444,7 @@ func TestBrowserWebhooks(t *testing.T) {
 	}
 	wantText(t, p, `.notice[role=status]`, "Channel assignment updated.")
 	wantText(t, p, card+" dl", "Support line, Sales")
-	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); len(got.ChannelIDs) != 2 {
+	if got, _ := e.Store.GetWebhook(ctx, e.org.ID, wh.ID); len(got.ChannelIDs) != 2 {
 		t.Errorf("channels in the store after Assign: %v", got.ChannelIDs)
 	}
 	p.Do(t, chromedp.SetValue(css(sel), support.ID.String()))
@@ -509,7 +453,7 @@ func TestBrowserWebhooks(t *testing.T) {
 	if got := textOf(t, p, card+" dl"); strings.Contains(got, "Support line") || !strings.Contains(got, "Sales") {
 		t.Errorf("scope after Remove: %q", got)
 	}
-	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); len(got.ChannelIDs) != 1 || got.ChannelIDs[0] != sales.ID {
+	if got, _ := e.Store.GetWebhook(ctx, e.org.ID, wh.ID); len(got.ChannelIDs) != 1 || got.ChannelIDs[0] != sales.ID {
 		t.Errorf("channels in the store after Remove: %v", got.ChannelIDs)
 	}
 
@@ -552,15 +496,8 @@ func TestBrowserWebhooks(t *testing.T) {
 // Recover queues every failed delivery since a time.
 func TestBrowserDeliveryLog(t *testing.T) {
 	e, b := newBrowserEnv(t)
-	ctx := context.Background()
-	ch, err := e.st.CreateChannel(ctx, e.org.ID, "Line", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wh, _, err := e.st.CreateWebhook(ctx, e.org.ID, store.NewWebhook{Name: "CRM", URL: "https://crm.example.com/hook", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Line"})
+	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hook", &testenv.WebhookOpts{Name: "CRM"})
 	failed := seedDelivery(t, e, wh.ID, ch.ID, "failed", 500, 42, "receiver exploded")
 	ok := seedDelivery(t, e, wh.ID, ch.ID, "delivered", 200, 17, `{"ok":true}`)
 	page := "/dashboard/webhooks/" + wh.ID.String()
@@ -626,9 +563,7 @@ func TestBrowserDeliveryLog(t *testing.T) {
 	}
 
 	// It fails again; Recover since an hour ago queues it again.
-	if _, err := e.pool.Exec(ctx, `WITH q AS (DELETE FROM delivery_queue WHERE delivery_id = $1) UPDATE deliveries SET status = 'failed' WHERE id = $1`, failed); err != nil {
-		t.Fatal(err)
-	}
+	e.Exec(t, `WITH q AS (DELETE FROM delivery_queue WHERE delivery_id = $1) UPDATE deliveries SET status = 'failed' WHERE id = $1`, failed)
 	p.Navigate(t, e.srv.URL+page)
 	wantText(t, p, fRow+" .badge", "failed")
 	p.Do(t, chromedp.SetValue(css("#recover-since"), time.Now().UTC().Add(-time.Hour).Format("2006-01-02T15:04")))
@@ -668,7 +603,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 	if !strings.HasPrefix(key, "crt_pk_") {
 		t.Fatalf("key shown = %q", key)
 	}
-	ci, err := e.st.AuthenticateAPIKey(ctx, key)
+	ci, err := e.Store.AuthenticateAPIKey(ctx, key)
 	if err != nil {
 		t.Fatalf("the key shown does not authenticate: %v", err)
 	}
@@ -692,7 +627,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 	if html := browsertest.Eval[string](t, p, `document.documentElement.outerHTML`); strings.Contains(html, key) {
 		t.Errorf("Back shows the key again")
 	}
-	if ks, _ := e.st.ListAPIKeys(ctx, e.org.ID); len(ks) != 2 {
+	if ks, _ := e.Store.ListAPIKeys(ctx, e.org.ID); len(ks) != 2 {
 		t.Errorf("%d keys after Back, want 2", len(ks))
 	}
 	row := "#key-" + ci.ID.String()
@@ -709,7 +644,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 	if present(t, p, row+" button") {
 		t.Errorf("a revoked key still offers Revoke")
 	}
-	if _, err := e.st.AuthenticateAPIKey(ctx, key); err == nil {
+	if _, err := e.Store.AuthenticateAPIKey(ctx, key); err == nil {
 		t.Errorf("the revoked key still authenticates")
 	}
 	shot(t, p, "revoked", "desktop")
@@ -721,7 +656,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 		t.Errorf("dialogs = %q, want a second revoke confirmation", d)
 	}
 	wantText(t, p, `.notice[role=status]`, "Signed out.")
-	if _, err := e.st.AuthenticateAPIKey(ctx, e.key); err == nil {
+	if _, err := e.Store.AuthenticateAPIKey(ctx, e.key); err == nil {
 		t.Errorf("the session's key still authenticates")
 	}
 	resp = p.Navigate(t, e.srv.URL+"/dashboard/api-keys")
@@ -741,7 +676,7 @@ func TestBrowserRevokedKeyEndsSession(t *testing.T) {
 	ctx := context.Background()
 	p := b.NewPage(t)
 	signIn(t, p, e, e.key)
-	if _, err := e.st.RevokeAPIKey(ctx, e.keyRec.ID); err != nil {
+	if _, err := e.Store.RevokeAPIKey(ctx, e.keyRec.ID); err != nil {
 		t.Fatal(err)
 	}
 	status, path := click(t, p, `nav a[href$="/webhooks"]`)
@@ -749,13 +684,10 @@ func TestBrowserRevokedKeyEndsSession(t *testing.T) {
 	p.Do(t, chromedp.WaitVisible(chromedp.ID("api_key")))
 
 	// A second key, signed in, with the Channels form open; the key goes.
-	k2, key2, err := e.st.CreateAPIKey(ctx, e.org.ID, "second", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k2, key2 := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "second"})
 	signIn(t, p, e, key2)
 	p.Do(t, chromedp.SendKeys(chromedp.ID("channel-name"), "Too late"))
-	if _, err := e.st.RevokeAPIKey(ctx, k2.ID); err != nil {
+	if _, err := e.Store.RevokeAPIKey(ctx, k2.ID); err != nil {
 		t.Fatal(err)
 	}
 	status, _ = click(t, p, `form[action$="/channels"] button[type=submit]`)
@@ -780,15 +712,8 @@ func TestBrowserRevokedKeyEndsSession(t *testing.T) {
 // own forms, which carry no token, work.
 func TestBrowserCrossOriginRefused(t *testing.T) {
 	e, b := newBrowserEnv(t)
-	ctx := context.Background()
-	wh, _, err := e.st.CreateWebhook(ctx, e.org.ID, store.NewWebhook{Name: "CRM", URL: "https://crm.example.com/hook", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, attackerKey, err := e.st.CreateAPIKey(ctx, e.org.ID, "attacker", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hook", &testenv.WebhookOpts{Name: "CRM"})
+	_, attackerKey := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "attacker"})
 	// The attacker's site: another host (localhost, the dashboard is on 127.0.0.1), forms
 	// posting to the dashboard, as a page the operator is lured to would.
 	dash := e.srv.URL + "/dashboard"
@@ -1004,7 +929,7 @@ func TestBrowserKeyboardOnly(t *testing.T) {
 	}
 	// The secret's Copy button is reachable.
 	tabTo(t, p, "Copy secret", false, func(f focusInfo) bool { return f.Tag == "BUTTON" && f.Text == "Copy secret" })
-	if _, err := e.st.WebhookSecret(ctx, hooks[0].ID); err != nil {
+	if _, err := e.Store.WebhookSecret(ctx, hooks[0].ID); err != nil {
 		t.Fatal(err)
 	}
 	p.AssertNoConsoleErrors(t)
@@ -1093,27 +1018,15 @@ func itoa(n int) string {
 // screenshots of each.
 func TestBrowserLayout(t *testing.T) {
 	e, b := newBrowserEnv(t, func(o *dashboard.Options) { o.ConnectBase = "https://relay.example.com" })
-	ctx := context.Background()
-	support, err := e.st.CreateChannel(ctx, e.org.ID, "Support line", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sales, err := e.st.CreateChannel(ctx, e.org.ID, "Sales and after-sales service, Europe", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
+	sales := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
 	makeActive(t, e, sales.ID)
-	wh, _, err := e.st.CreateWebhook(ctx, e.org.ID, store.NewWebhook{Name: "CRM", URL: "https://crm.example.com/hooks/whatsapp/inbound-messages-and-statuses",
-		Events: []string{"messages", "message_status"}, ChannelIDs: []uuid.UUID{support.ID}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hooks/whatsapp/inbound-messages-and-statuses",
+		&testenv.WebhookOpts{Name: "CRM", Events: []string{"messages", "message_status"}, ChannelIDs: []uuid.UUID{support.ID}})
 	seedDelivery(t, e, wh.ID, support.ID, "failed", 502, 1234,
 		`{"error":{"message":"upstream_connect_error_or_disconnect_reset_before_headers_reset_reason_connection_failure","code":"BAD_GATEWAY"}}`)
 	seedDelivery(t, e, wh.ID, support.ID, "delivered", 200, 35, `{"ok":true}`)
-	if _, _, err := e.st.CreateAPIKey(ctx, e.org.ID, "ci-deploy-pipeline-production", nil); err != nil {
-		t.Fatal(err)
-	}
+	e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ci-deploy-pipeline-production"})
 
 	for _, v := range []struct {
 		name   string

@@ -2,15 +2,11 @@ package dashboard_test
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/tls"
-	"crypto/x509"
 	"io"
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -21,7 +17,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/dispatcher"
@@ -30,17 +25,16 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/ratelimit"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// env is a dashboard over a fresh database, served by an httptest server, with one org and key.
+// env is a dashboard over a fresh database (the kit's fixture), served by an httptest server,
+// with one org and key.
 type env struct {
+	*testenv.Fixture
 	t      *testing.T
-	st     *store.Store
-	pool   *pgxpool.Pool
 	srv    *httptest.Server
 	org    store.Org
 	key    string
@@ -69,39 +63,16 @@ type envOption func(*dashboard.Options)
 
 func newEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
-	ctx := context.Background()
-	cfg, err := pgxpool.ParseConfig(testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
 	queries := &queryCounter{}
-	cfg.ConnConfig.Tracer = queries
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	k := make([]byte, secretbox.KeySize)
-	_, _ = rand.Read(k)
-	box, err := secretbox.New(k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := store.New(pool, box)
-	e := &env{t: t, st: st, pool: pool, queries: queries}
-	e.org, err = st.CreateOrg(ctx, "Acme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.keyRec, e.key, err = st.CreateAPIKey(ctx, e.org.ID, "ops", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opt := dashboard.Options{Store: st}
+	f := testenv.NewStore(t, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.ConnConfig.Tracer = queries }})
+	e := &env{Fixture: f, t: t, queries: queries}
+	e.org = f.Org(t, &testenv.OrgOpts{Name: "Acme"})
+	e.keyRec, e.key = f.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ops"})
+	opt := dashboard.Options{Store: f.Store}
 	for _, o := range opts {
 		o(&opt)
 	}
-	e.api = managementapi.New(managementapi.Options{Store: st, AuthGuard: opt.AuthGuard})
+	e.api = managementapi.New(managementapi.Options{Store: f.Store, AuthGuard: opt.AuthGuard})
 	if opt.API == nil {
 		opt.API = e.api.Service()
 	}
@@ -185,6 +156,32 @@ func wantStatus(t *testing.T, a answer, status int, contains ...string) {
 	}
 }
 
+// seedDelivery inserts an event, a delivery of it to webhook wh with the given
+// status and one attempt (code, latency, response body) five minutes ago.
+func seedDelivery(t *testing.T, e *env, wh, ch uuid.UUID, status string, code, ms int, body string) uuid.UUID {
+	t.Helper()
+	evID, delID, attID := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	e.Exec(t, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload)
+		VALUES ($1, $2, $3, 'messages', $4, '{}')`, evID, e.org.ID, ch, evID.String())
+	e.Exec(t, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code, created_at)
+		VALUES ($1, $2, $3, $4, 1, $5, (SELECT created_at FROM events WHERE id = $2))`, delID, evID, wh, status, code)
+	e.Exec(t, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)
+		VALUES ($1, $2, 1, now() - interval '5 minutes', $3, $4, $5)`, attID, delID, ms, code, body)
+	return delID
+}
+
+func deliveryStatus(t *testing.T, e *env, id uuid.UUID) string {
+	t.Helper()
+	return testenv.QueryValue[string](t, e.Fixture, `SELECT status FROM deliveries WHERE id = $1`, id)
+}
+
+// makeActive turns a channel into a connected one, as Embedded Signup would.
+func makeActive(t *testing.T, e *env, id uuid.UUID) {
+	t.Helper()
+	e.Exec(t, `UPDATE channels SET status = 'active', phone_number_id = '1001', waba_id = '2001',
+		display_phone_number = '+1 555 0100', connected_at = now(), token_expires_at = NULL WHERE id = $1`, id)
+}
+
 func TestSignInAndOut(t *testing.T) {
 	e := newEnv(t)
 	c := e.client()
@@ -240,7 +237,7 @@ func TestSignInAndOut(t *testing.T) {
 			live = ck.Value
 		}
 	}
-	if _, err := e.st.DashboardSession(context.Background(), live); err != nil {
+	if _, err := e.Store.DashboardSession(context.Background(), live); err != nil {
 		t.Fatalf("live session: %v", err)
 	}
 	a = c.post("/dashboard/logout", nil)
@@ -250,7 +247,7 @@ func TestSignInAndOut(t *testing.T) {
 		t.Fatalf("after sign-out /channels went to %s", a.url)
 	}
 	// The signed-out cookie value is dead on the server too (a replayed cookie gets nothing).
-	if _, err := e.st.DashboardSession(context.Background(), live); err != store.ErrNoSession {
+	if _, err := e.Store.DashboardSession(context.Background(), live); err != store.ErrNoSession {
 		t.Fatalf("session after sign-out: %v", err)
 	}
 }
@@ -259,7 +256,7 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 	e := newEnv(t)
 	c := e.client()
 	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel")
-	if _, err := e.st.RevokeAPIKey(context.Background(), e.keyRec.ID); err != nil {
+	if _, err := e.Store.RevokeAPIKey(context.Background(), e.keyRec.ID); err != nil {
 		t.Fatal(err)
 	}
 	a := c.get("/dashboard/channels")
@@ -267,16 +264,10 @@ func TestRevokedKeyEndsSession(t *testing.T) {
 		t.Fatalf("with a revoked key /channels served %s", a.url)
 	}
 	// An expired key ends its sessions too.
-	ctx := context.Background()
-	k, key, err := e.st.CreateAPIKey(ctx, e.org.ID, "short", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	k, key := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "short"})
 	c2 := e.client()
 	wantStatus(t, c2.signIn(key), http.StatusOK, "New channel")
-	if _, err := e.pool.Exec(ctx, `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, k.ID); err != nil {
-		t.Fatal(err)
-	}
+	e.Exec(t, `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, k.ID)
 	if a := c2.get("/dashboard/webhooks"); a.url != "/dashboard/login" {
 		t.Fatalf("with an expired key /webhooks served %s", a.url)
 	}
@@ -311,13 +302,6 @@ func TestCrossOriginRefused(t *testing.T) {
 		{"Sec-Fetch-Site same-site", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": "https://sub.example"}},
 	}
 	ctx := context.Background()
-	sessions := func() int {
-		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM dashboard_sessions`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
 	// Sign-in: a session for the attacker's key must not start in the victim's browser.
 	for _, r := range refusals {
 		c := e.client()
@@ -333,7 +317,7 @@ func TestCrossOriginRefused(t *testing.T) {
 			}
 		}
 	}
-	if n := sessions(); n != 0 {
+	if n := e.Count(t, "dashboard_sessions"); n != 0 {
 		t.Fatalf("%d sessions after refused sign-ins", n)
 	}
 	// Sign-in from the dashboard's own origin, and from a client that is not a browser (no
@@ -348,7 +332,7 @@ func TestCrossOriginRefused(t *testing.T) {
 		wantStatus(t, c.crossPost("/dashboard/channels", url.Values{"name": {"Forged"}}, r.hdr), http.StatusForbidden, "did not come from this dashboard")
 		wantStatus(t, c.crossPost("/dashboard/logout", nil, r.hdr), http.StatusForbidden)
 	}
-	chans, err := e.st.ListChannels(ctx, e.org.ID)
+	chans, err := e.Store.ListChannels(ctx, e.org.ID)
 	if err != nil || len(chans) != 0 {
 		t.Fatalf("channels after refused forms: %v %v", chans, err)
 	}
@@ -456,12 +440,7 @@ func TestGarbageSessionCookiesAreGuarded(t *testing.T) {
 // TestPageReadsRateLimited: each page load counts against the signed-in key's management rate
 // limit, the same budget its API calls use; over it a page is 429 with Retry-After.
 func TestPageReadsRateLimited(t *testing.T) {
-	opt, err := redis.ParseURL(testenv.Redis(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb := testenv.RedisClient(t, testenv.Redis(t))
 	const limit = 6
 	lim := ratelimit.NewRedis(rdb, limit, time.Hour, "test:"+uuid.NewString()+":")
 	var api *managementapi.Handler // the management API, its rate limit the dashboard's
@@ -495,10 +474,7 @@ func TestPageReadsRateLimited(t *testing.T) {
 		t.Fatalf("API call after the pages spent the budget: %d", rec.Code)
 	}
 	// Another key has its own budget.
-	_, key2, err := e.st.CreateAPIKey(context.Background(), e.org.ID, "other", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, key2 := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "other"})
 	wantStatus(t, e.client().signIn(key2), http.StatusOK, "New channel")
 }
 
@@ -515,25 +491,18 @@ func TestChannelsPage(t *testing.T) {
 
 	// An active channel needs a confirmation to be deleted.
 	ctx := context.Background()
-	chans, _ := e.st.ListChannels(ctx, e.org.ID)
+	chans, _ := e.Store.ListChannels(ctx, e.org.ID)
 	ch := chans[0]
-	if _, err := e.pool.Exec(ctx, `UPDATE channels SET status = 'active', phone_number_id = '1001', waba_id = '2001',
-		display_phone_number = '+1 555 0100', connected_at = now(), token_expires_at = NULL WHERE id = $1`, ch.ID); err != nil {
-		t.Fatal(err)
-	}
+	makeActive(t, e, ch.ID)
 	a = c.post("/dashboard/channels/"+ch.ID.String()+"/delete", nil)
 	wantStatus(t, a, http.StatusConflict, managementapi.MsgChannelActive, "Delete it anyway")
 	a = c.post("/dashboard/channels/"+ch.ID.String()+"/delete", url.Values{"force": {"true"}})
 	wantStatus(t, a, http.StatusOK, "Channel deleted.")
-	if chans, _ := e.st.ListChannels(ctx, e.org.ID); len(chans) != 0 {
+	if chans, _ := e.Store.ListChannels(ctx, e.org.ID); len(chans) != 0 {
 		t.Fatalf("channels left: %d", len(chans))
 	}
 	// Another org's channel is not found.
-	other, _ := e.st.CreateOrg(ctx, "Other")
-	och, err := e.st.CreateChannel(ctx, other.ID, "theirs", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
+	och := e.Channel(t, e.Org(t, &testenv.OrgOpts{Name: "Other"}).ID, &testenv.ChannelOpts{Name: "theirs"})
 	wantStatus(t, c.post("/dashboard/channels/"+och.ID.String()+"/delete", nil), http.StatusNotFound, managementapi.MsgChannelNotFound)
 	if strings.Contains(c.get("/dashboard/channels").body, "theirs") {
 		t.Fatal("another org's channel is listed")
@@ -557,31 +526,16 @@ func TestWebhooksAndDeliveryLog(t *testing.T) {
 	wantStatus(t, c.post("/dashboard/webhooks", url.Values{"name": {"x"}, "url": {"http://plain.example"}, "events": {"messages"}}),
 		http.StatusUnprocessableEntity, "must start with https://")
 
-	hooks, _ := e.st.ListWebhooks(ctx, e.org.ID)
+	hooks, _ := e.Store.ListWebhooks(ctx, e.org.ID)
 	wh := hooks[0]
 	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/status", url.Values{"status": {"paused"}}), http.StatusOK, "Webhook updated.")
-	if got, _ := e.st.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "paused" {
+	if got, _ := e.Store.GetWebhook(ctx, e.org.ID, wh.ID); got.Status != "paused" {
 		t.Fatalf("status = %s", got.Status)
 	}
 
 	// A failed delivery with an attempt: listed with its attempt, retried from the page.
-	ch, err := e.st.CreateChannel(ctx, e.org.ID, "Line", time.Hour)
-	if err != nil {
-		t.Fatal(err)
-	}
-	evID, delID, attID := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
-	if _, err := e.pool.Exec(ctx, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload)
-		VALUES ($1, $2, $3, 'messages', 'k1', '{}')`, evID, e.org.ID, ch.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, last_status_code, created_at)
-		VALUES ($1, $2, $3, 'failed', 1, 500, (SELECT created_at FROM events WHERE id = $2))`, delID, evID, wh.ID); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(ctx, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, response_body)
-		VALUES ($1, $2, 1, now() - interval '5 minutes', 42, 500, 'receiver exploded')`, attID, delID); err != nil {
-		t.Fatal(err)
-	}
+	ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Line"})
+	delID := seedDelivery(t, e, wh.ID, ch.ID, "failed", 500, 42, "receiver exploded")
 	a = c.get("/dashboard/webhooks/" + wh.ID.String())
 	wantStatus(t, a, http.StatusOK, delID.String(), "receiver exploded", "42 ms", "0 attempts succeeded, 1 failed", `<svg class="chart"`)
 	wantStatus(t, c.get("/dashboard/webhooks/"+wh.ID.String()+"?status=delivered"), http.StatusOK, "No deliveries match.")
@@ -591,19 +545,14 @@ func TestWebhooksAndDeliveryLog(t *testing.T) {
 
 	a = c.post("/dashboard/webhooks/"+wh.ID.String()+"/deliveries/"+delID.String()+"/retry", nil)
 	wantStatus(t, a, http.StatusOK, "Delivery queued")
-	var status string
-	if err := e.pool.QueryRow(ctx, `SELECT status FROM deliveries WHERE id = $1`, delID).Scan(&status); err != nil || status != "pending" {
-		t.Fatalf("after retry: %q %v", status, err)
+	if status := deliveryStatus(t, e, delID); status != "pending" {
+		t.Fatalf("after retry: %q", status)
 	}
 	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/deliveries/"+delID.String()+"/retry", nil),
 		http.StatusConflict, managementapi.MsgDeliveryNotFailed)
 
 	// Another org's webhook page is not found.
-	other, _ := e.st.CreateOrg(ctx, "Other")
-	owh, _, err := e.st.CreateWebhook(ctx, other.ID, store.NewWebhook{Name: "theirs", URL: "https://x.example", Events: []string{"messages"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	owh, _ := e.Webhook(t, e.Org(t, &testenv.OrgOpts{Name: "Other"}).ID, "https://x.example", &testenv.WebhookOpts{Name: "theirs"})
 	wantStatus(t, c.get("/dashboard/webhooks/"+owh.ID.String()), http.StatusNotFound)
 	wantStatus(t, c.post("/dashboard/webhooks/"+wh.ID.String()+"/delete", nil), http.StatusOK, "Webhook deleted.")
 }
@@ -623,7 +572,7 @@ func TestAPIKeysPage(t *testing.T) {
 		t.Fatal("the key is shown again")
 	}
 	wantStatus(t, a, http.StatusOK, key[1][:12], "(this session)")
-	ks, _ := e.st.ListAPIKeys(context.Background(), e.org.ID)
+	ks, _ := e.Store.ListAPIKeys(context.Background(), e.org.ID)
 	var ci store.APIKey
 	for _, k := range ks {
 		if k.Name == "ci" {
@@ -631,7 +580,7 @@ func TestAPIKeysPage(t *testing.T) {
 		}
 	}
 	wantStatus(t, c.post("/dashboard/api-keys/"+ci.ID.String()+"/revoke", nil), http.StatusOK, "API key revoked.")
-	if _, err := e.st.AuthenticateAPIKey(context.Background(), key[1]); err == nil {
+	if _, err := e.Store.AuthenticateAPIKey(context.Background(), key[1]); err == nil {
 		t.Fatal("revoked key still authenticates")
 	}
 	// Revoking the session's own key ends the session.
@@ -648,13 +597,7 @@ func TestDemoReceiverVerifies(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { recv.Close() })
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	roots := x509.NewCertPool()
-	roots.AppendCertsFromPEM(pem)
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	client := testenv.TLSClient(t, caFile)
 	e := newEnv(t, func(o *dashboard.Options) {
 		o.Demo = &dashboard.Demo{FakeUpstream: "http://127.0.0.1:1", Receiver: recvURL, Client: client}
 	})
@@ -662,11 +605,11 @@ func TestDemoReceiverVerifies(t *testing.T) {
 	c.signIn(e.key)
 	wantStatus(t, c.get("/dashboard/demo"), http.StatusOK, "Create the demo webhook")
 	wantStatus(t, c.post("/dashboard/demo/webhook", nil), http.StatusCreated, "Demo webhook created", "Nothing received yet.")
-	hooks, _ := e.st.ListWebhooks(context.Background(), e.org.ID)
+	hooks, _ := e.Store.ListWebhooks(context.Background(), e.org.ID)
 	if len(hooks) != 1 || hooks[0].URL != recvURL+"/"+e.org.ID.String() {
 		t.Fatalf("demo webhook = %+v", hooks)
 	}
-	secret, err := e.st.WebhookSecret(context.Background(), hooks[0].ID)
+	secret, err := e.Store.WebhookSecret(context.Background(), hooks[0].ID)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,6 @@
 package dashboard_test
 
 import (
-	"context"
 	"fmt"
 	"html"
 	"net/http"
@@ -9,20 +8,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 // TestFormsShowLimits: the dashboard creates through the management API, so its forms meet the
 // same per-org caps and key lifetime rule, and show the API's message.
 func TestFormsShowLimits(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	for i := 0; i < managementapi.DefaultMaxWebhooksPerOrg; i++ {
-		if _, _, err := e.st.CreateWebhook(ctx, e.org.ID, store.NewWebhook{Name: fmt.Sprint("w", i),
-			URL: "https://crm.example.com/h", Events: []string{"messages"}}); err != nil {
-			t.Fatal(err)
-		}
+		e.Webhook(t, e.org.ID, "https://crm.example.com/h", &testenv.WebhookOpts{Name: fmt.Sprint("w", i)})
 	}
 	c := e.client()
 	c.signIn(e.key)
@@ -31,10 +26,7 @@ func TestFormsShowLimits(t *testing.T) {
 
 	// a session signed in with a key that expires cannot create a key without expiry
 	soon := time.Now().Add(time.Hour)
-	_, short, err := e.st.CreateAPIKey(ctx, e.org.ID, "short", &soon)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, short := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "short", ExpiresAt: &soon})
 	c2 := e.client()
 	c2.signIn(short)
 	wantStatus(t, c2.post("/dashboard/api-keys", url.Values{"name": {"forever"}}),

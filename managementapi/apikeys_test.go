@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/ratelimit"
 )
@@ -33,14 +34,9 @@ var keyRe = regexp.MustCompile(`^crt_pk_[0-9A-Za-z]{44}$`)
 
 func (e *env) createKey(key, body string) apiKeyJSON {
 	e.t.Helper()
-	r := e.do("POST", "/api_keys", key, body)
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create api key: %d %s", r.status, r.body)
-	}
-	var k apiKeyJSON
-	r.json(e.t, &k)
+	k := created[apiKeyJSON](e, "/api_keys", key, body)
 	if k.Key == nil || !keyRe.MatchString(*k.Key) {
-		e.t.Fatalf("created key = %s", r.body)
+		e.t.Fatalf("created key = %+v", k)
 	}
 	return k
 }
@@ -90,10 +86,7 @@ func TestAPIKeyLifecycle(t *testing.T) {
 	}
 	// an expired key stays listed
 	past := time.Now().Add(-time.Minute)
-	expired, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "old", &past)
-	if err != nil {
-		t.Fatal(err)
-	}
+	expired, _ := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "old", ExpiresAt: &past})
 
 	// the new key works; the list shows every key in creation order, with its use, never a key
 	if r := e.do("GET", "/channels", *made.Key, ""); r.status != 200 {
@@ -103,7 +96,7 @@ func TestAPIKeyLifecycle(t *testing.T) {
 	if len(list) != 4 || list[1].ID != made.ID || list[2].ID != plain.ID || list[3].ID != expired.ID.String() {
 		t.Fatalf("list = %s", lr.body)
 	}
-	rows, err := e.pool.Query(context.Background(), `SELECT id::text FROM api_keys WHERE org_id = $1 ORDER BY created_at, id`, e.orgA)
+	rows, err := e.Pool.Query(context.Background(), `SELECT id::text FROM api_keys WHERE org_id = $1 ORDER BY created_at, id`, e.orgA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,10 +117,9 @@ func TestAPIKeyLifecycle(t *testing.T) {
 		}
 	}
 	// only hashes are stored
-	var inClear int
-	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM api_keys WHERE key_hash = $1 OR name = $2 OR prefix = $2`,
-		[]byte(*made.Key), *made.Key).Scan(&inClear); err != nil || inClear != 0 {
-		t.Fatalf("key stored in clear: %d %v", inClear, err)
+	if inClear := testenv.QueryValue[int](t, e.Fixture, `SELECT count(*) FROM api_keys WHERE key_hash = $1 OR name = $2 OR prefix = $2`,
+		[]byte(*made.Key), *made.Key); inClear != 0 {
+		t.Fatalf("key stored in clear: %d", inClear)
 	}
 
 	// revoke: 204, the key stops working, the record stays with revoked_at; again: 204, same time
@@ -170,12 +162,7 @@ func TestAPIKeyOrgIsolation(t *testing.T) {
 	a := e.createKey(e.keyA, `{"name":"A's"}`)
 	e.createKey(e.keyB, `{"name":"B's"}`)
 	snapshot := func() string {
-		var s string
-		if err := e.pool.QueryRow(context.Background(),
-			`SELECT json_agg(k ORDER BY id)::text FROM api_keys k WHERE org_id = $1`, e.orgA).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
+		return testenv.QueryValue[string](t, e.Fixture, `SELECT json_agg(k ORDER BY id)::text FROM api_keys k WHERE org_id = $1`, e.orgA)
 	}
 	before := snapshot()
 	listB, lr := e.listKeys(e.keyB)
@@ -185,10 +172,7 @@ func TestAPIKeyOrgIsolation(t *testing.T) {
 	if bytes.Contains(lr.body, []byte(a.ID)) || bytes.Contains(lr.body, []byte(a.Prefix)) || bytes.Contains(lr.body, []byte(`"A's"`)) {
 		t.Fatalf("org B's list shows org A's key: %s", lr.body)
 	}
-	var idA string
-	if err := e.pool.QueryRow(context.Background(), `SELECT id::text FROM api_keys WHERE org_id = $1 AND name = 'test'`, e.orgA).Scan(&idA); err != nil {
-		t.Fatal(err)
-	}
+	idA := testenv.QueryValue[string](t, e.Fixture, `SELECT id::text FROM api_keys WHERE org_id = $1 AND name = 'test'`, e.orgA)
 	for _, id := range []string{a.ID, idA} {
 		expectError(t, e.do("DELETE", "/api_keys/"+id, e.keyB, ""), 404, "API key not found")
 		expectError(t, e.do("GET", "/api_keys/"+id, e.keyB, ""), 405, "Method not allowed")
@@ -269,20 +253,9 @@ func TestAPIKeyValidation(t *testing.T) {
 	e.handler.ServeHTTP(rec, req)
 	expectError(t, response{status: rec.Code, header: rec.Header(), body: rec.Body.Bytes()}, 422,
 		`"name" must be valid UTF-8 text without NUL characters`)
-	// a missing body is not JSON
-	req = httptest.NewRequest("POST", "/api_keys", nil)
-	req.Header.Set("X-Api-Key", e.keyA)
-	expectError(t, e.doRequest(req, ""), 400, "Invalid JSON body")
-	// too large
-	huge := `{"name":"x","pad":"` + strings.Repeat("a", 1<<20) + `"}`
-	expectError(t, e.do("POST", "/api_keys", e.keyA, huge), 413, "Request body too large")
-	// another content type
-	req = httptest.NewRequest("POST", "/api_keys", strings.NewReader("name=x"))
-	req.Header.Set("X-Api-Key", e.keyA)
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	expectError(t, e.doRequest(req, "name=x"), 415, "Content-Type must be application/json")
+	e.expectBodyRefused("/api_keys")
 	// 2 setup keys + the accepted ones, nothing else
-	if n := e.count("api_keys"); n != 2+created {
+	if n := e.Count(t, "api_keys"); n != 2+created {
 		t.Fatalf("%d api keys stored, want %d", n, 2+created)
 	}
 
@@ -309,10 +282,7 @@ func TestAPIKeyRateLimit(t *testing.T) {
 	lim := ratelimit.NewMemory(3, time.Minute)
 	t.Cleanup(lim.Close)
 	e := newEnv(t, func(o *managementapi.Options) { o.Limiter = lim })
-	victim, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "victim", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	victim, _ := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "victim"})
 	steps := []struct{ method, path, body string }{
 		{"POST", "/api_keys", `{"name":"one"}`},
 		{"GET", "/api_keys", ""},
@@ -325,11 +295,8 @@ func TestAPIKeyRateLimit(t *testing.T) {
 			t.Fatalf("%s %s: %d %v", s.method, s.path, r.status, r.header)
 		}
 	}
-	n := e.count("api_keys")
-	other, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "other", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	n := e.Count(t, "api_keys")
+	other, _ := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "other"})
 	for _, s := range []struct{ method, path, body string }{
 		{"POST", "/api_keys", `{"name":"two"}`},
 		{"GET", "/api_keys", ""},
@@ -341,10 +308,10 @@ func TestAPIKeyRateLimit(t *testing.T) {
 			t.Fatalf("%s %s: 429 without Retry-After", s.method, s.path)
 		}
 	}
-	if got := e.count("api_keys"); got != n+1 {
+	if got := e.Count(t, "api_keys"); got != n+1 {
 		t.Fatalf("a rate-limited create was executed: %d keys, want %d", got, n+1)
 	}
-	if k, err := e.store.ActiveAPIKey(context.Background(), other.ID); err != nil || k.RevokedAt != nil {
+	if k, err := e.Store.ActiveAPIKey(context.Background(), other.ID); err != nil || k.RevokedAt != nil {
 		t.Fatalf("a rate-limited revoke was executed: %v", err)
 	}
 	// other keys have their own limit

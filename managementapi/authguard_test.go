@@ -28,7 +28,7 @@ func TestBadKeysCostNoQuery(t *testing.T) {
 	if r := from("198.51.100.2", e.keyA); r.status != 200 {
 		t.Fatalf("another address: %d %s", r.status, r.body)
 	}
-	e.pool.Close() // from here on a lookup could only fail
+	e.Pool.Close() // from here on a lookup could only fail
 	for _, key := range []string{bad, e.keyA, "garbage"} {
 		r := from("198.51.100.1", key)
 		expectError(t, r, 429, "Rate limit exceeded")

@@ -3,7 +3,6 @@ package managementapi_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -16,8 +15,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
@@ -25,7 +22,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/ratelimit"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -33,11 +29,10 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 
 const connectBase = "https://relay.example.com"
 
-// env is one test's API: a fresh database with two orgs and their keys.
+// env is one test's API: a fresh database (the kit's fixture) with two orgs and their keys.
 type env struct {
+	*testenv.Fixture
 	t       *testing.T
-	pool    *pgxpool.Pool
-	store   *store.Store
 	handler http.Handler
 	spec    *openapitest.Validator
 	logs    *observer.ObservedLogs
@@ -51,22 +46,15 @@ type envOption func(*managementapi.Options)
 
 func newEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, err := secretbox.New(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	st := store.New(pool, box)
+	return newEnvOn(t, testenv.NewStore(t), opts...)
+}
+
+// newEnvOn is newEnv on the fixture f (a database of a server the test stops, say).
+func newEnvOn(t *testing.T, f *testenv.Fixture, opts ...envOption) *env {
+	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
-	e := &env{t: t, pool: pool, store: st, logs: logs, spec: openapitest.Load(t)}
-	o := managementapi.Options{Store: st, ConnectBase: connectBase, ConnectLinkTTL: 48 * time.Hour, Logger: zap.New(core)}
+	e := &env{Fixture: f, t: t, logs: logs, spec: openapitest.Load(t)}
+	o := managementapi.Options{Store: f.Store, ConnectBase: connectBase, ConnectLinkTTL: 48 * time.Hour, Logger: zap.New(core)}
 	for _, fn := range opts {
 		fn(&o)
 	}
@@ -78,14 +66,8 @@ func newEnv(t *testing.T, opts ...envOption) *env {
 
 func (e *env) newOrg(name string) (uuid.UUID, string) {
 	e.t.Helper()
-	org, err := e.store.CreateOrg(context.Background(), name)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	_, key, err := e.store.CreateAPIKey(context.Background(), org.ID, "test", nil)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	org := e.Org(e.t, &testenv.OrgOpts{Name: name})
+	_, key := e.APIKey(e.t, org.ID, &testenv.APIKeyOpts{Name: "test"})
 	return org.ID, key
 }
 
@@ -157,15 +139,37 @@ func expectError(t *testing.T, r response, status int, msg string) {
 	}
 }
 
+// expectBodyRefused checks that POST path (by key A) refuses a missing body (400), a body over
+// 1 MiB even when it would be valid JSON (413) and another content type (415).
+func (e *env) expectBodyRefused(path string) {
+	e.t.Helper()
+	r := httptest.NewRequest("POST", path, nil)
+	r.Header.Set("X-Api-Key", e.keyA)
+	expectError(e.t, e.doRequest(r, ""), 400, "Invalid JSON body")
+	huge := `{"name":"x","pad":"` + strings.Repeat("a", 1<<20) + `"}`
+	expectError(e.t, e.do("POST", path, e.keyA, huge), 413, "Request body too large")
+	r = httptest.NewRequest("POST", path, strings.NewReader("name=x"))
+	r.Header.Set("X-Api-Key", e.keyA)
+	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	expectError(e.t, e.doRequest(r, "name=x"), 415, "Content-Type must be application/json")
+}
+
+// created sends POST path with body by key, checks that it was answered 201 and returns the
+// answer decoded.
+func created[T any](e *env, path, key, body string) T {
+	e.t.Helper()
+	r := e.do("POST", path, key, body)
+	if r.status != http.StatusCreated {
+		e.t.Fatalf("POST %s: %d %s", path, r.status, r.body)
+	}
+	var v T
+	r.json(e.t, &v)
+	return v
+}
+
 func (e *env) createChannel(key, name string) managementapi.Channel {
 	e.t.Helper()
-	r := e.do("POST", "/channels", key, fmt.Sprintf(`{"name":%q}`, name))
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create channel: %d %s", r.status, r.body)
-	}
-	var c managementapi.Channel
-	r.json(e.t, &c)
-	return c
+	return created[managementapi.Channel](e, "/channels", key, fmt.Sprintf(`{"name":%q}`, name))
 }
 
 type webhookJSON struct {
@@ -182,53 +186,20 @@ type webhookJSON struct {
 
 func (e *env) createWebhook(key, body string) webhookJSON {
 	e.t.Helper()
-	r := e.do("POST", "/webhooks", key, body)
-	if r.status != http.StatusCreated {
-		e.t.Fatalf("create webhook: %d %s", r.status, r.body)
-	}
-	var w webhookJSON
-	r.json(e.t, &w)
-	return w
-}
-
-func (e *env) count(table string) int {
-	e.t.Helper()
-	var n int
-	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
-}
-
-func (e *env) exec(sql string, args ...any) {
-	e.t.Helper()
-	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
-		e.t.Fatal(err)
-	}
+	return created[webhookJSON](e, "/webhooks", key, body)
 }
 
 var tsRe = regexp.MustCompile(`^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$`)
 
 func TestAuthentication(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
-	past := time.Now().Add(-time.Minute)
-	_, expired, err := e.store.CreateAPIKey(ctx, e.orgA, "old", &past)
-	if err != nil {
+	past, future := time.Now().Add(-time.Minute), time.Now().Add(time.Hour)
+	_, expired := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "old", ExpiresAt: &past})
+	rec, revoked := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "gone"})
+	if _, err := e.Store.RevokeAPIKey(context.Background(), rec.ID); err != nil {
 		t.Fatal(err)
 	}
-	rec, revoked, err := e.store.CreateAPIKey(ctx, e.orgA, "gone", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.store.RevokeAPIKey(ctx, rec.ID); err != nil {
-		t.Fatal(err)
-	}
-	future := time.Now().Add(time.Hour)
-	_, later, err := e.store.CreateAPIKey(ctx, e.orgA, "later", &future)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, later := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "later", ExpiresAt: &future})
 
 	expectError(t, e.do("GET", "/channels", "", ""), 401, "x-api-key header required")
 	for _, bad := range []string{
@@ -250,10 +221,9 @@ func TestAuthentication(t *testing.T) {
 	expectError(t, e.do("PUT", "/channels", "bad", ""), 401, "Invalid or revoked API key")
 
 	// only the key's hash is stored, and no log line carries a key
-	var n int
-	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM api_keys WHERE key_hash = $1 OR prefix = $2 OR name = $2`,
-		[]byte(e.keyA), e.keyA).Scan(&n); err != nil || n != 0 {
-		t.Fatalf("key stored in clear: n=%d err=%v", n, err)
+	if n := testenv.QueryValue[int](t, e.Fixture, `SELECT count(*) FROM api_keys WHERE key_hash = $1 OR prefix = $2 OR name = $2`,
+		[]byte(e.keyA), e.keyA); n != 0 {
+		t.Fatalf("key stored in clear: n=%d", n)
 	}
 	for _, entry := range e.logs.All() {
 		if b, _ := json.Marshal(entry.ContextMap()); bytes.Contains(b, []byte(e.keyA)) || strings.Contains(entry.Message, e.keyA) {
@@ -310,11 +280,10 @@ func TestChannelLifecycle(t *testing.T) {
 		t.Fatalf("get = %d %s", r.status, r.body)
 	}
 	// the channel token is stored encrypted and hashed, never in clear
-	var clear int
-	if err := e.pool.QueryRow(context.Background(),
+	if clear := testenv.QueryValue[int](t, e.Fixture,
 		`SELECT count(*) FROM channels WHERE position($1::bytea in channel_token_enc) > 0 OR channel_token_hash = $1::bytea`,
-		[]byte(c.ChannelToken)).Scan(&clear); err != nil || clear != 0 {
-		t.Fatalf("channel token stored in clear: %d %v", clear, err)
+		[]byte(c.ChannelToken)); clear != 0 {
+		t.Fatalf("channel token stored in clear: %d", clear)
 	}
 
 	r = e.do("DELETE", "/channels/"+c.ID.String(), e.keyA, "")
@@ -343,7 +312,7 @@ func TestConnectBaseFromRequest(t *testing.T) {
 func TestDeleteActiveChannel(t *testing.T) {
 	e := newEnv(t)
 	c := e.createChannel(e.keyA, "Live")
-	e.exec(`UPDATE channels SET status = 'active' WHERE id = $1`, c.ID)
+	e.Exec(t, `UPDATE channels SET status = 'active' WHERE id = $1`, c.ID)
 	path := "/channels/" + c.ID.String()
 	for _, q := range []string{"", "?force=false", "?force=0"} {
 		r := e.do("DELETE", path+q, e.keyA, "")
@@ -352,13 +321,13 @@ func TestDeleteActiveChannel(t *testing.T) {
 		}
 	}
 	expectError(t, e.do("DELETE", path+"?force=maybe", e.keyA, ""), 422, `"force" must be a boolean`)
-	if e.count("channels") != 1 {
+	if e.Count(t, "channels") != 1 {
 		t.Fatal("refused delete removed the channel")
 	}
 	if r := e.do("DELETE", path+"?force=true", e.keyA, ""); r.status != 204 {
 		t.Fatalf("forced delete = %d %s", r.status, r.body)
 	}
-	if e.count("channels") != 0 {
+	if e.Count(t, "channels") != 0 {
 		t.Fatal("channel still stored")
 	}
 }
@@ -392,19 +361,8 @@ func TestChannelValidation(t *testing.T) {
 			expectError(t, e.do("POST", "/channels", e.keyA, tc.body), tc.status, tc.msg)
 		})
 	}
-	// a missing body is not JSON
-	r := httptest.NewRequest("POST", "/channels", nil)
-	r.Header.Set("X-Api-Key", e.keyA)
-	expectError(t, e.doRequest(r, ""), 400, "Invalid JSON body")
-	// too large: over 1 MiB, even when it would be valid JSON
-	huge := `{"name":"x","pad":"` + strings.Repeat("a", 1<<20) + `"}`
-	expectError(t, e.do("POST", "/channels", e.keyA, huge), 413, "Request body too large")
-	// another content type
-	r = httptest.NewRequest("POST", "/channels", strings.NewReader("name=x"))
-	r.Header.Set("X-Api-Key", e.keyA)
-	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	expectError(t, e.doRequest(r, "name=x"), 415, "Content-Type must be application/json")
-	if n := e.count("channels"); n != 0 {
+	e.expectBodyRefused("/channels")
+	if n := e.Count(t, "channels"); n != 0 {
 		t.Fatalf("%d channels stored by invalid requests", n)
 	}
 	// exactly 200 characters (multi-byte) is fine; unknown fields are ignored
@@ -436,12 +394,11 @@ func TestWebhookLifecycle(t *testing.T) {
 	if r.status != 200 || bytes.Contains(r.body, []byte("hmac_secret")) {
 		t.Fatalf("list = %d %s", r.status, r.body)
 	}
-	var inClear int
-	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM webhooks WHERE position($1::bytea in secret_enc) > 0`,
-		[]byte(*w.HMACSecret)).Scan(&inClear); err != nil || inClear != 0 {
-		t.Fatalf("secret stored in clear: %d %v", inClear, err)
+	if inClear := testenv.QueryValue[int](t, e.Fixture, `SELECT count(*) FROM webhooks WHERE position($1::bytea in secret_enc) > 0`,
+		[]byte(*w.HMACSecret)); inClear != 0 {
+		t.Fatalf("secret stored in clear: %d", inClear)
 	}
-	if got, err := e.store.WebhookSecret(context.Background(), uuid.MustParse(w.ID)); err != nil || got != *w.HMACSecret {
+	if got, err := e.Store.WebhookSecret(context.Background(), uuid.MustParse(w.ID)); err != nil || got != *w.HMACSecret {
 		t.Fatalf("WebhookSecret = %v", err)
 	}
 
@@ -490,7 +447,7 @@ func TestWebhookLifecycle(t *testing.T) {
 	}
 	expectError(t, e.do("GET", "/webhooks/"+scoped.ID, e.keyA, ""), 404, "Webhook not found")
 	expectError(t, e.do("DELETE", "/webhooks/"+scoped.ID, e.keyA, ""), 404, "Webhook not found")
-	if n := e.count("webhook_channels"); n != 0 {
+	if n := e.Count(t, "webhook_channels"); n != 0 {
 		t.Fatalf("%d assignments left after webhook delete", n)
 	}
 }
@@ -536,7 +493,7 @@ func TestWebhookValidation(t *testing.T) {
 			expectError(t, e.do("POST", "/webhooks", e.keyA, tc.body), tc.status, tc.msg)
 		})
 	}
-	if n := e.count("webhooks"); n != 0 {
+	if n := e.Count(t, "webhooks"); n != 0 {
 		t.Fatalf("%d webhooks stored by invalid requests", n)
 	}
 	// uppercase scheme is still https
@@ -620,14 +577,10 @@ func TestOrgIsolation(t *testing.T) {
 	chB := e.createChannel(e.keyB, "B channel")
 	whB := e.createWebhook(e.keyB, `{"name":"B hook","url":"https://h.example.com","events":["messages"]}`)
 	snapshot := func() string {
-		var s string
-		if err := e.pool.QueryRow(context.Background(), `SELECT
+		return testenv.QueryValue[string](t, e.Fixture, `SELECT
 			(SELECT json_agg(c ORDER BY id)::text FROM channels c WHERE org_id = $1) ||
 			(SELECT json_agg(w ORDER BY id)::text FROM webhooks w WHERE org_id = $1) ||
-			(SELECT count(*)::text FROM webhook_channels)`, e.orgA).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
+			(SELECT count(*)::text FROM webhook_channels)`, e.orgA)
 	}
 	before := snapshot()
 	C, W := ch.ID.String(), wh.ID
@@ -691,49 +644,21 @@ func TestHealth(t *testing.T) {
 // TestPostgresDown: with the database gone, requests get 503 (retryable), never 500, and /health names it.
 func TestPostgresDown(t *testing.T) {
 	srv := testenv.StartPostgres(t)
-	pool, err := pgxpool.New(context.Background(), srv.CreateDB(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	key := make([]byte, 32)
-	rand.Read(key)
-	box, _ := secretbox.New(key)
-	st := store.New(pool, box)
-	org, err := st.CreateOrg(context.Background(), "o")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, apiKey, err := st.CreateAPIKey(context.Background(), org.ID, "", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	core, logs := observer.New(zap.DebugLevel)
-	e := &env{t: t, spec: openapitest.Load(t), logs: logs,
-		handler: managementapi.New(managementapi.Options{Store: st, ConnectBase: connectBase, Logger: zap.New(core)})}
+	e := newEnvOn(t, testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.CreateDB(t)}))
 	defer func() {
-		for _, l := range logs.All() {
+		for _, l := range e.logs.All() {
 			t.Log(l.Message, l.ContextMap())
 		}
 	}()
-	if r := e.do("GET", "/channels", apiKey, ""); r.status != 200 {
+	if r := e.do("GET", "/channels", e.keyA, ""); r.status != 200 {
 		t.Fatalf("before: %d %s", r.status, r.body)
 	}
 	srv.Stop(t)
-	expectError(t, e.do("GET", "/channels", apiKey, ""), 503, "Service unavailable")
+	expectError(t, e.do("GET", "/channels", e.keyA, ""), 503, "Service unavailable")
 	expectError(t, e.do("GET", "/health", "", ""), 503, "Postgres unavailable")
 	srv.Start(t)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		r := e.do("GET", "/channels", apiKey, "")
-		if r.status == 200 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no recovery: %d %s", r.status, r.body)
-		}
-		time.Sleep(100 * time.Millisecond) // polling
-	}
+	testenv.Eventually(t, 30*time.Second, func() bool { return e.do("GET", "/channels", e.keyA, "").status == 200 },
+		"GET /channels to recover after Postgres restarted")
 }
 
 func TestRateLimitMemory(t *testing.T) {
@@ -751,7 +676,7 @@ func TestRateLimitMemory(t *testing.T) {
 	if ra := r.header.Get("Retry-After"); ra == "" || ra == "0" || len(ra) > 2 {
 		t.Fatalf("Retry-After = %q", ra)
 	}
-	if e.count("channels") != 0 {
+	if e.Count(t, "channels") != 0 {
 		t.Fatal("a rate-limited request was executed")
 	}
 	// limits are per key
@@ -764,15 +689,10 @@ func TestRateLimitMemory(t *testing.T) {
 
 // TestRateLimitRedisShared: two handlers (two instances) sharing Redis enforce one limit per key.
 func TestRateLimitRedisShared(t *testing.T) {
-	opt, err := redis.ParseURL(testenv.Redis(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rdb := redis.NewClient(opt)
-	t.Cleanup(func() { rdb.Close() })
+	rdb := testenv.RedisClient(t, testenv.Redis(t))
 	prefix := "test:" + uuid.NewString() + ":"
 	e := newEnv(t, func(o *managementapi.Options) { o.Limiter = ratelimit.NewRedis(rdb, 5, time.Minute, prefix) })
-	other := managementapi.New(managementapi.Options{Store: e.store, ConnectBase: connectBase,
+	other := managementapi.New(managementapi.Options{Store: e.Store, ConnectBase: connectBase,
 		Limiter: ratelimit.NewRedis(rdb, 5, time.Minute, prefix)})
 	allowed := 0
 	for i := 0; i < 8; i++ {
@@ -806,7 +726,7 @@ func TestReconnect(t *testing.T) {
 	// a pending channel whose link is still open has nothing to reconnect
 	expectError(t, e.do("POST", path, e.keyA, ""), 409, managementapi.MsgNotReconnectable)
 	// expired link → reopened with a fresh expiry, same token
-	e.exec(`UPDATE channels SET token_expires_at = now() - interval '1 hour' WHERE id = $1`, c.ID)
+	e.Exec(t, `UPDATE channels SET token_expires_at = now() - interval '1 hour' WHERE id = $1`, c.ID)
 	r := e.do("POST", path, e.keyA, "")
 	var got managementapi.Channel
 	r.json(t, &got)
@@ -815,11 +735,11 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("reopen: %d %s", r.status, r.body)
 	}
 	// connected and healthy → 409; after the upstream token died → reopened
-	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "2", UpstreamToken: "t"}); err != nil {
+	if err := e.Store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: "1", WabaID: "2", UpstreamToken: "t"}); err != nil {
 		t.Fatal(err)
 	}
 	expectError(t, e.do("POST", path, e.keyA, ""), 409, managementapi.MsgNotReconnectable)
-	if err := e.store.MarkUpstreamDisconnected(ctx, c.ID); err != nil {
+	if err := e.Store.MarkUpstreamDisconnected(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}
 	r = e.do("POST", path, e.keyA, "")
@@ -828,7 +748,7 @@ func TestReconnect(t *testing.T) {
 		t.Fatalf("reopen after 190: %d %s", r.status, r.body)
 	}
 	// operator-deactivated → 409 here
-	if _, err := e.store.DeactivateChannel(ctx, c.ID); err != nil {
+	if _, err := e.Store.DeactivateChannel(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}
 	expectError(t, e.do("POST", path, e.keyA, ""), 409, managementapi.MsgOperatorDeactivated)
@@ -846,7 +766,7 @@ func TestDeleteUnsubscribesLastChannelOfBusinessAccount(t *testing.T) {
 	ctx := context.Background()
 	a, b := e.createChannel(e.keyA, "a"), e.createChannel(e.keyA, "b")
 	for i, c := range []managementapi.Channel{a, b} {
-		if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: fmt.Sprint(100 + i), WabaID: "W1", UpstreamToken: "tok" + fmt.Sprint(i)}); err != nil {
+		if err := e.Store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: fmt.Sprint(100 + i), WabaID: "W1", UpstreamToken: "tok" + fmt.Sprint(i)}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -856,13 +776,9 @@ func TestDeleteUnsubscribesLastChannelOfBusinessAccount(t *testing.T) {
 	if r := e.do("DELETE", "/channels/"+b.ID.String()+"?force=true", e.keyA, ""); r.status != 204 {
 		t.Fatalf("delete b: %d", r.status)
 	}
-	select {
-	case d := <-got:
-		if d.WabaID != "W1" || d.UpstreamToken != "tok1" {
-			t.Fatalf("hook got %+v, want W1 with the last channel's token", d)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("hook not called for the last channel of the business account")
+	testenv.Eventually(t, testenv.Patience, func() bool { return len(got) > 0 }, "the hook called for the last channel of the business account")
+	if d := <-got; d.WabaID != "W1" || d.UpstreamToken != "tok1" {
+		t.Fatalf("hook got %+v, want W1 with the last channel's token", d)
 	}
 	select {
 	case d := <-got:
@@ -877,7 +793,7 @@ func (e *env) deliveries(pnid string, n int) webhookJSON {
 	e.t.Helper()
 	ctx := context.Background()
 	c := e.createChannel(e.keyA, "c")
-	if err := e.store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
+	if err := e.Store.ConnectChannel(ctx, c.ID, store.Connection{PhoneNumberID: pnid, WabaID: "w", UpstreamToken: "t"}); err != nil {
 		e.t.Fatal(err)
 	}
 	wh := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["messages"]}`)
@@ -885,7 +801,7 @@ func (e *env) deliveries(pnid string, n int) webhookJSON {
 	for i := 0; i < n; i++ {
 		items = append(items, store.IncomingItem{Type: "messages", PhoneNumberID: pnid, DedupeKey: fmt.Sprint("m:", i), Data: []byte(`{"message":{}}`)})
 	}
-	if _, err := e.store.StoreEvents(ctx, items, store.Claim{}); err != nil {
+	if _, err := e.Store.StoreEvents(ctx, items, store.Claim{}); err != nil {
 		e.t.Fatal(err)
 	}
 	return wh
@@ -896,10 +812,10 @@ func TestDeliveryLog(t *testing.T) {
 	ctx := context.Background()
 	wh := e.deliveries("555", 5)
 	// two failed deliveries with attempts, the rest pending
-	e.exec(`WITH f AS (UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
+	e.Exec(t, `WITH f AS (UPDATE deliveries SET status = 'failed', attempts = 4, last_status_code = 500, last_error = 'HTTP 500'
 		           WHERE id IN (SELECT id FROM deliveries ORDER BY created_at, id LIMIT 2) RETURNING id)
 		DELETE FROM delivery_queue q USING f WHERE q.delivery_id = f.id`)
-	e.exec(`INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
+	e.Exec(t, `INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
 		SELECT gen_random_uuid(), id, n, now(), 12, 500, 'HTTP 500', 'oops' FROM deliveries, generate_series(1, 4) n WHERE status = 'failed'`)
 	base := "/webhooks/" + wh.ID + "/deliveries"
 
@@ -941,7 +857,7 @@ func TestDeliveryLog(t *testing.T) {
 	expectError(t, e.do("POST", base+"/"+failed+"/retry", e.keyB, ""), 404, "Webhook not found")
 	var st string
 	var attempts int
-	e.pool.QueryRow(ctx, `SELECT status, attempts FROM deliveries WHERE id = $1`, failed).Scan(&st, &attempts)
+	e.Pool.QueryRow(ctx, `SELECT status, attempts FROM deliveries WHERE id = $1`, failed).Scan(&st, &attempts)
 	if st != "pending" || attempts != 0 {
 		t.Fatalf("after retry: %s %d", st, attempts)
 	}
@@ -962,12 +878,12 @@ func TestDeliveryLogSchedules(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	wh := e.deliveries("556", 1)
-	q := store.NewQueue(e.pool)
+	q := store.NewQueue(e.Pool)
 	started := time.Now()
 	// fail makes the delivery's next attempt fail: again later (retry), or for good.
 	fail := func(retry bool) {
 		t.Helper()
-		e.exec(`UPDATE delivery_queue SET next_attempt_at = now()`)
+		e.Exec(t, `UPDATE delivery_queue SET next_attempt_at = now()`)
 		cl, err := q.Claim(ctx, store.QueueClaim{Instance: "i1", Lease: time.Minute, Limit: 10, PerWebhook: 10, PerOrg: 10})
 		if err != nil || len(cl.Deliveries) != 1 {
 			t.Fatalf("claim: %v %+v", err, cl)

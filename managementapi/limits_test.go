@@ -1,8 +1,6 @@
 package managementapi_test
 
 import (
-	"context"
-	"crypto/rand"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,11 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
-	"github.com/wabarelay/wabarelay/secretbox"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 var (
@@ -26,17 +24,10 @@ var (
 const hookBody = `{"name":"w","url":"https://crm.example.com/h","events":["messages"]}`
 
 // fillWebhooks gives org n webhooks more, through the store (no cap).
-func (e *env) fillWebhooks(key string, n int) {
+func (e *env) fillWebhooks(org uuid.UUID, n int) {
 	e.t.Helper()
-	k, err := e.store.AuthenticateAPIKey(context.Background(), key)
-	if err != nil {
-		e.t.Fatal(err)
-	}
 	for i := 0; i < n; i++ {
-		if _, _, err := e.store.CreateWebhook(context.Background(), k.OrgID, store.NewWebhook{
-			Name: fmt.Sprint("w", i), URL: "https://crm.example.com/h", Events: []string{"messages"}}); err != nil {
-			e.t.Fatal(err)
-		}
+		e.Webhook(e.t, org, "https://crm.example.com/h", &testenv.WebhookOpts{Name: fmt.Sprint("w", i)})
 	}
 }
 
@@ -45,22 +36,10 @@ func (e *env) fillKeys(n int) []string {
 	e.t.Helper()
 	ids := make([]string, n)
 	for i := range ids {
-		k, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, fmt.Sprint("k", i), nil)
-		if err != nil {
-			e.t.Fatal(err)
-		}
+		k, _ := e.APIKey(e.t, e.orgA, &testenv.APIKeyOpts{Name: fmt.Sprint("k", i)})
 		ids[i] = k.ID.String()
 	}
 	return ids
-}
-
-func (e *env) countWhere(table, orgCol string, org any) int {
-	e.t.Helper()
-	var n int
-	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM "+table+" WHERE "+orgCol+" = $1", org).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
 }
 
 // TestWebhookCap: an org may have at most 100 webhooks by default: the 100th is created, the
@@ -68,10 +47,10 @@ func (e *env) countWhere(table, orgCol string, org any) int {
 // frees a slot.
 func TestWebhookCap(t *testing.T) {
 	e := newEnv(t)
-	e.fillWebhooks(e.keyA, managementapi.DefaultMaxWebhooksPerOrg-1)
+	e.fillWebhooks(e.orgA, managementapi.DefaultMaxWebhooksPerOrg-1)
 	last := e.createWebhook(e.keyA, hookBody) // the 100th
 	expectError(t, e.do("POST", "/webhooks", e.keyA, hookBody), http.StatusUnprocessableEntity, msgWebhookLimit)
-	if n := e.countWhere("webhooks", "org_id", e.orgA); n != managementapi.DefaultMaxWebhooksPerOrg {
+	if n := e.CountWhere(t, "webhooks", "org_id", e.orgA); n != managementapi.DefaultMaxWebhooksPerOrg {
 		t.Fatalf("org A has %d webhooks", n)
 	}
 	e.createWebhook(e.keyB, hookBody) // the cap is per org
@@ -95,23 +74,8 @@ func TestWebhookCapConfigured(t *testing.T) {
 // concurrent requests holds a connection at once, so that their transactions really overlap.
 func (e *env) wideHandler(n int) http.Handler {
 	e.t.Helper()
-	cfg, err := pgxpool.ParseConfig(e.pool.Config().ConnString())
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	cfg.MaxConns = int32(n + 2)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	e.t.Cleanup(pool.Close)
-	key := make([]byte, secretbox.KeySize)
-	rand.Read(key)
-	box, err := secretbox.New(key)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return managementapi.New(managementapi.Options{Store: store.New(pool, box)})
+	wide := testenv.NewStore(e.t, &testenv.StoreOpts{DSN: e.DSN, Key: e.Key, Pool: func(c *pgxpool.Config) { c.MaxConns = int32(n + 2) }})
+	return managementapi.New(managementapi.Options{Store: wide.Store})
 }
 
 // parallel sends n identical requests at once and returns their statuses and bodies.
@@ -137,35 +101,35 @@ func parallel(h http.Handler, n int, method, path, key, body string) ([]int, []s
 	return statuses, bodies
 }
 
-// expectOneCreated checks that exactly one of the concurrent creations succeeded and that every
-// other one was refused at the cap with msg.
-func expectOneCreated(t *testing.T, statuses []int, bodies []string, msg string) {
-	t.Helper()
+// createAtCap sends 20 identical creations (POST path with body, by key A) at once, with org A
+// filled to cap-1 of table's rows, and checks that exactly one of them created a row (table then
+// holds limit rows of org A) and that every other one was refused at the cap with msg.
+func (e *env) createAtCap(path, body, table string, limit int, msg string) {
+	e.t.Helper()
+	const n = 20
+	statuses, bodies := parallel(e.wideHandler(n), n, "POST", path, e.keyA, body)
+	if got := e.CountWhere(e.t, table, "org_id", e.orgA); got != limit {
+		e.t.Fatalf("org A has %d %s after %d concurrent creations at cap-1, want %d (statuses %v)", got, table, n, limit, statuses)
+	}
 	created := 0
 	for i, s := range statuses {
 		switch {
 		case s == http.StatusCreated:
 			created++
 		case s != http.StatusUnprocessableEntity || !strings.Contains(bodies[i], msg):
-			t.Fatalf("request %d: %d %s", i, s, bodies[i])
+			e.t.Fatalf("request %d: %d %s", i, s, bodies[i])
 		}
 	}
 	if created != 1 {
-		t.Fatalf("%d of %d concurrent creations at cap-1 succeeded, want 1", created, len(statuses))
+		e.t.Fatalf("%d of %d concurrent creations at cap-1 succeeded, want 1", created, n)
 	}
 }
 
 // TestWebhookCapConcurrent: 20 concurrent creations at cap-1 create one webhook, not 20.
 func TestWebhookCapConcurrent(t *testing.T) {
 	e := newEnv(t)
-	const n = 20
-	e.fillWebhooks(e.keyA, managementapi.DefaultMaxWebhooksPerOrg-1)
-	statuses, bodies := parallel(e.wideHandler(n), n, "POST", "/webhooks", e.keyA, hookBody)
-	if got := e.countWhere("webhooks", "org_id", e.orgA); got != managementapi.DefaultMaxWebhooksPerOrg {
-		t.Fatalf("org A has %d webhooks after %d concurrent creations at cap-1, want %d (statuses %v)",
-			got, n, managementapi.DefaultMaxWebhooksPerOrg, statuses)
-	}
-	expectOneCreated(t, statuses, bodies, "Webhook limit reached")
+	e.fillWebhooks(e.orgA, managementapi.DefaultMaxWebhooksPerOrg-1)
+	e.createAtCap("/webhooks", hookBody, "webhooks", managementapi.DefaultMaxWebhooksPerOrg, "Webhook limit reached")
 }
 
 // TestAPIKeyCap: an org may have at most 100 live API keys by default: the 100th is created
@@ -176,9 +140,7 @@ func TestAPIKeyCap(t *testing.T) {
 	// org A has its test key; 98 more make 99 live keys, and an expired and a revoked key do not count
 	ids := e.fillKeys(managementapi.DefaultMaxAPIKeysPerOrg - 2)
 	past := time.Now().Add(-time.Minute)
-	if _, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "old", &past); err != nil {
-		t.Fatal(err)
-	}
+	e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "old", ExpiresAt: &past})
 	gone := e.createKey(e.keyA, `{"name":"gone"}`)
 	if r := e.do("DELETE", "/api_keys/"+gone.ID, e.keyA, ""); r.status != http.StatusNoContent {
 		t.Fatalf("revoke: %d %s", r.status, r.body)
@@ -195,39 +157,27 @@ func TestAPIKeyCap(t *testing.T) {
 	expectError(t, e.do("POST", "/api_keys", e.keyA, `{}`), http.StatusUnprocessableEntity, msgAPIKeyLimit)
 
 	// a key reaching its expiry frees a slot
-	e.exec(`UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, ids[1])
+	e.Exec(t, `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE id = $1`, ids[1])
 	e.createKey(e.keyA, `{}`)
 	expectError(t, e.do("POST", "/api_keys", e.keyA, `{}`), http.StatusUnprocessableEntity, msgAPIKeyLimit)
 
 	// the operator is not capped
-	if _, _, err := e.store.CreateAPIKey(context.Background(), e.orgA, "operator", nil); err != nil {
-		t.Fatalf("uncapped create at the cap: %v", err)
-	}
+	e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "operator"}) // uncapped at the cap
 }
 
 // TestAPIKeyCapConcurrent: 20 concurrent POST /api_keys at cap-1 create one key, not 20.
 func TestAPIKeyCapConcurrent(t *testing.T) {
 	e := newEnv(t)
-	const n = 20
 	e.fillKeys(managementapi.DefaultMaxAPIKeysPerOrg - 2) // + the test key: cap-1 live keys
-	statuses, bodies := parallel(e.wideHandler(n), n, "POST", "/api_keys", e.keyA, `{"name":"race"}`)
-	if got := e.countWhere("api_keys", "org_id", e.orgA); got != managementapi.DefaultMaxAPIKeysPerOrg {
-		t.Fatalf("org A has %d keys after %d concurrent creations at cap-1, want %d (statuses %v)",
-			got, n, managementapi.DefaultMaxAPIKeysPerOrg, statuses)
-	}
-	expectOneCreated(t, statuses, bodies, "API key limit reached")
+	e.createAtCap("/api_keys", `{"name":"race"}`, "api_keys", managementapi.DefaultMaxAPIKeysPerOrg, "API key limit reached")
 }
 
 // TestShortLivedKeyCannotMintLongerLived: a key that expires can only create keys that expire
 // no later than it does; "expires_in" is then required. A key without expiry creates any key.
 func TestShortLivedKeyCannotMintLongerLived(t *testing.T) {
 	e := newEnv(t)
-	ctx := context.Background()
 	soon := time.Now().Add(time.Hour).UTC().Truncate(time.Millisecond)
-	_, short, err := e.store.CreateAPIKey(ctx, e.orgA, "short", &soon)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, short := e.APIKey(t, e.orgA, &testenv.APIKeyOpts{Name: "short", ExpiresAt: &soon})
 	until := soon.Format(managementapi.TimeLayout)
 	tooLong := `"expires_in" must not exceed the creating key's remaining lifetime: it expires at ` + until
 	required := `"expires_in" is required: the creating key expires at ` + until + `, and a key cannot create a key that outlives it`
@@ -242,7 +192,7 @@ func TestShortLivedKeyCannotMintLongerLived(t *testing.T) {
 	} {
 		expectError(t, e.do("POST", "/api_keys", short, body), http.StatusUnprocessableEntity, want)
 	}
-	before := e.countWhere("api_keys", "org_id", e.orgA)
+	before := e.CountWhere(t, "api_keys", "org_id", e.orgA)
 
 	// within its lifetime: created, and the new key is bound the same way
 	child := e.createKey(short, `{"name":"child","expires_in":"30m"}`)
@@ -252,7 +202,7 @@ func TestShortLivedKeyCannotMintLongerLived(t *testing.T) {
 	}
 	expectError(t, e.do("POST", "/api_keys", *child.Key, `{"expires_in":"45m"}`), http.StatusUnprocessableEntity,
 		`"expires_in" must not exceed the creating key's remaining lifetime: it expires at `+*child.ExpiresAt)
-	if n := e.countWhere("api_keys", "org_id", e.orgA); n != before+1 {
+	if n := e.CountWhere(t, "api_keys", "org_id", e.orgA); n != before+1 {
 		t.Fatalf("org A has %d keys, want %d: a refused key was stored", n, before+1)
 	}
 

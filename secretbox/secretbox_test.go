@@ -11,11 +11,11 @@ import (
 	"testing"
 )
 
+// newBox returns a box on a random key. (Tests elsewhere take keys from internal/testenv, which
+// imports this package: its tests keep their own.)
 func newBox(t *testing.T) *Box {
 	t.Helper()
-	key := make([]byte, KeySize)
-	rand.Read(key)
-	b, err := New(key)
+	b, err := New(randKey())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,8 +60,7 @@ func TestOpenRejects(t *testing.T) {
 }
 
 func TestParseKey(t *testing.T) {
-	key := make([]byte, KeySize)
-	rand.Read(key)
+	key := randKey()
 	for _, enc := range []*base64.Encoding{base64.StdEncoding, base64.RawURLEncoding} {
 		got, err := ParseKey(" " + enc.EncodeToString(key) + "\n")
 		if err != nil || !bytes.Equal(got, key) {
@@ -80,6 +79,7 @@ func TestParseKey(t *testing.T) {
 	}
 }
 
+// randKey returns a random key.
 func randKey() []byte {
 	k := make([]byte, KeySize)
 	rand.Read(k)

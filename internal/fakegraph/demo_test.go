@@ -5,13 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 // sdkSignup fetches GET /sdk.js and returns the signup written into it.
@@ -137,39 +136,24 @@ func TestDemoEndpointsOff(t *testing.T) {
 	}
 }
 
-// hook is a callback URL that hands every post to the test.
-type hookPost struct {
-	header http.Header
-	body   []byte
-}
-
-func newHook(t *testing.T, status int) (*httptest.Server, chan hookPost) {
-	posts := make(chan hookPost, 16)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		posts <- hookPost{r.Header.Clone(), b}
+// newHook is a callback URL (the kit's receiver) that answers every post with status.
+func newHook(t *testing.T, status int) *testenv.Receiver {
+	return testenv.NewReceiver(t, &testenv.ReceiverOpts{Respond: func(_ int, w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(status)
 		io.WriteString(w, `{"events":1}`)
-	}))
-	t.Cleanup(srv.Close)
-	return srv, posts
+	}})
 }
 
-func nextPost(t *testing.T, posts chan hookPost) hookPost {
+// post waits for the hook's n-th post (counted from 1) and returns it.
+func post(t *testing.T, hook *testenv.Receiver, n int) testenv.Delivery {
 	t.Helper()
-	select {
-	case p := <-posts:
-		return p
-	case <-time.After(10 * time.Second):
-		t.Fatal("no webhook post")
-	}
-	return hookPost{}
+	return hook.WaitN(t, n)[n-1]
 }
 
 // TestEmitMessage: an emitted message is the upstream's "messages" webhook, signed with the app
 // secret over the exact bytes sent (Graph-escaped), and the inbound package reads it.
 func TestEmitMessage(t *testing.T) {
-	hook, posts := newHook(t, 200)
+	hook := newHook(t, 200)
 	f := setup(t, WithDemoSDK(0), WithCallback(hook.URL+"/webhooks/upstream"))
 	ctx := context.Background()
 
@@ -184,19 +168,19 @@ func TestEmitMessage(t *testing.T) {
 	if err := f.g.EmitMessage(ctx, hook.URL, appSK, "", "+1 650-555-9999", text); err != nil {
 		t.Fatal(err)
 	}
-	p := nextPost(t, posts)
-	if p.header.Get("Content-Type") != "application/json" || !inbound.VerifySignature(appSK, p.body, p.header.Get("X-Hub-Signature-256")) {
-		t.Fatalf("signature %q does not verify; headers %v", p.header.Get("X-Hub-Signature-256"), p.header)
+	p := post(t, hook, 1)
+	if p.Header.Get("Content-Type") != "application/json" || !inbound.VerifySignature(appSK, p.Body, p.Header.Get("X-Hub-Signature-256")) {
+		t.Fatalf("signature %q does not verify; headers %v", p.Header.Get("X-Hub-Signature-256"), p.Header)
 	}
-	if inbound.VerifySignature("other-secret", p.body, p.header.Get("X-Hub-Signature-256")) {
+	if inbound.VerifySignature("other-secret", p.Body, p.Header.Get("X-Hub-Signature-256")) {
 		t.Fatal("verifies with another secret")
 	}
 	for _, want := range []string{`\u00e1`, `\/`, `\u2615`, `"display_phone_number":"15550101"`} {
-		if !strings.Contains(string(p.body), want) {
-			t.Errorf("body lacks %s: %s", want, p.body)
+		if !strings.Contains(string(p.Body), want) {
+			t.Errorf("body lacks %s: %s", want, p.Body)
 		}
 	}
-	batch, err := inbound.Parse(p.body)
+	batch, err := inbound.Parse(p.Body)
 	if err != nil || len(batch.Items) != 1 || batch.Skipped != 0 {
 		t.Fatalf("parse: %+v %v", batch, err)
 	}
@@ -227,11 +211,11 @@ func TestEmitMessage(t *testing.T) {
 	if err != nil || res.Status != 200 || res.MediaID == "" {
 		t.Fatalf("image: %+v %v", res, err)
 	}
-	p = nextPost(t, posts)
-	batch, _ = inbound.Parse(p.body)
+	p = post(t, hook, 2)
+	batch, _ = inbound.Parse(p.Body)
 	if len(batch.Items) != 1 || len(batch.Items[0].ObjectIDs) != 1 || batch.Items[0].ObjectIDs[0] != res.MediaID ||
-		!strings.Contains(string(p.body), `"caption":"a photo"`) {
-		t.Fatalf("image webhook %s → %+v", p.body, batch)
+		!strings.Contains(string(p.Body), `"caption":"a photo"`) {
+		t.Fatalf("image webhook %s → %+v", p.Body, batch)
 	}
 
 	// bad input
@@ -240,48 +224,41 @@ func TestEmitMessage(t *testing.T) {
 			t.Errorf("%+v: no error", m)
 		}
 	}
-	if len(posts) != 0 {
+	if hook.Count() != 2 {
 		t.Fatal("bad input was posted")
 	}
 
 	// a callback that refuses: EmitMessage names its status
-	refusing, refused := newHook(t, 401)
+	refusing := newHook(t, 401)
 	if err := f.g.EmitMessage(ctx, refusing.URL, appSK, su.PhoneNumberID, "", ""); err == nil || !strings.Contains(err.Error(), "401") {
 		t.Fatalf("refused: %v", err)
 	}
-	nextPost(t, refused)
+	post(t, refusing, 1)
 }
 
 // TestInboundEndpoint: POST /_fake/inbound emits to the configured callback and answers with
 // the callback's status.
 func TestInboundEndpoint(t *testing.T) {
-	status := make(chan int, 1)
-	posts := make(chan hookPost, 4)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		posts <- hookPost{r.Header.Clone(), b}
-		w.WriteHeader(<-status)
-	}))
-	t.Cleanup(hook.Close)
+	hook := testenv.NewReceiver(t, &testenv.ReceiverOpts{Respond: func(n int, w http.ResponseWriter, _ *http.Request) {
+		w.WriteHeader(map[int]int{1: 200, 2: 503}[n]) // the first post is accepted, the second refused
+	}})
 	f := setup(t, WithDemoSDK(0), WithCallback(hook.URL))
 
 	if r := call(t, "POST", f.root+"/_fake/inbound", "", `{"text":"hi"}`); r.status != 400 || !strings.Contains(string(r.raw), "no number signed up") {
 		t.Fatalf("before a signup: %d %s", r.status, r.raw)
 	}
-	status <- 200
 	r := call(t, "POST", f.root+"/_fake/inbound", "", `{"phone_number_id":"`+pnid+`","from":"15550001111","name":"Ann","text":"Hello"}`)
 	if r.status != 200 || r.body["phone_number_id"] != pnid || !strings.HasPrefix(r.body["message_id"].(string), "wamid.") || r.body["callback_status"] != 200.0 {
 		t.Fatalf("emit: %d %s", r.status, r.raw)
 	}
-	p := nextPost(t, posts)
-	if !inbound.VerifySignature(appSK, p.body, p.header.Get("X-Hub-Signature-256")) || !strings.Contains(string(p.body), `"name":"Ann"`) {
-		t.Fatalf("post %s", p.body)
+	p := post(t, hook, 1)
+	if !inbound.VerifySignature(appSK, p.Body, p.Header.Get("X-Hub-Signature-256")) || !strings.Contains(string(p.Body), `"name":"Ann"`) {
+		t.Fatalf("post %s", p.Body)
 	}
-	status <- 503
 	if r := call(t, "POST", f.root+"/_fake/inbound", "", `{"phone_number_id":"`+pnid+`"}`); r.status != 503 || r.body["callback_status"] != 503.0 {
 		t.Fatalf("callback 503: %d %s", r.status, r.raw)
 	}
-	nextPost(t, posts)
+	post(t, hook, 2)
 	for _, body := range []string{`{"type":"sticker","phone_number_id":"` + pnid + `"}`, `{"txt":"typo"}`, `[`} {
 		if r := call(t, "POST", f.root+"/_fake/inbound", "", body); r.status != 400 {
 			t.Errorf("%s: %d %s", body, r.status, r.raw)
@@ -296,25 +273,25 @@ func TestInboundEndpoint(t *testing.T) {
 // TestStatusWebhooks: with a callback, a message the fake accepts is followed by its "sent" and
 // then its "delivered" status webhook.
 func TestStatusWebhooks(t *testing.T) {
-	hook, posts := newHook(t, 200)
+	hook := newHook(t, 200)
 	f := setup(t, WithCallback(hook.URL))
 	r := call(t, "POST", f.base+"/"+pnid+"/messages", tok, textBody)
 	if r.status != 200 {
 		t.Fatal(string(r.raw))
 	}
 	wamid := r.body["messages"].([]any)[0].(map[string]any)["id"].(string)
-	for _, want := range []string{"sent", "delivered"} {
-		p := nextPost(t, posts)
-		if !inbound.VerifySignature(appSK, p.body, p.header.Get("X-Hub-Signature-256")) {
+	for i, want := range []string{"sent", "delivered"} {
+		p := post(t, hook, i+1)
+		if !inbound.VerifySignature(appSK, p.Body, p.Header.Get("X-Hub-Signature-256")) {
 			t.Fatal("unsigned status")
 		}
-		batch, err := inbound.Parse(p.body)
+		batch, err := inbound.Parse(p.Body)
 		if err != nil || len(batch.Items) != 1 || batch.Items[0].Type != inbound.TypeStatus ||
 			batch.Items[0].DedupeKey != "s:"+wamid+":"+want || batch.Items[0].PhoneNumberID != pnid || batch.Items[0].WabaID != waba {
-			t.Fatalf("%s: %+v %v\n%s", want, batch, err, p.body)
+			t.Fatalf("%s: %+v %v\n%s", want, batch, err, p.Body)
 		}
-		if !strings.Contains(string(p.body), `"recipient_id":"16505551234"`) {
-			t.Errorf("recipient: %s", p.body)
+		if !strings.Contains(string(p.Body), `"recipient_id":"16505551234"`) {
+			t.Errorf("recipient: %s", p.Body)
 		}
 	}
 	// a refused send reports nothing
@@ -323,7 +300,7 @@ func TestStatusWebhooks(t *testing.T) {
 	}
 	r = call(t, "POST", f.base+"/"+pnid+"/messages", tok, textBody)
 	wamid = r.body["messages"].([]any)[0].(map[string]any)["id"].(string)
-	if p := nextPost(t, posts); !strings.Contains(string(p.body), `"id":"`+strings.ReplaceAll(wamid, "/", `\/`)+`","status":"sent"`) {
-		t.Fatalf("after a refused send, want the next send's status (%s): %s", wamid, p.body)
+	if p := post(t, hook, 3); !strings.Contains(string(p.Body), `"id":"`+strings.ReplaceAll(wamid, "/", `\/`)+`","status":"sent"`) {
+		t.Fatalf("after a refused send, want the next send's status (%s): %s", wamid, p.Body)
 	}
 }

@@ -502,11 +502,11 @@ func (s *Server) AddTemplates(wabaID string, templates ...Template) {
 }
 
 // AddCode registers an Embedded Signup code that GET /oauth/access_token exchanges once for
-// tokenToIssue within ttl (30 s when ttl is 0, §4.3). The issued token's grants come from
-// AddToken (call it for tokenToIssue); if it was never added, the exchange makes it a valid token
-// with no grants.
+// tokenToIssue within ttl (30 s when ttl is 0, §4.3; a negative ttl registers a code that has
+// already expired). The issued token's grants come from AddToken (call it for tokenToIssue); if
+// it was never added, the exchange makes it a valid token with no grants.
 func (s *Server) AddCode(code, tokenToIssue string, ttl time.Duration) {
-	if ttl <= 0 {
+	if ttl == 0 {
 		ttl = 30 * time.Second
 	}
 	s.mu.Lock()

@@ -628,8 +628,7 @@ func TestOAuthAccessToken(t *testing.T) {
 	if got := r.header.Get("WWW-Authenticate"); got != `OAuth "Facebook Platform" "invalid_code" "This authorization code has been used."` {
 		t.Errorf("WWW-Authenticate = %q", got)
 	}
-	f.g.AddCode("code2", "EAAx", time.Millisecond)
-	time.Sleep(2 * time.Millisecond) // past the code's expiry (set before): any delay only adds to it
+	f.g.AddCode("code2", "EAAx", -time.Second) // expired
 	expectError(t, ex("client_id="+appID+"&client_secret="+appSK+"&code=code2"), 400, 100, 36007, "This authorization code has expired.")
 	expectError(t, ex("client_id="+appID+"&client_secret="+appSK+"&code=nope"), 400, 100, 36007, "Invalid verification code format.")
 	expectError(t, ex("client_id="+appID+"&client_secret=wrong&code=code1"), 400, 1, 0, "Error validating client secret.")

@@ -2,17 +2,15 @@ package fakegraph_test
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
+	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
 type syncBuf struct {
@@ -42,15 +40,7 @@ func TestReceiver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
-	pem, err := os.ReadFile(caFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(pem) {
-		t.Fatal("no certificate in the CA file")
-	}
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	client := testenv.TLSClient(t, caFile)
 
 	body := `{"id":"evt_1","type":"messages","data":{"message":{"text":{"body":"Hello"}}}}`
 	req, _ := http.NewRequest("POST", u+"/receiver", strings.NewReader(body))

@@ -2,10 +2,9 @@ package testenv_test
 
 import (
 	"bytes"
-	"crypto/tls"
-	"crypto/x509"
+	"io"
 	"net/http"
-	"os"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -108,13 +107,7 @@ func TestFixtureFactories(t *testing.T) {
 // trusts CAFile's certificates reaches the receiver over TLS.
 func TestReceiverPerEventAndCAFile(t *testing.T) {
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
-	pemFile := testenv.CAFile(t, rc.Certificate())
-	raw, err := os.ReadFile(pemFile)
-	roots := x509.NewCertPool()
-	if err != nil || !roots.AppendCertsFromPEM(raw) {
-		t.Fatalf("CAFile %s: %v", pemFile, err)
-	}
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots}}}
+	client := testenv.TLSClient(t, testenv.CAFile(t, rc.Certificate()))
 	for _, id := range []string{"a", "b", "a"} {
 		req, _ := http.NewRequest("POST", rc.URL, nil)
 		req.Header.Set("Webhook-Id", id)
@@ -166,5 +159,46 @@ func TestRedisClient(t *testing.T) {
 	}
 	if o := c.Options(); o.DialTimeout != 500*time.Millisecond || o.ReadTimeout != 500*time.Millisecond {
 		t.Fatalf("options %+v", o)
+	}
+}
+
+// TestFixtureQueries: Exec changes rows, Count and CountWhere count them, QueryValue reads one
+// value of the type asked for.
+func TestFixtureQueries(t *testing.T) {
+	f := testenv.NewStore(t)
+	a, b := f.Org(t, &testenv.OrgOpts{Name: "a"}), f.Org(t, &testenv.OrgOpts{Name: "b"})
+	f.Channel(t, a.ID)
+	f.Channel(t, a.ID)
+	f.Channel(t, b.ID)
+	if n, na := f.Count(t, "channels"), f.CountWhere(t, "channels", "org_id", a.ID); n != 3 || na != 2 {
+		t.Fatalf("Count %d, CountWhere %d; want 3 and 2", n, na)
+	}
+	f.Exec(t, `UPDATE orgs SET name = $1 WHERE id = $2`, "renamed", b.ID)
+	if name := testenv.QueryValue[string](t, f, `SELECT name FROM orgs WHERE id = $1`, b.ID); name != "renamed" {
+		t.Fatalf("name %q", name)
+	}
+}
+
+// TestTLSClient: the client trusts the certificate in the CA file it is given, and no other.
+func TestTLSClient(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok") }))
+	t.Cleanup(srv.Close)
+	resp, err := testenv.TLSClient(t, testenv.CAFile(t, srv.Certificate())).Get(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if _, err := http.Get(srv.URL); err == nil {
+		t.Fatal("the server's certificate is trusted without the CA file")
+	}
+}
+
+// TestReceiverClose: a closed receiver refuses connections (a receiver gone down).
+func TestReceiverClose(t *testing.T) {
+	rc := testenv.NewReceiver(t)
+	rc.Close()
+	if resp, err := http.Post(rc.URL, "application/json", nil); err == nil {
+		resp.Body.Close()
+		t.Fatalf("a closed receiver answered %d", resp.StatusCode)
 	}
 }

@@ -73,6 +73,10 @@ func NewReceiver(t testing.TB, opts ...*ReceiverOpts) *Receiver {
 	return rc
 }
 
+// Close stops the receiver before the end of the test (a receiver gone down); it is closed
+// at the end of the test anyway.
+func (rc *Receiver) Close() { rc.srv.Close() }
+
 func (rc *Receiver) serve(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	rc.mu.Lock()

@@ -147,20 +147,19 @@ func TestTemplateConcurrentBuild(t *testing.T) {
 	migrate := func(ctx context.Context, conn *pgx.Conn) error {
 		migrations.Add(1)
 		// The race is on once the other sessions wait for the template lock: build only then.
-		for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
-			var waiting int
-			if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-				WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&waiting); err != nil {
-				return err
-			}
-			if waiting >= sessions-1 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("only %d sessions wait for the template lock", waiting)
-			}
+		var waiting int
+		var err error
+		if !Within(time.Minute, func() bool {
+			err = conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&waiting)
+			return err != nil || waiting >= sessions-1
+		}) {
+			return fmt.Errorf("only %d sessions wait for the template lock", waiting)
 		}
-		_, err := conn.Exec(ctx, "CREATE TABLE marker (x int)")
+		if err != nil {
+			return err
+		}
+		_, err = conn.Exec(ctx, "CREATE TABLE marker (x int)")
 		return err
 	}
 	var wg sync.WaitGroup
@@ -331,18 +330,13 @@ func TestOrphansDie(t *testing.T) {
 	cmd.Wait()
 
 	for _, port := range []string{pgPort, redisPort} {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		Eventually(t, 10*time.Second, func() bool {
 			c, err := net.DialTimeout("tcp", "127.0.0.1:"+port, time.Second)
-			if err != nil {
-				break
+			if err == nil {
+				c.Close()
 			}
-			c.Close()
-			if time.Now().After(deadline) {
-				t.Fatalf("a server on port %s outlived its killed test process", port)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err != nil
+		}, "the server on port %s to die with its killed test process", port)
 	}
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("expected the leftover directory %s: %v", dir, err)
