@@ -92,6 +92,7 @@ func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
 		},
 		MaxWebhooksPerOrg: limits.WebhooksPerOrg,
 		MaxAPIKeysPerOrg:  limits.APIKeysPerOrg,
+		Retention:         a.retentionPolicy().Retention,
 	})
 }
 

@@ -75,6 +75,9 @@ type Options struct {
 	// have: creating one more through the API is refused with 422 (MsgAPIKeyLimit). 0 means
 	// DefaultMaxAPIKeysPerOrg.
 	MaxAPIKeysPerOrg int
+	// Retention is the event retention (the delivery option retention): a replay's window must
+	// start within it. 0 means store.RetentionPolicy's default.
+	Retention time.Duration
 }
 
 // Default per-org caps (Options.MaxWebhooksPerOrg, Options.MaxAPIKeysPerOrg).
@@ -122,6 +125,7 @@ var routes = []route{
 	{http.MethodGet, "/webhooks/{id}/deliveries", (*Handler).listDeliveries},
 	{http.MethodPost, "/webhooks/{id}/deliveries/{did}/retry", (*Handler).retryDelivery},
 	{http.MethodPost, "/webhooks/{id}/recover", (*Handler).recoverDeliveries},
+	{http.MethodPost, "/webhooks/{id}/replay", (*Handler).replay},
 	{http.MethodGet, "/api_keys", (*Handler).listAPIKeys},
 	{http.MethodPost, "/api_keys", (*Handler).createAPIKey},
 	{http.MethodDelete, "/api_keys/{id}", (*Handler).revokeAPIKey},

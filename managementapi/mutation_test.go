@@ -38,6 +38,7 @@ func TestMutatedRequests(t *testing.T) {
 		{"POST", "/webhooks", `{"name":"CRM","url":"https://crm.example.com/hooks","events":["messages","message_status"],"channel_ids":["` + cid + `"]}`},
 		{"PATCH", "/webhooks/" + wh.ID, `{"status":"paused"}`},
 		{"POST", "/webhooks/" + wh.ID + "/deliveries/recover", `{"since":"2026-11-01T00:00:00Z"}`},
+		{"POST", "/webhooks/" + wh.ID + "/replay", `{"since":"2026-11-01T00:00:00Z","until":"2026-11-02T00:00:00Z","types":["messages"],"channel_ids":["` + cid + `"]}`},
 		{"GET", "/webhooks/" + wh.ID + "/deliveries?status=failed&limit=10", ""},
 		{"POST", "/webhooks/" + wh.ID + "/channels/" + cid, ""},
 		{"GET", "/channels/" + cid, ""},

@@ -490,16 +490,12 @@ func (s *Service) recoverDeliveries(ctx context.Context, p Principal, webhookID 
 	if err != nil {
 		return 0, err
 	}
-	raw, present, e := src.str("since")
+	since, present, e := timestamp(src, "since")
 	if e != nil {
 		return 0, e
 	}
-	if !present || raw == "" {
+	if !present {
 		return 0, unprocessable(`"since" is required`)
-	}
-	since, err := time.Parse(time.RFC3339Nano, raw)
-	if err != nil {
-		return 0, unprocessable(`"since" must be an ISO 8601 timestamp with a time zone`)
 	}
 	n, err := s.opt.Store.RecoverDeliveries(ctx, p.Key.OrgID, wid, since)
 	return n, s.storeError(err)

@@ -332,19 +332,14 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			) AS free
 			FROM m
 		), n AS (
-			-- delivery ids are UUIDv7 like every other id (they sort by time): the batch's time in
-			-- milliseconds over the first 48 bits of a random (v4) uuid, the version set to 7
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url,
-			       encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
-			         PLACING substring(int8send(floor(extract(epoch FROM $5::timestamptz) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
-			         52, 1), 53, 1), 'hex')::uuid AS id,
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, `+newDeliveryIDSQL("$5")+` AS id,
 			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
 			FROM h
 		), log AS (
-			INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at)
+			`+insertDeliveryLog+`
 			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5 FROM n ORDER BY n.event_id, n.webhook_id
 		), q AS (
-			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, locked_by, locked_until)
+			`+insertDeliveryQueue+`
 			SELECT n.id, $5, n.event_id, n.webhook_id,
 			       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END, $5,
 			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END
@@ -382,6 +377,25 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 		return notifyDeliveries(ctx, tx)
 	}
 	return nil
+}
+
+// The column lists of a new delivery's two rows — its delivery log row and its queue row —,
+// shared by the statements that create deliveries (StoreEvents, Replay), so that a column
+// added to one is added to every one of them. Both rows take the event's created_at: it is
+// the partition key that finds the delivery's and its event's rows.
+const (
+	insertDeliveryLog   = `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at)`
+	insertDeliveryQueue = `INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, locked_by, locked_until)`
+)
+
+// newDeliveryIDSQL returns the SQL expression of a new delivery id made at the time the SQL
+// expression at (a timestamptz) gives. Delivery ids are UUIDv7 like every other id (they sort
+// by time): that time in milliseconds over the first 48 bits of a random (v4) uuid, the
+// version set to 7.
+func newDeliveryIDSQL(at string) string {
+	return `encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
+			         PLACING substring(int8send(floor(extract(epoch FROM ` + at + `::timestamptz) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
+			         52, 1), 53, 1), 'hex')::uuid`
 }
 
 // isMissingPartition reports a row that no partition of a history table takes.
