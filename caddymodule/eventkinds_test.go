@@ -21,10 +21,8 @@ type kindEvent struct {
 	ChannelID     uuid.UUID `json:"channel_id"`
 	PhoneNumberID *string   `json:"phone_number_id"`
 	Data          struct {
-		Status         string          `json:"status"`
-		PreviousStatus string          `json:"previous_status"`
-		Reason         string          `json:"reason"`
-		Template       json.RawMessage `json:"template"`
+		store.ChannelStatusData
+		Template json.RawMessage `json:"template"`
 	} `json:"data"`
 }
 

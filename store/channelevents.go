@@ -97,8 +97,8 @@ func connectReason(wasConnected bool) string {
 	return ReasonConnected
 }
 
-// channelStatusData is data of a channel_status event (keys in this order).
-type channelStatusData struct {
+// ChannelStatusData is the data of a channel_status event (keys in this order).
+type ChannelStatusData struct {
 	Status         string `json:"status"`
 	PreviousStatus string `json:"previous_status"`
 	Reason         string `json:"reason"`
@@ -115,7 +115,7 @@ func (s *Store) recordChannelEvents(ctx context.Context, tx pgx.Tx, changes []ch
 	created := now.Format(eventTimeFormat)
 	in := inboundBatch{now: now, lookback: day(now)} // keys are new: no look-up in earlier days
 	for _, c := range changes {
-		data, err := json.Marshal(channelStatusData{Status: c.status, PreviousStatus: c.previous, Reason: c.reason})
+		data, err := json.Marshal(ChannelStatusData{Status: c.status, PreviousStatus: c.previous, Reason: c.reason})
 		if err != nil {
 			return err
 		}

@@ -15,10 +15,11 @@ import (
 
 // channelEvent is a stored channel_status event as delivered.
 type channelEvent struct {
-	store.Event
-	Data struct {
-		Status, PreviousStatus, Reason string
-	}
+	ID            uuid.UUID               `json:"id"`
+	Type          string                  `json:"type"`
+	ChannelID     uuid.UUID               `json:"channel_id"`
+	PhoneNumberID string                  `json:"phone_number_id"`
+	Data          store.ChannelStatusData `json:"data"`
 }
 
 // channelEvents returns the channel_status events of channel id in their order, with the
@@ -37,31 +38,32 @@ func channelEvents(t *testing.T, f *testenv.Fixture, id uuid.UUID) ([]channelEve
 	for rows.Next() {
 		var payload []byte
 		var n int
+		var e channelEvent
 		if err := rows.Scan(&payload, &n); err != nil {
 			t.Fatal(err)
 		}
-		var e channelEvent
-		var raw struct {
-			Data struct {
-				Status         string `json:"status"`
-				PreviousStatus string `json:"previous_status"`
-				Reason         string `json:"reason"`
-			} `json:"data"`
-		}
-		if err := json.Unmarshal(payload, &e.Event); err != nil {
+		if err := json.Unmarshal(payload, &e); err != nil {
 			t.Fatalf("event %s: %v", payload, err)
 		}
-		if err := json.Unmarshal(payload, &raw); err != nil {
-			t.Fatal(err)
-		}
-		e.Data.Status, e.Data.PreviousStatus, e.Data.Reason = raw.Data.Status, raw.Data.PreviousStatus, raw.Data.Reason
-		evs = append(evs, e)
-		deliveries = append(deliveries, n)
+		evs, deliveries = append(evs, e), append(deliveries, n)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
 	return evs, deliveries
+}
+
+// orgStore is a fresh store with one org.
+func orgStore(t *testing.T) (*testenv.Fixture, *store.Store, store.Org) {
+	t.Helper()
+	f := testenv.NewStore(t)
+	return f, f.Store, f.Org(t)
+}
+
+// connected is a channel connected on number pn of business account waba.
+func connected(t *testing.T, f *testenv.Fixture, org store.Org, pn, waba string) store.Channel {
+	t.Helper()
+	return f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: pn, WabaID: waba, UpstreamToken: "t"}})
 }
 
 // expectTransitions checks the channel's channel_status events: (previous, status, reason) each.
@@ -86,10 +88,8 @@ func expectTransitions(t *testing.T, f *testenv.Fixture, id uuid.UUID, want ...[
 // TestChannelStatusTransitions: each change of a channel's state stores exactly one
 // channel_status event, and a change that leaves the state as it was stores none.
 func TestChannelStatusTransitions(t *testing.T) {
-	f := testenv.NewStore(t)
+	f, s, org := orgStore(t)
 	ctx := context.Background()
-	s := f.Store
-	org := f.Org(t)
 	c := f.Channel(t, org.ID)
 	expectTransitions(t, f, c.ID) // created pending: no event
 
@@ -145,13 +145,11 @@ func TestChannelStatusTransitions(t *testing.T) {
 // TestChannelStatusUpstreamChanges: the account changes the inbound handler applies announce
 // each channel they change, with the reason, and only the channels whose state changes.
 func TestChannelStatusUpstreamChanges(t *testing.T) {
-	f := testenv.NewStore(t)
+	f, s, org := orgStore(t)
 	ctx := context.Background()
-	s := f.Store
-	org := f.Org(t)
 	a := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "pa", WabaID: "w", DisplayPhoneNumber: "+1 555 0101", UpstreamToken: "t"}})
 	b := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "pb", WabaID: "w", DisplayPhoneNumber: "+1 555 0102", UpstreamToken: "t"}})
-	other := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "po", WabaID: "w2", UpstreamToken: "t"}})
+	other := connected(t, f, org, "po", "w2")
 
 	if ok, err := s.DeactivateByDisplayNumber(ctx, "w", "15550101"); err != nil || !ok {
 		t.Fatalf("number removed: %v %v", ok, err)
@@ -177,10 +175,8 @@ func TestChannelStatusUpstreamChanges(t *testing.T) {
 // cover the channel — for a deleted channel, those that covered it at the moment of deletion —
 // and a channel never connected has a null phone_number_id.
 func TestChannelStatusDeliveries(t *testing.T) {
-	f := testenv.NewStore(t)
+	f, s, org := orgStore(t)
 	ctx := context.Background()
-	s := f.Store
-	org := f.Org(t)
 	c := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: f.Connection()})
 	d := f.Channel(t, org.ID)
 	orgWide, _ := f.Webhook(t, org.ID, "https://r.example/org", &testenv.WebhookOpts{Events: []string{"channel_status"}})
@@ -231,10 +227,8 @@ func TestChannelStatusDeliveries(t *testing.T) {
 // TestChannelStatusMissingPartition: a change of state on a day whose history partition is
 // missing makes it and succeeds.
 func TestChannelStatusMissingPartition(t *testing.T) {
-	f := testenv.NewStore(t)
+	f, s, org := orgStore(t)
 	ctx := context.Background()
-	s := f.Store
-	org := f.Org(t)
 	c := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: f.Connection()})
 	later := time.Now().AddDate(0, 0, 30)
 	s.SetNow(func() time.Time { return later })
@@ -251,13 +245,10 @@ func TestChannelStatusMissingPartition(t *testing.T) {
 // account: one event per channel of that account, each with its channel's number, and a
 // re-send is a duplicate.
 func TestTemplateEventsByWaba(t *testing.T) {
-	f := testenv.NewStore(t)
+	f, s, org := orgStore(t)
 	ctx := context.Background()
-	s := f.Store
-	org := f.Org(t)
-	a := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "pa", WabaID: "w", UpstreamToken: "t"}})
-	b := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "pb", WabaID: "w", UpstreamToken: "t"}})
-	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "po", WabaID: "w2", UpstreamToken: "t"}})
+	a, b := connected(t, f, org, "pa", "w"), connected(t, f, org, "pb", "w")
+	connected(t, f, org, "po", "w2")
 	f.Webhook(t, org.ID, "https://r.example/t", &testenv.WebhookOpts{Events: []string{"message_template_status_update"}})
 	items := []store.IncomingItem{
 		{Type: "message_template_status_update", WabaID: "w", DedupeKey: "t:1:{}", Data: json.RawMessage(`{"template":{"event":"APPROVED"}}`)},
