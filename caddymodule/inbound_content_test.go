@@ -101,13 +101,13 @@ func TestInboundStoresAnyContent(t *testing.T) {
 		}
 	}
 	// not a WhatsApp payload at all: 200, counted, nothing stored
-	before := e.count("events")
+	before := e.upstreamEvents()
 	for _, junk := range []string{`not json`, `[1,2]`, `{"object":"page","entry":[]}`, "{\"object\":\"\xff\"}", ``} {
 		if status, body := signedPost(t, url, testAppSecret, junk); status != 200 {
 			t.Fatalf("malformed %q: %d %s", junk, status, body)
 		}
 	}
-	if n := e.count("events"); n != before {
+	if n := e.upstreamEvents(); n != before {
 		t.Fatalf("malformed posts stored %d events", n-before)
 	}
 	m := call(t, "GET", strings.TrimSuffix(url, "/webhooks/upstream")+"/metrics", "", "")
@@ -225,7 +225,7 @@ func inboundHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
 			if field == "phone_number_id" {
 				want = 0 // no channel's number: dropped
 			}
-			before := e.count("events")
+			before := e.upstreamEvents()
 			status, body := signedPost(t, url, testAppSecret, post)
 			if status != 200 || !strings.Contains(body, fmt.Sprintf(`"events":%d}`, want)) {
 				t.Errorf("%s of %d bytes: %d %s, want 200 with %d events", field, size, status, body, want)
@@ -235,7 +235,7 @@ func inboundHugeFields(t *testing.T, e *relayEnv, url string, rng *rand.Rand) {
 			if status != 200 || !strings.Contains(body, fmt.Sprintf(`"duplicates":%d,`, want)) || !strings.Contains(body, `"events":0}`) {
 				t.Errorf("%s of %d bytes, re-posted: %d %s, want 200 with %d duplicates", field, size, status, body, want)
 			}
-			if got := e.count("events") - before; got != want {
+			if got := e.upstreamEvents() - before; got != want {
 				t.Errorf("%s of %d bytes: %d events stored, want %d", field, size, got, want)
 			}
 		}

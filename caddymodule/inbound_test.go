@@ -105,7 +105,7 @@ func TestInbound(t *testing.T) {
 			t.Fatalf("signature %q: %d %s", secret, status, body)
 		}
 	}
-	if n := e.count("events"); n != 0 {
+	if n := e.upstreamEvents(); n != 0 {
 		t.Fatalf("%d events stored from unsigned posts", n)
 	}
 	// 3 messages + 2 statuses (+1 message for an unknown number)
@@ -224,7 +224,7 @@ func TestInboundPostgresDown(t *testing.T) {
 		status, _ := signedPost(t, url, testAppSecret, batch)
 		return status == 200
 	}, "the post stored after Postgres is back")
-	if n := e.count("events"); n != 2 {
+	if n := e.upstreamEvents(); n != 2 {
 		t.Fatalf("%d events stored after recovery, want 2", n)
 	}
 	if n := e.count("deliveries"); n != 2 {

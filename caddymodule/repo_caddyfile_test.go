@@ -75,8 +75,8 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 		t.Fatalf("inbound verification: %d %s", r.status, r.body)
 	}
 	status, body := signedPost(t, origin+"/webhooks/upstream", "app-secret", upstreamBatch(map[string][2][]string{pnid: {{"repo1"}, nil}}))
-	if status != 200 || e.count("events") != 1 {
-		t.Fatalf("inbound post: %d %s, events stored %d", status, body, e.count("events"))
+	if status != 200 || e.upstreamEvents() != 1 {
+		t.Fatalf("inbound post: %d %s, events stored %d", status, body, e.upstreamEvents())
 	}
 
 	// dashboard: the sign-in page, with its demo page off (no fake upstream configured)

@@ -208,7 +208,7 @@ type webhookForm struct {
 }
 
 // Events lists the event types a webhook can take.
-var eventTypes = []string{"messages", "message_status"}
+var eventTypes = store.EventKinds
 
 func (h *Handler) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
 	h.webhooksPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK,

@@ -34,8 +34,9 @@ type Store interface {
 	// StoreEvents stores the items as events with their deliveries in one transaction,
 	// inserting up to claim.Max of them already claimed (see store.Claim).
 	StoreEvents(ctx context.Context, items []store.IncomingItem, claim store.Claim) (store.InboundResult, error)
-	// DeactivateByWaba marks the channels of a business account inactive.
-	DeactivateByWaba(ctx context.Context, wabaID string) (int, error)
+	// DeactivateByWaba marks the channels of a business account inactive for reason
+	// (store.ReasonAccountBanned, store.ReasonAccountDeleted).
+	DeactivateByWaba(ctx context.Context, wabaID, reason string) (int, error)
 	// DeactivateByDisplayNumber marks the channel of a business account with that display
 	// number inactive.
 	DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error)
@@ -293,7 +294,11 @@ func (h *Handler) accountChanges(ctx context.Context, changes []AccountChange) e
 			}
 			fallthrough
 		case "ACCOUNT_BANNED", "ACCOUNT_DELETED":
-			n, err := h.cfg.Store.DeactivateByWaba(ctx, c.WabaID)
+			reason := store.ReasonAccountBanned
+			if c.Event == "ACCOUNT_DELETED" {
+				reason = store.ReasonAccountDeleted
+			}
+			n, err := h.cfg.Store.DeactivateByWaba(ctx, c.WabaID, reason)
 			if err != nil {
 				return err
 			}

@@ -57,6 +57,10 @@ const (
 	TypeMessage = "messages"
 	// TypeStatus is a status update of an outgoing message (value.statuses[]).
 	TypeStatus = "message_status"
+	// TypeTemplateStatus is a change of a template's status (a
+	// "message_template_status_update" change of a business account), one event per channel
+	// of that account.
+	TypeTemplateStatus = store.EventTemplateStatus
 )
 
 // Object is the only webhook "object" value Parse accepts.
@@ -153,7 +157,8 @@ const (
 )
 
 // IsAccountField reports whether Parse reports changes with this field as
-// AccountChange. Fields other than these and "messages" are skipped.
+// AccountChange. Fields other than these, "messages" and "message_template_status_update"
+// (an item routed by business account: TypeTemplateStatus) are skipped.
 func IsAccountField(field string) bool { return accountFields[field] }
 
 var accountFields = map[string]bool{
@@ -163,7 +168,6 @@ var accountFields = map[string]bool{
 	"business_capability_update":         true,
 	"message_template_components_update": true,
 	"message_template_quality_update":    true,
-	"message_template_status_update":     true,
 	"phone_number_name_update":           true,
 	"phone_number_quality_update":        true,
 	"security":                           true,
@@ -172,8 +176,8 @@ var accountFields = map[string]bool{
 
 // Batch is the result of Parse.
 type Batch struct {
-	// Items holds one entry per upstream message and per status, in body order, as
-	// store.StoreEvents takes them.
+	// Items holds one entry per upstream message, per status and per template status change,
+	// in body order, as store.StoreEvents takes them.
 	Items []store.IncomingItem
 	// Accounts holds the account-level changes, in body order.
 	Accounts []AccountChange
@@ -201,6 +205,8 @@ func Parse(body []byte) (Batch, error) {
 			switch {
 			case c.Field == "messages":
 				b.addMessages(string(e.ID), c.Value)
+			case c.Field == TypeTemplateStatus:
+				b.addTemplate(string(e.ID), e.Time, c.Value)
 			case accountFields[c.Field]:
 				b.addAccount(string(e.ID), c.Field, c.Value)
 			default:
@@ -217,8 +223,9 @@ type envelope struct {
 }
 
 type entry struct {
-	ID      flexString `json:"id"`
-	Changes []change   `json:"changes"`
+	ID      flexString      `json:"id"`
+	Time    json.RawMessage `json:"time"` // unix seconds, on account-level webhooks
+	Changes []change        `json:"changes"`
 }
 
 type change struct {
@@ -380,6 +387,28 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			Sent:          unixTime(k.Timestamp),
 		})
 	}
+}
+
+// addTemplate adds a template status change of business account wabaID (entry.id) sent at
+// entryTime (entry.time) as an item routed by business account: data {"template": value}, the
+// value verbatim. Its duplicate key is the time and the value's bytes (the change names no id of
+// its own): a re-send is the same bytes.
+func (b *Batch) addTemplate(wabaID string, entryTime, raw json.RawMessage) {
+	if !isObject(raw) || wabaID == "" {
+		b.Skipped++
+		return
+	}
+	data := make([]byte, 0, len(`{"template":}`)+len(raw))
+	data = append(data, `{"template":`...)
+	data = append(data, raw...)
+	data = append(data, '}')
+	b.Items = append(b.Items, store.IncomingItem{
+		Type:      TypeTemplateStatus,
+		WabaID:    wabaID,
+		DedupeKey: "t:" + string(entryTime) + ":" + string(raw),
+		Data:      data,
+		Sent:      unixTime(entryTime),
+	})
 }
 
 func (b *Batch) addAccount(entryID, field string, raw json.RawMessage) {

@@ -319,15 +319,20 @@ func TestParseAccountUpdate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(b.Items) != 0 || len(b.Accounts) != 5 || b.Skipped != 2 {
-		t.Fatalf("got %d items, %d accounts, %d skipped; want 0, 5, 2", len(b.Items), len(b.Accounts), b.Skipped)
+	if len(b.Items) != 1 || len(b.Accounts) != 4 || b.Skipped != 2 {
+		t.Fatalf("got %d items, %d accounts, %d skipped; want 1, 4, 2", len(b.Items), len(b.Accounts), b.Skipped)
+	}
+	// the template change is an item routed by business account, its value verbatim
+	tmpl := `{"event":"APPROVED","message_template_id":1689556908129832,"message_template_name":"order_confirmation","message_template_language":"en-US","reason":"NONE","message_template_category":"UTILITY"}`
+	if it := b.Items[0]; it.Type != TypeTemplateStatus || it.PhoneNumberID != "" || it.WabaID != "102290129340398" ||
+		string(it.Data) != `{"template":`+tmpl+`}` || it.Sent.Unix() != 1751247548 || it.DedupeKey != "t:1751247548:"+tmpl {
+		t.Errorf("template item = %+v (data %s)", it, it.Data)
 	}
 	want := []AccountChange{
 		{WabaID: "980198427658004", EntryID: "2949482758682047", Field: "account_update", Event: "PARTNER_ADDED"},
 		{WabaID: "102290129340398", EntryID: "102290129340398", Field: "account_update", Event: "PHONE_NUMBER_REMOVED", PhoneNumber: "15550783881"},
 		{WabaID: "102290129340398", EntryID: "102290129340398", Field: "account_update", Event: "ACCOUNT_BANNED"},
 		{WabaID: "102290129340398", EntryID: "102290129340398", Field: "phone_number_quality_update", Event: "FLAGGED", PhoneNumber: "15550783881"},
-		{WabaID: "102290129340398", EntryID: "102290129340398", Field: "message_template_status_update", Event: "APPROVED"},
 	}
 	for i, w := range want {
 		a := b.Accounts[i]
@@ -341,7 +346,7 @@ func TestParseAccountUpdate(t *testing.T) {
 	if string(b.Accounts[0].Value) != partnerValue {
 		t.Errorf("account value not verbatim:\n%s", b.Accounts[0].Value)
 	}
-	if !IsAccountField("account_update") || IsAccountField("messages") || IsAccountField("some_future_field") {
+	if !IsAccountField("account_update") || IsAccountField("messages") || IsAccountField("some_future_field") || IsAccountField(TypeTemplateStatus) {
 		t.Error("IsAccountField wrong")
 	}
 }

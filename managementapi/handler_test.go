@@ -452,6 +452,9 @@ func TestWebhookLifecycle(t *testing.T) {
 	}
 }
 
+// badEvents is the refusal of an unknown event kind (DESIGN §5b "Event kinds").
+const badEvents = `"events" values must be one of: messages, message_status, channel_status, message_template_status_update`
+
 func TestWebhookValidation(t *testing.T) {
 	e := newEnv(t)
 	foreign := e.createChannel(e.keyB, "B's")
@@ -473,8 +476,9 @@ func TestWebhookValidation(t *testing.T) {
 		{`{"name":"n","url":"https://h.example.com/` + strings.Repeat("p", 2100) + `","events":["messages"]}`, 422, `"url" must be a valid URL`},
 		{`{"name":"n","url":"https://h.example.com"}`, 422, `"events" is required`},
 		{`{"name":"n","url":"https://h.example.com","events":[]}`, 422, `"events" is required`},
-		{`{"name":"n","url":"https://h.example.com","events":["message"]}`, 422, `"events" values must be one of: messages, message_status`},
-		{`{"name":"n","url":"https://h.example.com","events":["messages","message_template_status_update"]}`, 422, `"events" values must be one of: messages, message_status`},
+		{`{"name":"n","url":"https://h.example.com","events":["message"]}`, 422, badEvents},
+		{`{"name":"n","url":"https://h.example.com","events":["messages","template_status"]}`, 422, badEvents},
+		{`{"name":"n","url":"https://h.example.com","events":["channel_status","Channel_Status"]}`, 422, badEvents},
 		{`{"name":"n","url":"https://h.example.com","events":"messages"}`, 422, `"events" must be an array of strings`},
 		{`{"name":"n","url":"https://h.example.com","events":[1]}`, 422, `"events" must be an array of strings`},
 		{`{"name":"n","url":"https://h.example.com","events":[null]}`, 422, `"events" must be an array of strings`},
@@ -499,6 +503,13 @@ func TestWebhookValidation(t *testing.T) {
 	// uppercase scheme is still https
 	if r := e.do("POST", "/webhooks", e.keyA, `{"name":"n","url":"HTTPS://H.example.com/x","events":["messages"]}`); r.status != 201 {
 		t.Fatalf("HTTPS:// = %d %s", r.status, r.body)
+	}
+	// every kind is accepted, duplicates kept once, in the order given
+	r := e.do("POST", "/webhooks", e.keyA, `{"name":"k","url":"https://h.example.com/k","events":["message_template_status_update","channel_status","messages","message_status","channel_status"]}`)
+	var w webhookJSON
+	r.json(t, &w)
+	if r.status != 201 || !slices.Equal(w.Events, []string{"message_template_status_update", "channel_status", "messages", "message_status"}) {
+		t.Fatalf("all four kinds = %d %s", r.status, r.body)
 	}
 }
 

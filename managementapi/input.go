@@ -34,7 +34,7 @@ var (
 	errInvalidJSON  = &Error{http.StatusBadRequest, "Invalid JSON body"}
 	errTooLarge     = &Error{http.StatusRequestEntityTooLarge, "Request body too large"}
 	errContentType  = &Error{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
-	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status`)
+	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status, channel_status, message_template_status_update`)
 	errBadStatus    = unprocessable(`"status" must be one of: active, paused`)
 	errChannelsOrg  = unprocessable("One or more channel_ids not found in this org")
 	errHTTPSURL     = unprocessable(`"url" must start with https://`)
@@ -295,7 +295,7 @@ func parseEvents(o source) ([]string, *Error) {
 	}
 	out := make([]string, 0, len(events))
 	for _, e := range events {
-		if e != store.EventMessages && e != store.EventMessageStatus {
+		if !slices.Contains(store.EventKinds, e) {
 			return nil, errBadEvents
 		}
 		if !slices.Contains(out, e) {

@@ -159,31 +159,44 @@ type DeletedChannel struct {
 }
 
 // DeleteChannel deletes one of the org's channels and its webhook assignments. An active
-// channel is deleted only with force; otherwise ErrChannelActive. The check and the delete are
-// one statement, so a channel that becomes active concurrently is not deleted without force.
+// channel is deleted only with force; otherwise ErrChannelActive. The channel's row is locked
+// for the check and the delete, so a channel that becomes active concurrently is not deleted
+// without force. Its channel_status event (deleted) is stored in the same transaction, before
+// the delete, for the webhooks that cover the channel at that moment.
 func (s *Store) DeleteChannel(ctx context.Context, orgID, id uuid.UUID, force bool) (DeletedChannel, error) {
-	var status string
 	var waba *string
 	var tokenEnc []byte
-	err := s.pool.QueryRow(ctx, `
-		WITH target AS (SELECT id, status, waba_id, upstream_token_enc FROM channels WHERE id = $1 AND org_id = $2 FOR UPDATE),
-		     deleted AS (DELETE FROM channels c USING target t
-		                 WHERE c.id = t.id AND ($3 OR t.status <> 'active') RETURNING c.id)
-		SELECT CASE WHEN EXISTS (SELECT 1 FROM deleted) THEN 'deleted' ELSE t.status END,
-		       CASE WHEN NOT EXISTS (SELECT 1 FROM channels o WHERE o.waba_id = t.waba_id AND o.id <> t.id) THEN t.waba_id END,
-		       t.upstream_token_enc
-		FROM target t`,
-		id, orgID, force).Scan(&status, &waba, &tokenEnc)
+	var lastOfWaba bool
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		var status string
+		var pnid *string
+		var disconnected bool
+		if err := tx.QueryRow(ctx, `
+			SELECT status, upstream_disconnected_at IS NOT NULL, phone_number_id, waba_id, upstream_token_enc
+			FROM channels WHERE id = $1 AND org_id = $2 FOR UPDATE`, id, orgID).
+			Scan(&status, &disconnected, &pnid, &waba, &tokenEnc); err != nil {
+			return err
+		}
+		if status == ChannelActive && !force {
+			return ErrChannelActive
+		}
+		if err := s.deletedChannelEvent(ctx, tx, orgID, id, pnid, status, disconnected); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
+			WITH d AS (DELETE FROM channels WHERE id = $1)
+			SELECT NOT EXISTS (SELECT 1 FROM channels o WHERE o.waba_id = $2 AND o.id <> $1)`, id, waba).Scan(&lastOfWaba)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return DeletedChannel{}, ErrChannelNotFound
+	case errors.Is(err, ErrChannelActive):
+		return DeletedChannel{}, ErrChannelActive
 	case err != nil:
 		return DeletedChannel{}, fmt.Errorf("delete channel: %w", err)
-	case status != "deleted":
-		return DeletedChannel{}, ErrChannelActive
 	}
 	var d DeletedChannel
-	if waba != nil && tokenEnc != nil {
+	if waba != nil && lastOfWaba && tokenEnc != nil {
 		if token, err := s.box.OpenString(tokenEnc, upstreamTokenAAD(id)); err == nil {
 			d = DeletedChannel{WabaID: *waba, UpstreamToken: token}
 		}
@@ -192,11 +205,22 @@ func (s *Store) DeleteChannel(ctx context.Context, orgID, id uuid.UUID, force bo
 }
 
 // DeactivateChannel marks a channel inactive by operator action (any org). The relay refuses it
-// from then on; only an operator reconnect reopens it.
+// from then on; only an operator reconnect reopens it. A change of state is announced by a
+// channel_status event (reason operator) stored in the same transaction.
 func (s *Store) DeactivateChannel(ctx context.Context, id uuid.UUID) (Channel, error) {
-	c, err := s.scanChannel(s.pool.QueryRow(ctx, `
-		UPDATE channels SET status = 'inactive', inactive_reason = 'operator', updated_at = now()
-		WHERE id = $1 RETURNING `+channelColumns, id))
+	var c Channel
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		n, err := s.transition(ctx, tx, `id = $1`, `status = 'inactive', inactive_reason = 'operator', updated_at = now()`,
+			because(ReasonOperator), id)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return pgx.ErrNoRows
+		}
+		c, err = s.scanChannel(tx.QueryRow(ctx, `SELECT `+channelColumns+` FROM channels WHERE id = $1`, id))
+		return err
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Channel{}, ErrChannelNotFound
 	}

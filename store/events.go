@@ -23,10 +23,12 @@ const DeliveriesNotifyChannel = "wabarelay_deliveries"
 // IncomingItem is one upstream message or status to turn into an event: what inbound.Parse
 // splits a webhook batch into, and what StoreEvents stores.
 type IncomingItem struct {
-	// Type is the event type: "messages" (inbound.TypeMessage) or "message_status"
-	// (inbound.TypeStatus).
+	// Type is the event type: "messages" (inbound.TypeMessage), "message_status"
+	// (inbound.TypeStatus) or "message_template_status_update" (inbound.TypeTemplateStatus).
 	Type string
-	// PhoneNumberID (value.metadata.phone_number_id) routes the item to its channel.
+	// PhoneNumberID (value.metadata.phone_number_id) routes the item to its channel. Empty: the
+	// item is routed by WabaID instead, one event per channel of that business account (the
+	// upstream's template changes name no number).
 	PhoneNumberID string
 	// WabaID is the item's WhatsApp Business Account id (entry.id). Not stored: the channel
 	// routed by PhoneNumberID knows its account.
@@ -126,6 +128,12 @@ type ClaimedDelivery struct {
 // normalised, whatever bytes it holds.
 func EncodeEvent(id uuid.UUID, typ, createdAt string, channelID uuid.UUID, phoneNumberID string, data json.RawMessage) []byte {
 	pn, _ := json.Marshal(phoneNumberID) // text: it routed the item to a channel
+	return encodeEvent(id, typ, createdAt, channelID, pn, data)
+}
+
+// encodeEvent is EncodeEvent with the phone number id given as JSON (null for a channel never
+// connected: its channel_status events).
+func encodeEvent(id uuid.UUID, typ, createdAt string, channelID uuid.UUID, pn []byte, data json.RawMessage) []byte {
 	b := make([]byte, 0, 160+len(typ)+len(pn)+len(data))
 	b = append(b, `{"id":"`...)
 	b = append(b, id.String()...)
@@ -141,6 +149,9 @@ func EncodeEvent(id uuid.UUID, typ, createdAt string, channelID uuid.UUID, phone
 	b = append(b, data...)
 	return append(b, '}')
 }
+
+// eventTimeFormat is the format of an event's created_at (UTC, milliseconds).
+const eventTimeFormat = "2006-01-02T15:04:05.000Z07:00"
 
 // Event is the JSON delivered to webhooks.
 type Event struct {
@@ -164,25 +175,41 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		return res, nil
 	}
 	numbers := make([]string, 0, len(items))
+	var wabas []string
 	for _, it := range items {
-		if IsText(it.PhoneNumberID) { // an id that is not text is no channel's number
+		switch {
+		case it.PhoneNumberID == "":
+			if IsText(it.WabaID) {
+				wabas = append(wabas, it.WabaID)
+			}
+		case IsText(it.PhoneNumberID): // an id that is not text is no channel's number
 			numbers = append(numbers, it.PhoneNumberID)
 		}
 	}
-	type channelRef struct{ id, org uuid.UUID }
+	type channelRef struct {
+		id, org uuid.UUID
+		pn      string
+	}
 	channels := map[string]channelRef{}
-	rows, err := s.pool.Query(ctx, `SELECT phone_number_id, id, org_id FROM channels WHERE phone_number_id = ANY($1)`, numbers)
+	byWaba := map[string][]channelRef{} // items routed by business account (PhoneNumberID empty)
+	rows, err := s.pool.Query(ctx, `
+		SELECT phone_number_id, id, org_id, waba_id FROM channels
+		WHERE phone_number_id = ANY($1) OR (waba_id = ANY($2) AND phone_number_id IS NOT NULL)
+		ORDER BY created_at, id`, numbers, wabas)
 	if err != nil {
 		return res, fmt.Errorf("store events: channels: %w", err)
 	}
 	for rows.Next() {
-		var pn string
 		var c channelRef
-		if err := rows.Scan(&pn, &c.id, &c.org); err != nil {
+		var waba *string
+		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba); err != nil {
 			rows.Close()
 			return res, fmt.Errorf("store events: channels: %w", err)
 		}
-		channels[pn] = c
+		channels[c.pn] = c
+		if waba != nil && slices.Contains(wabas, *waba) {
+			byWaba[*waba] = append(byWaba[*waba], c)
+		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -190,7 +217,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	}
 
 	now := s.now().UTC()
-	created := now.Format("2006-01-02T15:04:05.000Z07:00")
+	created := now.Format(eventTimeFormat)
 	var ids, chIDs, orgIDs []uuid.UUID
 	var types, keys []string
 	var payloads [][]byte
@@ -199,8 +226,15 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	today := day(now)
 	lookback := today // the first day a copy of some item could have been stored on
 	for _, it := range items {
-		c, ok := channels[it.PhoneNumberID]
-		if !ok {
+		targets := byWaba[it.WabaID]
+		if it.PhoneNumberID != "" {
+			c, ok := channels[it.PhoneNumberID]
+			targets = []channelRef{c}
+			if !ok {
+				targets = nil
+			}
+		}
+		if len(targets) == 0 {
 			res.Unknown++
 			continue
 		}
@@ -212,16 +246,18 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		if from.Before(lookback) {
 			lookback = from
 		}
-		id := newID()
-		ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
-		types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
-		payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, it.PhoneNumberID, it.Data))
-		for _, o := range it.ObjectIDs {
-			if !recordableObjectID(o) {
-				res.SkippedObjectIDs++
-				continue
+		for _, c := range targets {
+			id := newID()
+			ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
+			types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
+			payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
+			for _, o := range it.ObjectIDs {
+				if !recordableObjectID(o) {
+					res.SkippedObjectIDs++
+					continue
+				}
+				objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
 			}
-			objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
 		}
 	}
 	if len(ids) == 0 {
@@ -405,16 +441,22 @@ func isMissingPartition(err error) bool {
 }
 
 // DeactivateByWaba marks every channel of a business account inactive because the account was
-// removed or banned upstream. It returns how many channels changed.
-func (s *Store) DeactivateByWaba(ctx context.Context, wabaID string) (int, error) {
+// removed or banned upstream; each change of state is announced by a channel_status event with
+// reason (ReasonAccountBanned or ReasonAccountDeleted), stored in the same transaction. It
+// returns how many channels changed.
+func (s *Store) DeactivateByWaba(ctx context.Context, wabaID, reason string) (int, error) {
 	if !IsText(wabaID) {
 		return 0, nil // no channel's account
 	}
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
-		WHERE waba_id = $1 AND status <> 'inactive'`, wabaID)
+	var n int
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		var err error
+		n, err = s.transition(ctx, tx, `waba_id = $1 AND status <> 'inactive'`,
+			`status = 'inactive', inactive_reason = 'upstream', updated_at = now()`, because(reason), wabaID)
+		return err
+	})
 	if err != nil {
 		return 0, fmt.Errorf("deactivate by waba: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }

@@ -130,10 +130,10 @@ type Connection struct {
 // ConnectChannel stores a connection unconditionally (operator tools and tests): the channel
 // becomes active with its number, business account and encrypted upstream token; its connect
 // link closes and any upstream disconnection is cleared. The channel token is kept. The connect
-// flow uses CompleteConnection.
+// flow uses CompleteConnection. A change of state is announced by a channel_status event
+// (connected, or reconnected) stored in the same transaction.
 func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) error {
-	tag, err := s.pool.Exec(ctx, connectUpdate,
-		id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
+	n, err := s.connect(ctx, id, c, "")
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return ErrNumberInUse
@@ -141,19 +141,35 @@ func (s *Store) ConnectChannel(ctx context.Context, id uuid.UUID, c Connection) 
 	if err != nil {
 		return fmt.Errorf("connect channel: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if n == 0 {
 		return ErrChannelNotFound
 	}
 	return nil
 }
 
-// connectUpdate activates channel $1 with number $2, account $3, display number $4, verified
-// name $5 and sealed upstream token $6, closing its link (ConnectChannel, CompleteConnection).
-const connectUpdate = `
-	UPDATE channels SET status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
+// connectSet activates a channel with number $2, account $3, display number $4, verified name
+// $5 and sealed upstream token $6, closing its link (ConnectChannel, CompleteConnection).
+const connectSet = `status = 'active', inactive_reason = NULL, phone_number_id = $2, waba_id = $3,
 		display_phone_number = NULLIF($4, ''), verified_name = NULLIF($5, ''), upstream_token_enc = $6,
-		connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()
-	WHERE id = $1`
+		connected_at = now(), token_expires_at = NULL, upstream_disconnected_at = NULL, updated_at = now()`
+
+// connect activates channel id with connection c where the channel also meets cond (a
+// condition on its row before the update; "" for none), and records the channel_status event
+// of the change, in one transaction. It returns how many channels it updated (0 or 1).
+func (s *Store) connect(ctx context.Context, id uuid.UUID, c Connection, cond string) (int, error) {
+	where := `channels.id = $1`
+	if cond != "" {
+		where += ` AND ` + cond
+	}
+	var n int
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		var err error
+		n, err = s.transition(ctx, tx, where, connectSet, connectReason,
+			id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
+		return err
+	})
+	return n, err
+}
 
 // ErrLinkClosed is returned by CompleteConnection when the channel's connect link is no
 // longer open (expired, used by a concurrent completion, or the channel is gone).
@@ -170,9 +186,8 @@ var ErrOtherNumber = errors.New("channel is tied to another number")
 // must win. It returns ErrLinkClosed, ErrOperatorDeactivated, ErrOtherNumber or ErrNumberInUse
 // when the write does not happen.
 func (s *Store) CompleteConnection(ctx context.Context, id uuid.UUID, c Connection) error {
-	tag, err := s.pool.Exec(ctx, connectUpdate+` AND token_expires_at > now() AND inactive_reason IS DISTINCT FROM 'operator'
-		  AND (phone_number_id IS NULL OR phone_number_id = $2) AND (waba_id IS NULL OR waba_id = $3)`,
-		id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
+	n, err := s.connect(ctx, id, c, `token_expires_at > now() AND inactive_reason IS DISTINCT FROM 'operator'
+		  AND (phone_number_id IS NULL OR phone_number_id = $2) AND (waba_id IS NULL OR waba_id = $3)`)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" {
 		return ErrNumberInUse
@@ -180,7 +195,7 @@ func (s *Store) CompleteConnection(ctx context.Context, id uuid.UUID, c Connecti
 	if err != nil {
 		return fmt.Errorf("complete connection: %w", err)
 	}
-	if tag.RowsAffected() == 1 {
+	if n == 1 {
 		return nil
 	}
 	// Why not: read the channel as it is now.
@@ -207,11 +222,15 @@ func (s *Store) CompleteConnection(ctx context.Context, id uuid.UUID, c Connecti
 var ErrNumberInUse = errors.New("phone number is connected to another channel")
 
 // MarkUpstreamDisconnected records that the upstream rejected the channel's access token. The
-// first time is kept.
+// first time is kept, and only that one, when the channel was active, is announced by a
+// channel_status event (upstream_disconnected, reason upstream_token_invalid), stored in the
+// same transaction: a token that dies is announced once, however many calls meet it.
 func (s *Store) MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) error {
-	_, err := s.pool.Exec(ctx, `
-		UPDATE channels SET upstream_disconnected_at = now(), updated_at = now()
-		WHERE id = $1 AND upstream_disconnected_at IS NULL`, id)
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		_, err := s.transition(ctx, tx, `id = $1 AND upstream_disconnected_at IS NULL`,
+			`upstream_disconnected_at = now(), updated_at = now()`, because(ReasonUpstreamTokenInvalid), id)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("mark upstream disconnected: %w", err)
 	}
@@ -330,18 +349,22 @@ func (s *Store) ReopenLink(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, 
 // DeactivateByDisplayNumber marks the channel of business account wabaID whose display phone
 // number has the digits of phoneNumber inactive because the number was removed upstream (the
 // upstream's account_update PHONE_NUMBER_REMOVED names the number, not its id). It reports
-// whether a channel was changed.
+// whether a channel was changed; the change is announced by a channel_status event (reason
+// number_removed) stored in the same transaction.
 func (s *Store) DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error) {
 	if !IsText(wabaID) || !IsText(phoneNumber) {
 		return false, nil // no channel's account or number
 	}
-	tag, err := s.pool.Exec(ctx, `
-		UPDATE channels SET status = 'inactive', inactive_reason = 'upstream', updated_at = now()
-		WHERE waba_id = $1 AND status <> 'inactive' AND regexp_replace($2, '[^0-9]', '', 'g') <> ''
+	var n int
+	err := s.changeChannels(ctx, func(tx pgx.Tx) error {
+		var err error
+		n, err = s.transition(ctx, tx, `waba_id = $1 AND status <> 'inactive' AND regexp_replace($2, '[^0-9]', '', 'g') <> ''
 		  AND regexp_replace(display_phone_number, '[^0-9]', '', 'g') = regexp_replace($2, '[^0-9]', '', 'g')`,
-		wabaID, phoneNumber)
+			`status = 'inactive', inactive_reason = 'upstream', updated_at = now()`, because(ReasonNumberRemoved), wabaID, phoneNumber)
+		return err
+	})
 	if err != nil {
 		return false, fmt.Errorf("deactivate by display number: %w", err)
 	}
-	return tag.RowsAffected() > 0, nil
+	return n > 0, nil
 }

@@ -21,7 +21,15 @@ const (
 
 	EventMessages      = "messages"
 	EventMessageStatus = "message_status"
+	// EventChannelStatus announces a change of a channel's state (store/channelevents.go).
+	EventChannelStatus = "channel_status"
+	// EventTemplateStatus is the upstream's template status change, one event per channel of
+	// the business account.
+	EventTemplateStatus = "message_template_status_update"
 )
+
+// EventKinds are the event kinds a webhook may subscribe to, in the order the API names them.
+var EventKinds = []string{EventMessages, EventMessageStatus, EventChannelStatus, EventTemplateStatus}
 
 // SecretPrefix starts every webhook signing secret.
 const SecretPrefix = "whsec_"

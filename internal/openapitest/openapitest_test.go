@@ -350,7 +350,7 @@ func TestWebhookResponses(t *testing.T) {
 		"channel_ids null":           func(w map[string]any) { w["channel_ids"] = nil },
 		"no events":                  func(w map[string]any) { w["events"] = []any{} },
 		"duplicate events":           func(w map[string]any) { w["events"] = []any{"messages", "messages"} },
-		"unknown event":              func(w map[string]any) { w["events"] = []any{"message_template_status_update"} },
+		"unknown event":              func(w map[string]any) { w["events"] = []any{"template_status"} },
 		"http url":                   func(w map[string]any) { w["url"] = "http://crm.example.com/hooks" },
 		"hmac_secret outside create": func(w map[string]any) { w["hmac_secret"] = "whsec_abc" },
 		"status foo":                 func(w map[string]any) { w["status"] = "foo" },
