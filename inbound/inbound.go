@@ -279,8 +279,9 @@ func (k *messageKeys) mediaIDs() []string {
 }
 
 type statusKeys struct {
-	ID        string          `json:"id"`
-	Status    string          `json:"status"`
+	ID          string          `json:"id"`
+	Status      string          `json:"status"`
+	RecipientID string          `json:"recipient_id"`
 	Timestamp json.RawMessage `json:"timestamp"`
 }
 
@@ -355,6 +356,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "m:" + k.ID,
+			Customer:      k.From,
 			Data:          data,
 			ObjectIDs:     k.mediaIDs(),
 			Sent:          unixTime(k.Timestamp),
@@ -376,6 +378,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "s:" + k.ID + ":" + k.Status,
+			Customer:      k.RecipientID,
 			Data:          data,
 			Sent:          unixTime(k.Timestamp),
 		})
