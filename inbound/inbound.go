@@ -282,7 +282,7 @@ type statusKeys struct {
 	ID          string          `json:"id"`
 	Status      string          `json:"status"`
 	RecipientID string          `json:"recipient_id"`
-	Timestamp json.RawMessage `json:"timestamp"`
+	Timestamp   json.RawMessage `json:"timestamp"`
 }
 
 // unixTime reads the upstream's "timestamp" (unix seconds, sent as a string; a number is taken
