@@ -173,6 +173,7 @@ func (h *Handler) routes() {
 	handle(post, "/webhooks", h.createWebhook)
 	handle(get, "/webhooks/{id}", h.webhook)
 	handle(post, "/webhooks/{id}/status", h.setWebhookStatus)
+	handle(post, "/webhooks/{id}/ordering", h.setWebhookOrdering)
 	handle(post, "/webhooks/{id}/delete", h.deleteWebhook)
 	handle(post, "/webhooks/{id}/channels", h.assignChannel)
 	handle(post, "/webhooks/{id}/recover", h.recoverDeliveries)

@@ -199,10 +199,13 @@ type webhooksData struct {
 	// Created is the webhook just created, with its secret (shown this once).
 	Created *managementapi.Webhook
 	Form    webhookForm
+	// Orderings lists the webhook orderings (the form's choices).
+	Orderings []string
 }
 
 type webhookForm struct {
 	Name, URL  string
+	Ordering   string
 	Events     map[string]bool
 	ChannelIDs map[string]bool
 }
@@ -236,6 +239,7 @@ func (h *Handler) webhooksPage(w http.ResponseWriter, r *http.Request, p page, s
 		}
 		d.Webhooks = append(d.Webhooks, row)
 	}
+	d.Orderings = []string{store.OrderingNone, store.OrderingConversation}
 	p.Title, p.Nav, p.Data = "Webhooks", "webhooks", d
 	h.render(w, r, status, "webhooks", p)
 }
@@ -245,7 +249,8 @@ func (h *Handler) createWebhook(w http.ResponseWriter, r *http.Request, s *sessi
 		h.webhooksPage(w, r, page{Session: s, Error: "Invalid form"}, http.StatusBadRequest, webhooksData{})
 		return
 	}
-	f := webhookForm{Name: r.PostForm.Get("name"), URL: r.PostForm.Get("url"), Events: map[string]bool{}, ChannelIDs: map[string]bool{}}
+	f := webhookForm{Name: r.PostForm.Get("name"), URL: r.PostForm.Get("url"), Ordering: r.PostForm.Get("ordering"),
+		Events: map[string]bool{}, ChannelIDs: map[string]bool{}}
 	events, ids := r.PostForm["events"], r.PostForm["channel_ids"]
 	for _, e := range events {
 		f.Events[e] = true
@@ -253,7 +258,8 @@ func (h *Handler) createWebhook(w http.ResponseWriter, r *http.Request, s *sessi
 	for _, id := range ids {
 		f.ChannelIDs[id] = true
 	}
-	in := managementapi.WebhookInput{Name: formText(f.Name), URL: formText(f.URL), Events: formTexts(events), ChannelIDs: formTexts(ids)}
+	in := managementapi.WebhookInput{Name: formText(f.Name), URL: formText(f.URL), Events: formTexts(events), ChannelIDs: formTexts(ids),
+		Ordering: formText(f.Ordering)}
 	var created managementapi.Webhook
 	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) (err error) {
 		created, err = h.opt.API.CreateWebhook(ctx, p, in)
@@ -279,6 +285,15 @@ func (h *Handler) setWebhookStatus(w http.ResponseWriter, r *http.Request, s *se
 	status := formText(r.PostFormValue("status"))
 	h.changeWebhook(w, r, s, "webhook-updated", r.PostFormValue("back") == "webhook", func(ctx context.Context, p managementapi.Principal) error {
 		_, err := h.opt.API.SetWebhookStatus(ctx, p, r.PathValue("id"), status)
+		return err
+	})
+}
+
+// setWebhookOrdering sets a webhook's ordering (none or conversation).
+func (h *Handler) setWebhookOrdering(w http.ResponseWriter, r *http.Request, s *session) {
+	ordering := formText(r.PostFormValue("ordering"))
+	h.changeWebhook(w, r, s, "webhook-updated", false, func(ctx context.Context, p managementapi.Principal) error {
+		_, err := h.opt.API.SetWebhookOrdering(ctx, p, r.PathValue("id"), ordering)
 		return err
 	})
 }

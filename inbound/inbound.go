@@ -286,9 +286,10 @@ func (k *messageKeys) mediaIDs() []string {
 }
 
 type statusKeys struct {
-	ID        string          `json:"id"`
-	Status    string          `json:"status"`
-	Timestamp json.RawMessage `json:"timestamp"`
+	ID          string          `json:"id"`
+	Status      string          `json:"status"`
+	RecipientID string          `json:"recipient_id"`
+	Timestamp   json.RawMessage `json:"timestamp"`
 }
 
 // unixTime reads the upstream's "timestamp" (unix seconds, sent as a string; a number is taken
@@ -362,6 +363,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "m:" + k.ID,
+			Customer:      k.From,
 			Data:          data,
 			ObjectIDs:     k.mediaIDs(),
 			Sent:          unixTime(k.Timestamp),
@@ -383,6 +385,7 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
 			DedupeKey:     "s:" + k.ID + ":" + k.Status,
+			Customer:      k.RecipientID,
 			Data:          data,
 			Sent:          unixTime(k.Timestamp),
 		})

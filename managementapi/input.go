@@ -36,6 +36,7 @@ var (
 	errContentType  = &Error{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
 	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status, channel_status, message_template_status_update`)
 	errBadStatus    = unprocessable(`"status" must be one of: active, paused`)
+	errBadOrdering  = unprocessable(`"ordering" must be one of: none, conversation`)
 	errChannelsOrg  = unprocessable("One or more channel_ids not found in this org")
 	errHTTPSURL     = unprocessable(`"url" must start with https://`)
 	errInvalidURL   = unprocessable(`"url" must be a valid URL`)
@@ -57,6 +58,9 @@ type source interface {
 type fields map[string]any
 
 func (f fields) str(name string) (string, bool, *Error) {
+	if _, present := f[name]; !present {
+		return "", false, nil // an optional field the operation was not given
+	}
 	v, _ := f[name].(string)
 	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
 		return "", false, errNotText(name)
@@ -249,7 +253,7 @@ func ParseLifetime(s string) (time.Duration, error) {
 }
 
 // parseWebhookInput validates a POST /webhooks body. Fields are checked in the order name, url,
-// events, channel_ids; the first problem is reported.
+// events, channel_ids, ordering; the first problem is reported.
 func parseWebhookInput(o source) (store.NewWebhook, *Error) {
 	var in store.NewWebhook
 	var err *Error
@@ -262,8 +266,24 @@ func parseWebhookInput(o source) (store.NewWebhook, *Error) {
 	if in.Events, err = parseEvents(o); err != nil {
 		return in, err
 	}
-	in.ChannelIDs, err = parseChannelIDs(o)
+	if in.ChannelIDs, err = parseChannelIDs(o); err != nil {
+		return in, err
+	}
+	in.Ordering, _, err = parseOrdering(o)
 	return in, err
+}
+
+// parseOrdering returns the optional "ordering": "none" or "conversation" (ok is false when it
+// is absent or null: the webhook keeps its ordering, "none" for a new one).
+func parseOrdering(o source) (ordering string, ok bool, e *Error) {
+	ordering, ok, e = o.str("ordering")
+	if e != nil || !ok {
+		return "", false, e
+	}
+	if ordering != store.OrderingNone && ordering != store.OrderingConversation {
+		return "", false, errBadOrdering
+	}
+	return ordering, true, nil
 }
 
 func parseWebhookURL(o source) (string, *Error) {

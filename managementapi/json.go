@@ -83,6 +83,8 @@ type Webhook struct {
 	ChannelIDs []uuid.UUID `json:"channel_ids"`
 	HMACSecret string      `json:"hmac_secret,omitempty"`
 	CreatedAt  Time        `json:"created_at"`
+	// Ordering is "none" or "conversation" (DESIGN §5b "Ordering").
+	Ordering string `json:"ordering"`
 }
 
 // NewWebhook converts a stored webhook config.
@@ -100,6 +102,7 @@ func NewWebhook(w store.Webhook) Webhook {
 		Scope:      w.Scope,
 		ChannelIDs: ids,
 		CreatedAt:  Time(w.CreatedAt),
+		Ordering:   w.Ordering,
 	}
 }
 

@@ -299,6 +299,8 @@ type WebhookInput struct {
 	URL        string
 	Events     []string
 	ChannelIDs []string
+	// Ordering is "none", "conversation" or "" (none).
+	Ordering string
 }
 
 // ListWebhooks returns the org's webhooks.
@@ -317,7 +319,11 @@ func (s *Service) ListWebhooks(ctx context.Context, p Principal) ([]Webhook, err
 // CreateWebhook creates a webhook; the answer holds its signing secret, this once. The org's
 // cap on webhooks applies.
 func (s *Service) CreateWebhook(ctx context.Context, p Principal, in WebhookInput) (Webhook, error) {
-	return s.createWebhook(ctx, p, fields{"name": in.Name, "url": in.URL, "events": in.Events, "channel_ids": in.ChannelIDs})
+	f := fields{"name": in.Name, "url": in.URL, "events": in.Events, "channel_ids": in.ChannelIDs}
+	if in.Ordering != "" {
+		f["ordering"] = in.Ordering
+	}
+	return s.createWebhook(ctx, p, f)
 }
 
 func (s *Service) createWebhook(ctx context.Context, p Principal, src source) (Webhook, error) {
@@ -353,14 +359,37 @@ func (s *Service) SetWebhookStatus(ctx context.Context, p Principal, webhookID, 
 	return s.setWebhookStatus(ctx, p, webhookID, fields{"status": status})
 }
 
+// SetWebhookOrdering sets one of the org's webhooks' ordering: "none" or "conversation".
+func (s *Service) SetWebhookOrdering(ctx context.Context, p Principal, webhookID, ordering string) (Webhook, error) {
+	return s.setWebhookStatus(ctx, p, webhookID, fields{"ordering": ordering})
+}
+
+// setWebhookStatus applies a PATCH /webhooks/{id} body: "status", "ordering" or both (status is
+// required when ordering is absent, and checked first).
 func (s *Service) setWebhookStatus(ctx context.Context, p Principal, webhookID string, src source) (Webhook, error) {
 	wid, err := id(webhookID, MsgWebhookNotFound)
 	if err != nil {
 		return Webhook{}, err
 	}
-	status, e := parseStatus(src)
+	_, hasStatus, se := src.str("status") // (present, of any type)
+	_, hasOrdering, oe := src.str("ordering")
+	hasStatus, hasOrdering = hasStatus || se != nil, hasOrdering || oe != nil
+	var status string
+	var e *Error
+	if hasStatus || !hasOrdering {
+		if status, e = parseStatus(src); e != nil {
+			return Webhook{}, e
+		}
+	}
+	ordering, hasOrdering, e := parseOrdering(src)
 	if e != nil {
 		return Webhook{}, e
+	}
+	if hasOrdering {
+		wh, err := s.opt.Store.SetWebhookOrdering(ctx, p.Key.OrgID, wid, ordering)
+		if err != nil || status == "" {
+			return NewWebhook(wh), s.storeError(err)
+		}
 	}
 	wh, err := s.opt.Store.SetWebhookStatus(ctx, p.Key.OrgID, wid, status)
 	if err != nil {

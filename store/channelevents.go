@@ -126,6 +126,12 @@ func (s *Store) recordChannelEvents(ctx context.Context, tx pgx.Tx, changes []ch
 		id := newID()
 		in.ids, in.chIDs, in.orgIDs = append(in.ids, id), append(in.chIDs, c.id), append(in.orgIDs, c.org)
 		in.types, in.keys = append(in.types, EventChannelStatus), append(in.keys, "c:"+id.String())
+		// a channel's status changes are its own conversation (ordering), as its template events
+		conv := c.id.String()
+		if c.phoneNumberID != nil {
+			conv = *c.phoneNumberID
+		}
+		in.convs = append(in.convs, ConversationKey(conv, ""))
 		in.payloads = append(in.payloads, encodeEvent(id, EventChannelStatus, created, c.id, pn, data))
 	}
 	var res InboundResult

@@ -48,6 +48,11 @@ type IncomingItem struct {
 	// not text or longer than MaxObjectIDLen bytes is not recorded (InboundResult.SkippedObjectIDs):
 	// no upstream object has such an id, and the event is stored all the same.
 	ObjectIDs []string
+	// Customer is the customer the item is about (wa_id: a message's "from", a status's
+	// "recipient_id"); "" for items about the channel itself. With PhoneNumberID it is the
+	// item's conversation (ConversationKey), which orders the deliveries of webhooks with
+	// ordering "conversation".
+	Customer string
 	// Sent is the upstream's timestamp of the item (zero: unknown). An earlier copy can only
 	// have been stored after it, so the look-up for duplicates starts on its day instead of
 	// DedupeWindow ago: a fresh item costs no look-up in earlier days' partitions.
@@ -220,6 +225,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	created := now.Format(eventTimeFormat)
 	var ids, chIDs, orgIDs []uuid.UUID
 	var types, keys []string
+	var convs []int64
 	var payloads [][]byte
 	var objChannels []uuid.UUID
 	var objIDs []string
@@ -250,6 +256,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			id := newID()
 			ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
 			types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
+			convs = append(convs, ConversationKey(c.pn, it.Customer))
 			payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
 			for _, o := range it.ObjectIDs {
 				if !recordableObjectID(o) {
@@ -263,7 +270,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if len(ids) == 0 {
 		return res, nil
 	}
-	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, payloads: payloads,
+	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, payloads: payloads,
 		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
 	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 	if isMissingPartition(err) {
@@ -288,6 +295,7 @@ const DedupeWindow = 7 * 24 * time.Hour
 type inboundBatch struct {
 	ids, chIDs, orgIDs []uuid.UUID
 	types, keys        []string
+	convs              []int64 // ConversationKey of each item
 	payloads           [][]byte
 	objChannels        []uuid.UUID
 	objIDs             []string
@@ -348,44 +356,57 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 		}))
 	}
 	payloadOf := make(map[uuid.UUID][]byte, len(in.ids))
+	convOf := make(map[uuid.UUID]int64, len(in.ids))
 	for i, id := range in.ids {
-		payloadOf[id] = in.payloads[i]
+		payloadOf[id], convOf[id] = in.payloads[i], in.convs[i]
+	}
+	storedConv := make([]int64, len(stored))
+	for i, id := range stored {
+		storedConv[i] = convOf[id]
 	}
 	// One delivery per matching webhook: a log row, and a queue row — claimed for this
-	// instance (up to claim.Max, active webhooks), pending (active) or held (paused).
+	// instance (up to claim.Max, active webhooks), pending (active) or held (paused). A
+	// webhook with ordering "conversation" gets the item's conversation on both rows, and no
+	// hand-off (its claims keep the order, see claimableSQL); its delivery is due no sooner than
+	// the latest of its conversation already queued (one index probe), so that it does not
+	// sit due but waiting in front of the claims while an earlier one waits for a retry.
 	rows, err = tx.Query(ctx, `
 		WITH m AS (
-			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[]) AS e(id, org_id, channel_id, type)
+			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
+			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[]) AS e(id, org_id, channel_id, type, conv)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
 		), h AS (
 			-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
 			-- queue (one probe of delivery_queue_due): new events never overtake its older due
 			-- deliveries, while other webhooks' and other orgs' backlogs do not matter
-			SELECT m.*, m.active AND $6 > 0 AND NOT EXISTS (
+			SELECT m.*, m.active AND $6 > 0 AND m.conv IS NULL AND NOT EXISTS (
 				SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
 			) AS free
 			FROM m
 		), n AS (
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, `+newDeliveryIDSQL("$5")+` AS id,
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, `+newDeliveryIDSQL("$5")+` AS id,
 			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
 			FROM h
 		), log AS (
 			`+insertDeliveryLog+`
-			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5 FROM n ORDER BY n.event_id, n.webhook_id
+			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5, n.conv FROM n ORDER BY n.event_id, n.webhook_id
 		), q AS (
 			`+insertDeliveryQueue+`
 			SELECT n.id, $5, n.event_id, n.webhook_id,
-			       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END, $5,
-			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END
+			       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END,
+			       CASE WHEN n.conv IS NULL THEN $5 ELSE greatest($5, (
+			         SELECT o.next_attempt_at FROM delivery_queue o WHERE o.webhook_id = n.webhook_id AND o.conversation = n.conv
+			         ORDER BY o.created_at DESC, o.event_id DESC, o.delivery_id DESC LIMIT 1)) END,
+			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
 			FROM n ORDER BY n.event_id, n.webhook_id
 		)
 		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url FROM n`,
 		// Planned for each call: a cached generic plan made while the tables were small or
 		// unanalysed keeps scanning them whole.
 		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
-		in.claim.Lease.Milliseconds())
+		in.claim.Lease.Milliseconds(), storedConv)
 	if err != nil {
 		return err
 	}
@@ -420,8 +441,8 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 // added to one is added to every one of them. Both rows take the event's created_at: it is
 // the partition key that finds the delivery's and its event's rows.
 const (
-	insertDeliveryLog   = `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at)`
-	insertDeliveryQueue = `INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, locked_by, locked_until)`
+	insertDeliveryLog   = `INSERT INTO deliveries (id, event_id, webhook_id, status, attempts, created_at, updated_at, conversation)`
+	insertDeliveryQueue = `INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, locked_by, locked_until, conversation)`
 )
 
 // newDeliveryIDSQL returns the SQL expression of a new delivery id made at the time the SQL

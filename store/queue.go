@@ -61,6 +61,10 @@ type QueueClaim struct {
 // webhook: a claim never scans another webhook's backlog. The webhooks are read by primary key
 // (their org and status), once per webhook with pending rows.
 //
+// A row of an ordered webhook (one with a conversation) is due only when claimableSQL allows:
+// the first of its conversation, none of which is in flight. At most one row per conversation
+// is then taken by a claim; rows with no conversation pay one IS NULL test.
+//
 // A claim does not count an attempt (Record does, when it records the outcome); it increments
 // claim_seq, which fences the claim's outcome.
 const claimSQL = `
@@ -84,7 +88,8 @@ WITH RECURSIVE hooks(id) AS (
 	LEFT JOIN obusy ob ON ob.org = w.org_id
 	LEFT JOIN cursors c ON c.org = w.org_id
 	WHERE h.id IS NOT NULL AND coalesce(b.n, 0) < $6 AND coalesce(ob.n, 0) < $9
-	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now())
+	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now()
+	              AND ` + claimableSQL + `)
 ), orgs AS (
 	SELECT org, count(*) AS hooks, least(min(ofree), sum(free)) AS room FROM cand GROUP BY org
 ), oshare AS (
@@ -103,9 +108,9 @@ WITH RECURSIVE hooks(id) AS (
 	ORDER BY d.locked_until LIMIT greatest($3 / 4, 1) FOR UPDATE OF d SKIP LOCKED
 ), picked AS (
 	SELECT x.delivery_id, s.org, s.turn, s.org_n, s.n, x.next_attempt_at FROM due s CROSS JOIN LATERAL (
-		SELECT d.delivery_id, d.next_attempt_at FROM delivery_queue d
-		WHERE d.webhook_id = s.id AND d.status = 'pending' AND d.next_attempt_at <= now()
-		ORDER BY d.next_attempt_at LIMIT s.n FOR UPDATE SKIP LOCKED) x
+		SELECT q.delivery_id, q.next_attempt_at FROM delivery_queue q
+		WHERE q.webhook_id = s.id AND q.status = 'pending' AND q.next_attempt_at <= now() AND ` + claimableSQL + `
+		ORDER BY q.next_attempt_at LIMIT s.n FOR UPDATE SKIP LOCKED) x
 ), ranked AS (
 	SELECT p.*, row_number() OVER (PARTITION BY p.org ORDER BY p.turn, p.next_attempt_at) AS k FROM picked p
 ), chosen AS (
@@ -328,7 +333,15 @@ r AS (
 	FROM r
 	WHERE q.delivery_id = r.delivery_id AND q.locked_by = $12 AND q.claim_seq = r.claim AND q.attempts = r.attempt - 1
 	  AND NOT r.ok AND r.retry_in >= 0
-	RETURNING q.delivery_id
+	RETURNING q.delivery_id, q.webhook_id, q.conversation, q.created_at, q.event_id, q.next_attempt_at
+), wait AS (
+	-- the later deliveries of a rescheduled one's conversation wait for it: not due before it,
+	-- so that claims do not step over them meanwhile (ordered webhooks only)
+	UPDATE delivery_queue f SET next_attempt_at = a.next_attempt_at
+	FROM again a
+	WHERE a.conversation IS NOT NULL AND f.webhook_id = a.webhook_id AND f.conversation = a.conversation
+	  AND (f.created_at, f.event_id, f.delivery_id) > (a.created_at, a.event_id, a.delivery_id)
+	  AND f.status IN ('pending', 'held') AND f.next_attempt_at < a.next_attempt_at
 ), kept AS (
 	SELECT r.* FROM r WHERE r.delivery_id IN (SELECT delivery_id FROM fin UNION ALL SELECT delivery_id FROM again)
 ), log AS (

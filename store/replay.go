@@ -103,10 +103,10 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				FROM m WHERE (SELECT c.n FROM c) < $6
 			), log AS (
 				`+insertDeliveryLog+`
-				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8 FROM n ORDER BY n.created_at, n.event_id
+				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, NULL FROM n ORDER BY n.created_at, n.event_id
 			), q AS (
 				`+insertDeliveryQueue+`
-				SELECT n.id, n.created_at, n.event_id, n.webhook_id, $9, $8, NULL, NULL FROM n ORDER BY n.created_at, n.event_id
+				SELECT n.id, n.created_at, n.event_id, n.webhook_id, $9, $8, NULL, NULL, NULL FROM n ORDER BY n.created_at, n.event_id
 			)
 			SELECT c.n FROM c`,
 			pgx.QueryExecModeCacheDescribe, channels, orgID, kinds, r.Since, r.Until, MaxReplayEvents+1, webhookID,

@@ -45,6 +45,8 @@ type Webhook struct {
 	Scope      string
 	ChannelIDs []uuid.UUID
 	CreatedAt  time.Time
+	// Ordering is OrderingNone or OrderingConversation.
+	Ordering string
 }
 
 // NewWebhook is the input of CreateWebhook. An empty ChannelIDs means org scope.
@@ -56,6 +58,8 @@ type NewWebhook struct {
 	// MaxPerOrg, when positive, is the most webhooks the org may have: when it has that many
 	// already, nothing is created and CreateWebhook returns ErrWebhookLimit. 0 means no cap.
 	MaxPerOrg int
+	// Ordering is OrderingNone (also when empty) or OrderingConversation.
+	Ordering string
 }
 
 // ErrWebhookLimit is returned by CreateWebhook when the org already has NewWebhook.MaxPerOrg
@@ -87,11 +91,11 @@ func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.Stri
 // The channel ids come from webhook_channels, keeping only channels that still exist.
 const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
 	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
-	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}')`
+	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'), w.ordering`
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
-	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs)
+	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs, &w.Ordering)
 	if w.ChannelIDs == nil {
 		w.ChannelIDs = []uuid.UUID{}
 	}
@@ -108,6 +112,10 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 	scope := ScopeOrg
 	if len(in.ChannelIDs) > 0 {
 		scope = ScopeChannels
+	}
+	ordering := in.Ordering
+	if ordering == "" {
+		ordering = OrderingNone
 	}
 	var w Webhook
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -135,9 +143,9 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 			}
 		}
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO webhooks (id, org_id, name, url, events, status, scope, secret_enc)
-			VALUES ($1, $2, $3, $4, $5, 'active', $6, $7)`,
-			id, orgID, in.Name, in.URL, in.Events, scope, s.box.SealString(secret, webhookSecretAAD(id))); err != nil {
+			INSERT INTO webhooks (id, org_id, name, url, events, status, scope, secret_enc, ordering)
+			VALUES ($1, $2, $3, $4, $5, 'active', $6, $7, $8)`,
+			id, orgID, in.Name, in.URL, in.Events, scope, s.box.SealString(secret, webhookSecretAAD(id)), ordering); err != nil {
 			return err
 		}
 		if len(in.ChannelIDs) > 0 {

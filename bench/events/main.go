@@ -8,6 +8,7 @@
 //	go run ./bench/events -rate 500 -webhooks 4            # 500 events/s = 2,000 deliveries/s
 //	go run ./bench/events -rate 0 -overload 2000           # only the overload step (2 × 2,000 for 30 s)
 //	go run ./bench/events -rate 0 -fairness 2000           # only the fairness step
+//	go run ./bench/events -rate 1000 -duration 10s -ordering conversation   # + ordering none vs conversation
 //
 // It starts everything itself and removes everything at the end (also on Ctrl-C): a fresh
 // database wabarelay_bench_<rand> on the Postgres named by -pg (dropped at the end), the HTTPS
@@ -61,6 +62,10 @@
 //     window ≥ 0.8 × R × webhooks; every post acknowledged, inbound ack p99 < 1 s; drain rate
 //     (deliveries from the end of the load until the backlog is empty, per second) ≥ R ×
 //     webhooks, when the load left at least a second's worth of it behind; the ledger.
+//   - Ordering (-ordering conversation), after the -rate steps: -rate's first rate R for
+//     -duration to the webhooks with ordering none, then with ordering conversation, the
+//     messages spread over -conversations customers (wa_ids) in turn. Target: deliveries/s during
+//     the load with conversation ≥ 0.9 × with none.
 //   - Fairness (-fairness R), last: (a) baseline: R events/s for -duration to the -webhooks
 //     webhooks (the "healthy" ones) alone; (b) the healthy webhooks are deleted (after the
 //     baseline's tables were emptied: they have no deliveries) and a "paused" org-scoped webhook
@@ -118,25 +123,27 @@ const (
 )
 
 type config struct {
-	pgDSN        string
-	caddyBin     string
-	rates        []int
-	channels     int
-	perPost      int
-	duration     time.Duration
-	drain        time.Duration
-	maxInflight  int
-	poolMaxConns int
-	workers      int
-	perWebhook   int
-	webhooks     int
-	receiverH2   bool
-	showLogs     bool
-	historyDays  int
-	overload     int           // R of the overload step (2R offered); 0: no overload step
-	overloadDur  time.Duration // the overload step's offered-load time
-	fairness     int           // R of the fairness step; 0: no fairness step
-	held         int           // held deliveries of the fairness step's paused webhook
+	pgDSN         string
+	caddyBin      string
+	rates         []int
+	channels      int
+	perPost       int
+	duration      time.Duration
+	drain         time.Duration
+	maxInflight   int
+	poolMaxConns  int
+	workers       int
+	perWebhook    int
+	webhooks      int
+	receiverH2    bool
+	showLogs      bool
+	historyDays   int
+	overload      int           // R of the overload step (2R offered); 0: no overload step
+	overloadDur   time.Duration // the overload step's offered-load time
+	fairness      int           // R of the fairness step; 0: no fairness step
+	held          int           // held deliveries of the fairness step's paused webhook
+	ordering      string        // "conversation": the ordering step (none, then conversation, at -rate's first rate); "": off
+	conversations int           // customers (wa_ids) the messages are spread over, one conversation each per channel
 }
 
 // deliveryTimeout is the delivery timeout the bench configures (the product's default); the
@@ -166,6 +173,8 @@ func main() {
 	flag.DurationVar(&c.overloadDur, "overload-duration", 30*time.Second, "offered-load time of the overload step (at most 60s)")
 	flag.IntVar(&c.fairness, "fairness", 0, "fairness step, last: this many events/s without, then with a slow webhook and a paused one holding -held deliveries (0: off)")
 	flag.IntVar(&c.held, "held", 50000, "held deliveries the fairness step's paused webhook holds")
+	flag.StringVar(&c.ordering, "ordering", "", `"conversation": after the -rate steps, the ordering step: -rate's first rate with the webhooks' ordering none, then conversation (ratio reported); "" or "none": off`)
+	flag.IntVar(&c.conversations, "conversations", 1000, "customers (wa_ids) the messages are spread over, in turn")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		benchkit.Fatalf("unexpected arguments: %v", flag.Args())
@@ -193,6 +202,15 @@ func main() {
 	}
 	if c.overloadDur <= 0 || c.overloadDur > 60*time.Second {
 		benchkit.Fatalf("-overload-duration must be in (0, 60s]")
+	}
+	if c.ordering == store.OrderingNone {
+		c.ordering = ""
+	}
+	if (c.ordering != "" && c.ordering != store.OrderingConversation) || c.conversations < 1 {
+		benchkit.Fatalf("-ordering must be conversation, none or empty, -conversations positive")
+	}
+	if c.ordering != "" && len(c.rates) == 0 {
+		benchkit.Fatalf("-ordering needs a -rate")
 	}
 	if c.webhooks < 1 || c.webhooks > 64 {
 		benchkit.Fatalf("-webhooks must be in [1, 64]")
@@ -421,6 +439,16 @@ http://127.0.0.1:%d {
 		}
 	}
 
+	// ---- ordering: R with ordering none, then conversation ----
+	var ord []*stepResult
+	if c.ordering != "" {
+		ord, err = runOrdering(ctx, c, ld, st, orgID, healthy, q)
+		results = append(results, ord...)
+		if err != nil {
+			return err
+		}
+	}
+
 	// ---- overload: 2R for -overload-duration, then the drain ----
 	var over *stepResult
 	if c.overload > 0 {
@@ -457,7 +485,7 @@ http://127.0.0.1:%d {
 
 	machine := fmt.Sprintf("%s/%s, %d CPUs, load average %s at start, %s, Postgres %s (fsync %s, synchronous_commit %s)",
 		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadAvg, runtime.Version(), pgVersion, fsync, syncCommit)
-	ok := report(c, results, over, fair, rcv, q, machine)
+	ok := report(c, results, over, fair, ord, rcv, q, machine)
 	if !ok {
 		return errors.New("ledger check failed (see above)")
 	}
@@ -883,7 +911,9 @@ func (l *loader) body(buf []byte, prefix, pnid string, first, n int) []byte {
 		if i > 0 {
 			buf = append(buf, ',')
 		}
-		buf = append(buf, `{"from":"1555","id":"`...)
+		buf = append(buf, `{"from":"1555`...)
+		buf = strconv.AppendInt(buf, int64((first+i)%l.c.conversations), 10)
+		buf = append(buf, `","id":"`...)
 		buf = append(buf, prefix...)
 		buf = strconv.AppendInt(buf, int64(first+i), 10)
 		buf = append(buf, `","timestamp":"`...)
@@ -1394,7 +1424,7 @@ func passFail(b bool) string {
 	return "FAIL"
 }
 
-func report(c config, rs []*stepResult, over *stepResult, fair *fairness, rc *receiver, q *queue, machine string) bool {
+func report(c config, rs []*stepResult, over *stepResult, fair *fairness, ord []*stepResult, rc *receiver, q *queue, machine string) bool {
 	var sb strings.Builder
 	p := func(format string, args ...any) { fmt.Fprintf(&sb, format, args...) }
 	p("\n## Events benchmark\n\n")
@@ -1463,6 +1493,9 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, rc *re
 		p("No step of -rate was sustained.\n\n")
 	}
 
+	if len(ord) == 2 {
+		reportOrdering(p, c, ord[0], ord[1])
+	}
 	if over != nil {
 		reportOverload(p, over)
 	}
@@ -1664,4 +1697,53 @@ func ensureHistory(ctx context.Context, pool *pgxpool.Pool, days int) error {
 	}
 	now := time.Now()
 	return store.New(pool, nil).EnsurePartitions(ctx, now.AddDate(0, 0, -days), now)
+}
+
+// ---- ordering ----
+
+// runOrdering runs the ordering step: -rate's first rate for -duration to the healthy webhooks
+// with ordering none, then again with ordering conversation (messages spread over
+// -conversations customers), each drained; the webhooks are set back to none after it.
+func runOrdering(ctx context.Context, c config, ld *loader, st *store.Store, orgID uuid.UUID, healthy []uuid.UUID, q *queue) ([]*stepResult, error) {
+	set := func(ordering string) error {
+		for _, id := range healthy {
+			if _, err := st.SetWebhookOrdering(ctx, orgID, id, ordering); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	rate := c.rates[0]
+	var out []*stepResult
+	for _, ordering := range []string{store.OrderingNone, store.OrderingConversation} {
+		if err := set(ordering); err != nil {
+			return out, err
+		}
+		benchkit.Logf("ordering %s: %d events/s × %d %s over %d conversations per channel for %s", ordering, rate, c.webhooks,
+			plural(c.webhooks, "webhook", "webhooks"), c.conversations, c.duration)
+		r := ld.step(ctx, stepSpec{name: "ordering " + ordering, rate: rate, d: c.duration, drain: c.drain})
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		out = append(out, r)
+		if err := q.truncate(ctx); err != nil {
+			return out, err
+		}
+	}
+	return out, set(store.OrderingNone)
+}
+
+// reportOrdering prints the ordering step's comparison: deliveries/s with ordering
+// conversation ÷ with none (target ≥ 0.9), both at the same offered rate.
+func reportOrdering(p func(string, ...any), c config, none, conv *stepResult) {
+	p("### Ordering: R = %d events/s × %d %s, ordering none, then conversation (messages spread over %d customers per channel)\n\n",
+		none.rate, c.webhooks, plural(c.webhooks, "webhook", "webhooks"), c.conversations)
+	p("| ordering | deliveries/s during load | drain time | end-to-end p50 / p99 ms | backlog at end of load | sustained | lost |\n|:--|--:|--:|--:|--:|:-:|--:|\n")
+	for _, r := range []*stepResult{none, conv} {
+		p("| %s | %.0f | %s | %.1f / %.1f | %d | %v | %d |\n", strings.TrimPrefix(r.name, "ordering "), r.runRate(),
+			r.drainTime.Round(100*time.Millisecond), r.e2e.p50, r.e2e.p99, r.pendingEnd, r.sustained(), r.lost())
+	}
+	ratio := conv.runRate() / max(none.runRate(), 1e-9)
+	p("\n- %s deliveries/s with ordering conversation ÷ none: %.0f / %.0f = %.2f (target ≥ 0.9)\n\n", passFail(ratio >= 0.9),
+		conv.runRate(), none.runRate(), ratio)
 }

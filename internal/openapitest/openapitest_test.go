@@ -74,6 +74,7 @@ func webhook() map[string]any {
 		"scope":       "org",
 		"channel_ids": []any{},
 		"created_at":  "2026-11-22T10:20:00.000Z",
+		"ordering":    "none",
 	}
 }
 

@@ -1,0 +1,244 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// orderingEnv is an org with channel "111", an ordered webhook and a plain one, and helpers to
+// store messages of a customer and claim.
+type orderingEnv struct {
+	t              *testing.T
+	f              *testenv.Fixture
+	q              *store.Queue
+	org            uuid.UUID
+	ordered, plain uuid.UUID
+	names          map[uuid.UUID]string // event id → item name
+	claimed        map[uuid.UUID]store.ClaimedDelivery
+}
+
+func newOrderingEnv(t *testing.T) *orderingEnv {
+	f := testenv.NewStore(t)
+	org := f.Org(t)
+	f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "111", WabaID: "w", UpstreamToken: "t"}})
+	ordered, _ := f.Webhook(t, org.ID, "https://ordered.example.com", &testenv.WebhookOpts{Events: []string{"messages", "message_status"}})
+	plain, _ := f.Webhook(t, org.ID, "https://plain.example.com", &testenv.WebhookOpts{Events: []string{"messages", "message_status"}})
+	w, err := f.Store.SetWebhookOrdering(context.Background(), org.ID, ordered.ID, store.OrderingConversation)
+	if err != nil || w.Ordering != store.OrderingConversation {
+		t.Fatalf("set ordering: %+v %v", w, err)
+	}
+	return &orderingEnv{t: t, f: f, q: store.NewQueue(f.Pool), org: org.ID, ordered: ordered.ID, plain: plain.ID,
+		names: map[uuid.UUID]string{}, claimed: map[uuid.UUID]store.ClaimedDelivery{}}
+}
+
+// store stores one batch of messages named "<customer><n>" (e.g. "x1": customer x), handing
+// off up to handOff deliveries, and returns the names of those handed off.
+func (e *orderingEnv) store(handOff int, names ...string) []string {
+	e.t.Helper()
+	items := make([]store.IncomingItem, len(names))
+	for i, n := range names {
+		items[i] = store.IncomingItem{Type: "messages", PhoneNumberID: "111", Customer: n[:1], DedupeKey: "m:" + n,
+			Data: json.RawMessage(fmt.Sprintf(`{"message":{"id":%q,"from":%q}}`, n, n[:1]))}
+	}
+	claim := store.Claim{}
+	if handOff > 0 {
+		claim = store.Claim{Instance: "i1", Lease: time.Minute, Max: handOff}
+	}
+	res, err := e.f.Store.StoreEvents(context.Background(), items, claim)
+	if err != nil || res.Events != len(names) {
+		e.t.Fatalf("store events: %+v %v", res, err)
+	}
+	rows, err := e.f.Pool.Query(context.Background(), `SELECT id, convert_from(payload, 'UTF8')::json->'data'->'message'->>'id' FROM events WHERE type = 'messages'`)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for rows.Next() {
+		var id uuid.UUID
+		var n string
+		if err := rows.Scan(&id, &n); err != nil {
+			e.t.Fatal(err)
+		}
+		e.names[id] = n
+	}
+	rows.Close()
+	var handed []string
+	for _, d := range res.Claimed {
+		e.claimed[d.ID] = d
+		handed = append(handed, e.hookName(d.WebhookID)+":"+e.names[d.EventID])
+	}
+	slices.Sort(handed)
+	return handed
+}
+
+func (e *orderingEnv) hookName(id uuid.UUID) string {
+	if id == e.ordered {
+		return "ordered"
+	}
+	return "plain"
+}
+
+// claim claims everything claimable and returns "<hook>:<name>" sorted.
+func (e *orderingEnv) claim() []string {
+	e.t.Helper()
+	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: "i1", Lease: time.Minute, Limit: 100, PerWebhook: 100})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	var got []string
+	for _, d := range c.Deliveries {
+		e.claimed[d.ID] = d
+		got = append(got, e.hookName(d.WebhookID)+":"+e.names[d.EventID])
+	}
+	slices.Sort(got)
+	return got
+}
+
+// record records the outcome of the claimed delivery "<hook>:<name>": ok, or a retry in retryIn
+// (negative: failed for good).
+func (e *orderingEnv) record(which string, ok bool, retryIn time.Duration) {
+	e.t.Helper()
+	for id, d := range e.claimed {
+		if e.hookName(d.WebhookID)+":"+e.names[d.EventID] == which {
+			n, err := e.q.Record(context.Background(), "i1", []store.Outcome{{Delivery: d, Started: time.Now(), OK: ok, RetryIn: retryIn}})
+			if err != nil || n != 1 {
+				e.t.Fatalf("record %s: %d %v", which, n, err)
+			}
+			delete(e.claimed, id)
+			return
+		}
+	}
+	e.t.Fatalf("%s is not claimed", which)
+}
+
+func (e *orderingEnv) want(got []string, want ...string) {
+	e.t.Helper()
+	if !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+		e.t.Fatalf("claimed %q, want %q", got, want)
+	}
+}
+
+// TestClaimOrderedConversation: a webhook with ordering "conversation" gets one delivery of a
+// conversation at a time, in intake order, while its other conversations and a plain webhook
+// go on; a retry holds its conversation; the hand-off never takes an ordered delivery.
+func TestClaimOrderedConversation(t *testing.T) {
+	e := newOrderingEnv(t)
+	// the hand-off takes the plain webhook's deliveries only
+	e.want(e.store(10, "x1", "y1", "x2"), "plain:x1", "plain:x2", "plain:y1")
+	e.store(0, "x3", "y2")
+	e.want(e.claim(), "ordered:x1", "ordered:y1", "plain:x3", "plain:y2")
+	e.want(e.claim()) // x and y each have one in flight
+
+	e.record("ordered:x1", false, time.Hour) // x1 waits an hour for its retry: x2, x3 wait with it
+	e.want(e.claim())
+	e.record("ordered:y1", true, 0)
+	e.want(e.claim(), "ordered:y2")
+	var waiting int
+	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND next_attempt_at > now() + interval '50 minutes'`,
+		e.ordered).Scan(&waiting)
+	if waiting != 3 {
+		t.Fatalf("%d of x's deliveries wait for x1's retry, want 3 (x1, x2, x3)", waiting)
+	}
+	// a new message of x waits for x1's retry too, not due meanwhile
+	e.store(0, "x4")
+	e.want(e.claim(), "plain:x4")
+
+	// x1 fails for good: x2 goes, then a manual retry puts x1 back before x3 and x4
+	e.f.Exec(t, `UPDATE delivery_queue SET next_attempt_at = now() WHERE webhook_id = $1`, e.ordered)
+	e.want(e.claim(), "ordered:x1")
+	e.record("ordered:x1", false, -1)
+	e.want(e.claim(), "ordered:x2")
+	var x1 uuid.UUID
+	e.f.Pool.QueryRow(context.Background(), `SELECT d.id FROM deliveries d WHERE d.webhook_id = $1 AND d.status = 'failed'`, e.ordered).Scan(&x1)
+	if err := e.f.Store.RetryDelivery(context.Background(), e.org, e.ordered, x1); err != nil {
+		t.Fatal(err)
+	}
+	e.want(e.claim()) // x2 is in flight
+	e.record("ordered:x2", true, 0)
+	e.want(e.claim(), "ordered:x1")
+	e.record("ordered:x1", true, 0)
+	e.want(e.claim(), "ordered:x3")
+	e.record("ordered:x3", true, 0)
+	e.want(e.claim(), "ordered:x4")
+}
+
+// TestOrderedPauseAndHandBack: a paused ordered webhook holds its conversations in order; a
+// claim handed back keeps its place.
+func TestOrderedPauseAndHandBack(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.ordered, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	e.store(10, "x1", "x2", "x3")
+	for _, d := range e.claimed {
+		e.record(e.hookName(d.WebhookID)+":"+e.names[d.EventID], true, 0) // the plain webhook's
+	}
+	e.want(e.claim())
+	if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.ordered, store.WebhookActive); err != nil {
+		t.Fatal(err)
+	}
+	e.want(e.claim(), "ordered:x1")
+	for id, d := range e.claimed {
+		if err := e.q.Release(ctx, "i1", []store.Handback{{ID: id, Claim: d.Claim}}); err != nil {
+			t.Fatal(err)
+		}
+		delete(e.claimed, id)
+	}
+	e.want(e.claim(), "ordered:x1")
+	e.record("ordered:x1", true, 0)
+	e.want(e.claim(), "ordered:x2")
+}
+
+// TestOrderingChangeAndRefusal: an unknown ordering is refused; switching back to none lets
+// the deliveries created after the switch go in parallel.
+func TestOrderingChangeAndRefusal(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	if _, err := e.f.Store.SetWebhookOrdering(ctx, e.org, e.ordered, "fifo"); !errors.Is(err, store.ErrBadOrdering) {
+		t.Fatalf("ordering fifo: %v", err)
+	}
+	if _, err := e.f.Store.SetWebhookOrdering(ctx, e.org, uuid.New(), store.OrderingNone); !errors.Is(err, store.ErrWebhookNotFound) {
+		t.Fatalf("unknown webhook: %v", err)
+	}
+	w, err := e.f.Store.SetWebhookOrdering(ctx, e.org, e.ordered, store.OrderingNone)
+	if err != nil || w.Ordering != store.OrderingNone {
+		t.Fatalf("%+v %v", w, err)
+	}
+	e.store(0, "x1", "x2")
+	e.want(e.claim(), "ordered:x1", "ordered:x2", "plain:x1", "plain:x2")
+}
+
+// TestOrderedClaimReadsFewRows: a conversation's backlog waiting behind a retry is not read by
+// claims (its rows are not due before the retry), and a webhook at ordering none pays nothing.
+func TestOrderedClaimReadsFewRows(t *testing.T) {
+	e := newOrderingEnv(t)
+	e.store(0, "x1")
+	e.claim()
+	e.record("ordered:x1", false, time.Hour)
+	for i := range 10 {
+		names := make([]string, 100)
+		for k := range names {
+			names[k] = fmt.Sprintf("x%d", 2+i*100+k)
+		}
+		e.store(0, names...)
+	}
+	e.store(0, "y1")
+	took, read, _ := claimCost(t, e.f.Pool, store.QueueClaim{Instance: "i2", Lease: time.Minute, Limit: 100, PerWebhook: 100})
+	if took[e.ordered] != 1 {
+		t.Fatalf("took %v from the ordered webhook, want y1 only", took)
+	}
+	t.Logf("took %v, read %.0f queue rows", took, read)
+	if read > 300 {
+		t.Fatalf("the claim read %.0f queue rows, want a few per row taken", read)
+	}
+}
