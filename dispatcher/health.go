@@ -1,0 +1,169 @@
+package dispatcher
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// Receiver health defaults (DESIGN §5b "Failing receivers"): after DefaultFailureThreshold
+// failed attempts in a row across a webhook's deliveries, the webhook is failing; one probe goes
+// out after DefaultProbeInterval, then at double the gap each time up to
+// DefaultProbeIntervalMax; a webhook failing for DefaultDisableAfter is paused.
+const (
+	DefaultFailureThreshold = 10
+	DefaultProbeInterval    = 30 * time.Second
+	DefaultProbeIntervalMax = 5 * time.Minute
+	DefaultDisableAfter     = 120 * time.Hour
+)
+
+// Health changes reported to HealthObserver.HealthChange.
+const (
+	HealthFailing   = store.HealthBecameFailing // the webhook became failing
+	HealthRecovered = store.HealthRecovered     // a 2xx ended failing
+	HealthPaused    = store.HealthPaused        // failing for DisableAfter: paused
+)
+
+// HealthObserver, when Config.Observer implements it too, is told about every change of a
+// webhook's health that this instance records (for metrics). It must not block.
+type HealthObserver interface {
+	HealthChange(change string)
+}
+
+// healthDefaults fills in and checks the health fields of cfg.
+func (cfg *Config) healthDefaults() error {
+	if cfg.FailureThreshold <= 0 {
+		cfg.FailureThreshold = DefaultFailureThreshold
+	}
+	if cfg.ProbeInterval <= 0 {
+		cfg.ProbeInterval = DefaultProbeInterval
+	}
+	if cfg.ProbeIntervalMax <= 0 {
+		cfg.ProbeIntervalMax = max(DefaultProbeIntervalMax, cfg.ProbeInterval)
+	}
+	if cfg.ProbeIntervalMax < cfg.ProbeInterval {
+		return fmt.Errorf("dispatcher: longest probe interval %v is shorter than the first %v", cfg.ProbeIntervalMax, cfg.ProbeInterval)
+	}
+	if cfg.DisableAfter <= 0 {
+		cfg.DisableAfter = DefaultDisableAfter
+	}
+	return nil
+}
+
+// healthPolicy is the store's form of the health settings.
+func (d *Dispatcher) healthPolicy() store.HealthPolicy {
+	return store.HealthPolicy{Threshold: d.cfg.FailureThreshold, ProbeInterval: d.cfg.ProbeInterval,
+		ProbeIntervalMax: d.cfg.ProbeIntervalMax, DisableAfter: d.cfg.DisableAfter}
+}
+
+// probeEvery is how often the claiming loop looks for due probes: often enough that a probe
+// goes out within a fraction of its interval, and no more often than the backstop poll.
+func (d *Dispatcher) probeEvery() time.Duration {
+	return max(min(d.cfg.PollInterval, d.cfg.ProbeInterval/2), 10*time.Millisecond)
+}
+
+// claimProbes claims and starts the due probes of failing webhooks (store.Queue.ClaimProbes),
+// at most once per probeEvery. Called by the claiming goroutine only.
+func (d *Dispatcher) claimProbes(ctx, attemptCtx context.Context) {
+	now := time.Now()
+	if now.Before(d.nextProbeCheck) {
+		return
+	}
+	d.nextProbeCheck = now.Add(d.probeEvery())
+	free := d.free()
+	if free <= 0 {
+		return
+	}
+	probes, err := d.queue.ClaimProbes(ctx, d.cfg.InstanceID, d.cfg.Lease, min(free, d.cfg.BatchSize))
+	if err != nil {
+		if ctx.Err() == nil {
+			d.log.Warn("claiming probes of failing webhooks", zap.Error(err))
+		}
+		return
+	}
+	for _, p := range probes {
+		d.log.Info("probing failing webhook", zap.Stringer("webhook_id", p.WebhookID), zap.Stringer("org_id", p.OrgID),
+			zap.Stringer("delivery_id", p.ID), zap.Int("attempt", p.Attempt))
+	}
+	d.start(attemptCtx, probes)
+}
+
+// recordHealth sums up the attempts of batch per webhook, records them
+// (store.Queue.RecordHealth), logs and reports each change, and returns the webhooks that are
+// failing (or were paused for failing) after the batch: their failed attempts are held with the
+// others, not failed for good. A probe's webhook counts as failing unless the batch ended it.
+func (d *Dispatcher) recordHealth(batch []result) map[uuid.UUID]bool {
+	sums := map[uuid.UUID]*store.HealthOutcome{}
+	var order []uuid.UUID
+	failing := map[uuid.UUID]bool{}
+	for _, r := range batch {
+		if r.release || r.final { // no attempt, or not the receiver's doing
+			continue
+		}
+		s := sums[r.job.WebhookID]
+		if s == nil {
+			s = &store.HealthOutcome{WebhookID: r.job.WebhookID}
+			sums[r.job.WebhookID] = s
+			order = append(order, r.job.WebhookID)
+		}
+		if r.ok {
+			s.Delivered, s.Failures = true, 0
+		} else {
+			s.Failures++
+			s.ProbeFailed = s.ProbeFailed || r.job.Probe
+		}
+		if r.job.Probe {
+			failing[r.job.WebhookID] = !r.ok
+		}
+	}
+	if len(order) == 0 {
+		return failing
+	}
+	outs := make([]store.HealthOutcome, len(order))
+	for i, id := range order {
+		outs[i] = *sums[id]
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	states, err := d.queue.RecordHealth(ctx, d.healthPolicy(), outs)
+	if err != nil {
+		d.log.Warn("recording webhook health (this batch's attempts are not counted)", zap.Error(err))
+		return failing
+	}
+	ho, _ := d.cfg.Observer.(HealthObserver)
+	for _, s := range states {
+		failing[s.WebhookID] = s.Failing
+		fields := []zap.Field{zap.Stringer("webhook_id", s.WebhookID), zap.Stringer("org_id", s.OrgID),
+			zap.Int("consecutive_failures", s.ConsecutiveFailures)}
+		if s.FailingSince != nil {
+			fields = append(fields, zap.Time("failing_since", *s.FailingSince))
+		}
+		if s.NextProbeAt != nil {
+			fields = append(fields, zap.Time("next_probe_at", *s.NextProbeAt), zap.Duration("probe_interval", s.ProbeInterval))
+		}
+		for _, c := range s.Changes {
+			switch c {
+			case HealthFailing:
+				d.log.Warn("webhook failing: its deliveries are held, one probe goes out per probe interval", fields...)
+			case HealthRecovered:
+				d.log.Info("webhook recovered: a probe or attempt succeeded, its held deliveries flow again", fields...)
+				signal(d.wake)
+			case HealthPaused:
+				d.log.Warn("webhook paused: failing for longer than disable_after (resume it to deliver again)",
+					append(fields, zap.Duration("disable_after", d.cfg.DisableAfter))...)
+			}
+			if ho != nil {
+				ho.HealthChange(c)
+			}
+		}
+		if len(s.Changes) == 0 && sums[s.WebhookID].ProbeFailed && s.Failing {
+			d.log.Info("probe of failing webhook failed", fields...)
+		}
+	}
+	return failing
+}
