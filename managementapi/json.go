@@ -83,6 +83,11 @@ type Webhook struct {
 	ChannelIDs []uuid.UUID `json:"channel_ids"`
 	HMACSecret string      `json:"hmac_secret,omitempty"`
 	CreatedAt  Time        `json:"created_at"`
+	// Health is "ok" or "failing" (DESIGN §5b Failing receivers); FailingSince is null when ok;
+	// PausedReason is "failing" for a webhook paused after failing for disable_after, else null.
+	Health       string  `json:"health"`
+	FailingSince *Time   `json:"failing_since"`
+	PausedReason *string `json:"paused_reason"`
 }
 
 // NewWebhook converts a stored webhook config.
@@ -100,6 +105,10 @@ func NewWebhook(w store.Webhook) Webhook {
 		Scope:      w.Scope,
 		ChannelIDs: ids,
 		CreatedAt:  Time(w.CreatedAt),
+
+		Health:       w.Health.State(),
+		FailingSince: optTime(w.Health.FailingSince),
+		PausedReason: w.PausedReason,
 	}
 }
 
