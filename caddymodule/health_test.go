@@ -5,46 +5,12 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
-
-// downReceiver is the kit's HTTPS receiver, answering 503 while down (a receiver behind its
-// load balancer during an outage) and 204 once up; it counts the requests it got while down.
-type downReceiver struct {
-	*testenv.Receiver
-	down      atomic.Bool
-	whileDown atomic.Int64
-}
-
-func newDownReceiver(t *testing.T) *downReceiver {
-	r := &downReceiver{}
-	r.down.Store(true)
-	r.Receiver = testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, _ *http.Request) {
-		if r.down.Load() {
-			r.whileDown.Add(1)
-			http.Error(w, "upstream unavailable", http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	}})
-	return r
-}
-
-// healthProbeBound is the most probes a schedule starting at first and doubling to most makes
-// within elapsed (counting the one due at its edge).
-func healthProbeBound(first, most, elapsed time.Duration) int {
-	n, at, gap := 1, first, first
-	for at <= elapsed {
-		n++
-		gap = min(2*gap, most)
-		at += gap
-	}
-	return n
-}
 
 // TestFailingReceiverHeldNotBurned is issue 19's "receiver down for 5 minutes under 50 events/s",
 // scaled down: the receiver is down (503) for 4 s under 50 events/s (200 events), with
@@ -60,7 +26,7 @@ func healthProbeBound(first, most, elapsed time.Duration) int {
 // are delivered once the receiver is back.
 func TestFailingReceiverHeldNotBurned(t *testing.T) {
 	e := newRelayEnv(t, "")
-	rc := newDownReceiver(t)
+	rc := testenv.NewDownReceiver(t)
 	const threshold, perWebhook = 3, 4
 	first, longest := 200*time.Millisecond, 800*time.Millisecond
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 100ms 100ms 100ms\n timeout 2s\n lease 3s\n per_webhook %d\n"+
@@ -117,10 +83,10 @@ func TestFailingReceiverHeldNotBurned(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	attempts := rc.whileDown.Load()
+	attempts := rc.WhileDown()
 	failing := time.Since(since)
-	bound := threshold + perWebhook + healthProbeBound(first, longest, failing)
-	t.Logf("receiver down %v under 50 events/s (%d events): %d attempts against it; bound %d = threshold %d + per_webhook %d + probes of the schedule %v doubling to %v over %v failing",
+	bound := dispatcher.AttemptsWhileDown(threshold, perWebhook, first, longest, failing)
+	t.Logf("receiver down %v under 50 events/s (%d events): %d attempts against it; bound %d = threshold %d + 2 × per_webhook %d + probes of the schedule %v doubling to %v over %v failing",
 		down.Round(time.Millisecond), seq, attempts, bound, threshold, perWebhook, first, longest, failing.Round(time.Millisecond))
 	if attempts > int64(bound) {
 		t.Errorf("%d attempts while down, the probe schedule allows %d", attempts, bound)
@@ -129,7 +95,7 @@ func TestFailingReceiverHeldNotBurned(t *testing.T) {
 		t.Fatalf("%d deliveries failed for good while the receiver was down", n)
 	}
 
-	rc.down.Store(false)
+	rc.SetDown(false)
 	took := testenv.Eventually(t, time.Minute, func() bool { return len(rc.PerEvent()) == seq }, "every event delivered after the receiver came back")
 	t.Logf("receiver up: all %d events delivered in %v", seq, took)
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.undelivered() == 0 }, "every delivery delivered")
@@ -145,7 +111,7 @@ func TestFailingReceiverHeldNotBurned(t *testing.T) {
 	}
 
 	// down again; the held deliveries and the health survive a SIGKILL
-	rc.down.Store(true)
+	rc.SetDown(true)
 	before := seq
 	post(5)
 	testenv.Eventually(t, 30*time.Second, func() bool { return webhook()["health"] == "failing" }, "failing again")
@@ -158,7 +124,7 @@ func TestFailingReceiverHeldNotBurned(t *testing.T) {
 	if n := e.countRows("SELECT count(*) FROM deliveries WHERE status = 'failed'"); n != 0 {
 		t.Fatalf("%d deliveries failed for good", n)
 	}
-	rc.down.Store(false)
+	rc.SetDown(false)
 	testenv.Eventually(t, time.Minute, func() bool { return len(rc.PerEvent()) == seq }, "the %d held events delivered after the restart", seq-before)
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.undelivered() == 0 }, "every delivery delivered")
 }

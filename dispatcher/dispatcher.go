@@ -169,6 +169,10 @@ type Dispatcher struct {
 	cursors map[uuid.UUID]uuid.UUID // round-robin cursors of the claims, per org (store.QueueClaim.After)
 	// nextProbeCheck is when the claiming loop looks for due probes next (claimProbes).
 	nextProbeCheck time.Time
+	// localFails counts each webhook's failed attempts in a row on this instance; holdUntil
+	// holds a webhook that reached FailureThreshold here until its health is recorded (health.go).
+	localFails map[uuid.UUID]int
+	holdUntil  map[uuid.UUID]time.Time
 
 	// lostClaims counts attempts whose outcome could not be recorded because their claim was
 	// lost (the lease expired and the delivery was reclaimed, or the delivery was deleted);
@@ -253,6 +257,8 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cache:     map[uuid.UUID]cachedSecret{},
 
 		secretFails: map[uuid.UUID]int{},
+		localFails:  map[uuid.UUID]int{},
+		holdUntil:   map[uuid.UUID]time.Time{},
 	}
 	return d, nil
 }
@@ -322,8 +328,9 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	d.mu.Lock()
 	ctx := d.attemptCtx
 	var run, back []job
+	now := time.Now()
 	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
-		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg {
+		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.heldLocally(j, now) == 0 {
 			d.perHook[j.WebhookID]++
 			d.perOrg[j.OrgID]++
 			run = append(run, j)

@@ -55,6 +55,49 @@ func (cfg *Config) healthDefaults() error {
 	return nil
 }
 
+// noteAttempt counts r in its webhook's failed attempts in a row on this instance. At
+// FailureThreshold the webhook is held here (heldLocally) for a moment: the attempts that a fast
+// refusing receiver would otherwise get before the writer has recorded the webhook as failing
+// (after which the claims hold it) are handed back instead of made. A 2xx ends the hold.
+func (d *Dispatcher) noteAttempt(r result) {
+	if r.release || r.final {
+		return
+	}
+	id := r.job.WebhookID
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if r.ok {
+		delete(d.localFails, id)
+		delete(d.holdUntil, id)
+		return
+	}
+	if len(d.localFails) > 10000 {
+		clear(d.localFails)
+		clear(d.holdUntil)
+	}
+	if d.localFails[id]++; d.localFails[id] >= d.cfg.FailureThreshold {
+		d.holdUntil[id] = time.Now().Add(localHold(d.cfg))
+	}
+}
+
+// localHold is how long a webhook that reached the threshold on this instance is held here
+// before the store's state (failing, or not after all) governs it again.
+func localHold(cfg Config) time.Duration { return min(cfg.ProbeInterval, time.Second) }
+
+// heldLocally returns how much longer j's webhook is held on this instance (0: not held; a
+// probe never is). Called with d.mu held.
+func (d *Dispatcher) heldLocally(j job, now time.Time) time.Duration {
+	until, ok := d.holdUntil[j.WebhookID]
+	if !ok || j.Probe {
+		return 0
+	}
+	if !now.Before(until) {
+		delete(d.holdUntil, j.WebhookID)
+		return 0
+	}
+	return until.Sub(now)
+}
+
 // healthPolicy is the store's form of the health settings.
 func (d *Dispatcher) healthPolicy() store.HealthPolicy {
 	return store.HealthPolicy{Threshold: d.cfg.FailureThreshold, ProbeInterval: d.cfg.ProbeInterval,
@@ -166,4 +209,25 @@ func (d *Dispatcher) recordHealth(batch []result) map[uuid.UUID]bool {
 		}
 	}
 	return failing
+}
+
+// ProbesWithin returns the most probes a failing webhook gets within elapsed of becoming
+// failing, with the first probe first after it and each gap doubling up to longest: the bound
+// on the attempts a down receiver sees once failing (counting the probe due at the edge).
+func ProbesWithin(first, longest, elapsed time.Duration) int {
+	n, at, gap := 1, first, first
+	for at <= elapsed && gap > 0 {
+		n++
+		gap = min(2*gap, longest)
+		at += gap
+	}
+	return n
+}
+
+// AttemptsWhileDown bounds the attempts a receiver that fails every one gets, within elapsed
+// of its webhook becoming failing: threshold failures, the attempts in flight when the
+// threshold was reached and those started before its outcome was recorded (at most
+// perWebhook each, per instance), then the probes (ProbesWithin).
+func AttemptsWhileDown(threshold, perWebhook int, first, longest, elapsed time.Duration) int {
+	return threshold + 2*perWebhook + ProbesWithin(first, longest, elapsed)
 }

@@ -192,10 +192,13 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 // start runs the claimed jobs within the per-webhook and per-org caps; the others are handed
 // back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job) {
+	now := time.Now()
 	for _, j := range jobs {
 		d.mu.Lock()
 		// (a failing webhook's one probe goes out whatever its old attempts still hold)
 		run := (j.Probe || d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg) && d.active < d.cfg.Workers
+		held := d.heldLocally(j, now)
+		run = run && held == 0
 		if run {
 			d.perHook[j.WebhookID]++
 			d.perOrg[j.OrgID]++
@@ -203,7 +206,7 @@ func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 		}
 		d.mu.Unlock()
 		if !run {
-			d.results <- result{job: j, release: true}
+			d.results <- result{job: j, release: true, releaseIn: held}
 			continue
 		}
 		d.attempts.Add(1)
@@ -226,6 +229,7 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 			}()
 			r = d.attempt(ctx, j)
 		}()
+		d.noteAttempt(r)
 		// The slots are freed once the result is queued for the writer: a writer that falls
 		// behind fills its queue and then holds back new claims, instead of letting finished
 		// attempts pile up while their leases run.

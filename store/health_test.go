@@ -173,6 +173,8 @@ func TestClaimHoldsFailingWebhook(t *testing.T) {
 	oldest := testenv.QueryValue[uuid.UUID](t, f, `UPDATE delivery_queue SET next_attempt_at = now() - interval '1 hour'
 		WHERE delivery_id = (SELECT delivery_id FROM delivery_queue WHERE webhook_id = $1 LIMIT 1) RETURNING delivery_id`, bad.ID)
 	recordHealth(t, q, store.HealthOutcome{WebhookID: bad.ID, Failures: 3})
+	// (its first probe an hour ahead: a loaded machine may take the policy's 100 ms to get on)
+	f.Exec(t, `UPDATE webhooks SET next_probe_at = now() + interval '1 hour' WHERE id = $1`, bad.ID)
 	// a lease of the failing webhook that expired is not reclaimed by Claim either
 	f.Exec(t, `UPDATE delivery_queue SET status = 'in_flight', locked_by = 'gone', locked_until = now() - interval '1 second'
 		WHERE delivery_id = (SELECT delivery_id FROM delivery_queue WHERE webhook_id = $1 AND delivery_id <> $2 LIMIT 1)`, bad.ID, oldest)
