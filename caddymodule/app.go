@@ -187,6 +187,16 @@ type DeliveryConfig struct {
 	// reason in the delivery log. Must be shorter than Retention. Default: 168h, or a day less
 	// than Retention if that is shorter.
 	MaxHold caddy.Duration `json:"max_hold,omitempty"`
+	// FailureThreshold is the number of consecutive failed attempts, across a webhook's
+	// deliveries, after which the webhook is failing: its deliveries are held and one probe goes
+	// out per probe interval. Default: 10.
+	FailureThreshold int `json:"failure_threshold,omitempty"`
+	// DisableAfter is how long a webhook may stay failing before it is paused (paused_reason
+	// "failing"). Default: 120h.
+	DisableAfter caddy.Duration `json:"disable_after,omitempty"`
+	// ProbeInterval is the gap before a failing webhook's first probe and, optionally, the
+	// longest gap (each failed probe doubles it). Default: 30s 5m.
+	ProbeInterval []caddy.Duration `json:"probe_interval,omitempty"`
 	// RootCA is a PEM file of an extra CA to trust for receivers (tests, private PKI).
 	RootCA string `json:"root_ca,omitempty"`
 	// AllowPrivateTargets permits receivers on loopback and private addresses (dev and test
@@ -435,6 +445,9 @@ func (a *App) Validate() error {
 		if err := d.AllowPrivateTargets.check(); err != nil {
 			return fmt.Errorf("delivery: allow_private_targets: %w", err)
 		}
+		if n := len(d.ProbeInterval); n > 2 || n == 2 && d.ProbeInterval[1] < d.ProbeInterval[0] {
+			return fmt.Errorf("delivery: probe_interval takes the first gap and, optionally, a longest gap not shorter than it")
+		}
 	}
 	if err := a.retentionPolicy().Check(); err != nil {
 		return fmt.Errorf("delivery: %w", err)
@@ -541,6 +554,13 @@ func (a *App) startDispatcher(ctx context.Context) error {
 		}
 		cfg.PerOrg = d.PerOrg
 		cfg.PerWebhook = d.PerWebhook
+		cfg.FailureThreshold, cfg.DisableAfter = d.FailureThreshold, time.Duration(d.DisableAfter)
+		if len(d.ProbeInterval) > 0 {
+			cfg.ProbeInterval = time.Duration(d.ProbeInterval[0])
+		}
+		if len(d.ProbeInterval) > 1 {
+			cfg.ProbeIntervalMax = time.Duration(d.ProbeInterval[1])
+		}
 		cfg.AllowPrivateTargets, cfg.RootCAs = a.allowPrivateTargets, a.rootCAs
 	}
 	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
@@ -612,6 +632,11 @@ type deliveryObserver struct{ m *metrics }
 func (o deliveryObserver) Attempt(outcome string, d time.Duration) {
 	o.m.deliveries.WithLabelValues(outcome).Inc()
 	o.m.attemptLatency.Observe(d.Seconds())
+}
+
+// HealthChange counts webhook health changes (dispatcher.HealthObserver).
+func (o deliveryObserver) HealthChange(change string) {
+	o.m.healthChanges.WithLabelValues(change).Inc()
 }
 
 // Cleanup releases the shared clients. It is safe to call more than once and without Start.

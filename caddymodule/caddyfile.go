@@ -61,6 +61,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			lease        <duration>
 //			retention    <duration>
 //			max_hold     <duration>       # held deliveries of paused webhooks fail after this
+//			failure_threshold <n>         # failed attempts in a row that make a webhook failing
+//			disable_after     <duration>  # a webhook failing this long is paused
+//			probe_interval    <first> [<longest>]
 //			root_ca      <pem file>
 //			allow_private_targets
 //		}
@@ -196,6 +199,23 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 			err = durationArg(d, &c.Retention)
 		case "max_hold":
 			err = durationArg(d, &c.MaxHold)
+		case "failure_threshold":
+			err = intArg(d, &c.FailureThreshold)
+		case "disable_after":
+			err = durationArg(d, &c.DisableAfter)
+		case "probe_interval":
+			args := d.RemainingArgs()
+			if len(args) == 0 || len(args) > 2 {
+				return d.ArgErr()
+			}
+			c.ProbeInterval = make([]caddy.Duration, len(args))
+			for i, s := range args {
+				v, perr := caddy.ParseDuration(s)
+				if perr != nil || v <= 0 {
+					return d.Errf("probe_interval: invalid duration %q", s)
+				}
+				c.ProbeInterval[i] = caddy.Duration(v)
+			}
 		case "workers":
 			// 0 is meaningful (no dispatcher on this instance), so it is kept as a pointer.
 			var s string

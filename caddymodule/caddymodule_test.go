@@ -117,6 +117,9 @@ func TestAdaptAllOptions(t *testing.T) {
 			lease         30s
 			retention     48h
 			max_hold      24h
+			failure_threshold 5
+			disable_after 48h
+			probe_interval 10s 1m
 			root_ca       /tmp/ca.pem
 			allow_private_targets
 		}
@@ -144,7 +147,8 @@ example.com {
 		`"meta":{"app_id":"{env.META_APP_ID}","app_secret":"{env.META_APP_SECRET}","config_id":"cfg1","verify_token":"{env.VT}",` +
 		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
 		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,"per_org":4,` +
-		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
+		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,` +
+		`"failure_threshold":5,"disable_after":172800000000000,"probe_interval":[10000000000,60000000000],"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},` +
 		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
@@ -157,6 +161,8 @@ example.com {
 		`{ wabarelay { management_rate_limit -5 } }`,
 		`{ wabarelay { delivery { workers none } } }`,
 		`{ wabarelay { delivery { workers -1 } } }`,
+		`{ wabarelay { delivery { failure_threshold 0 } } }`,
+		`{ wabarelay { delivery { probe_interval 1s 2s 3s } } }`,
 		`{ wabarelay { meta { nope x } } }`,
 		`{ wabarelay { limits { webhooks_per_org 0 } } }`,
 		`{ wabarelay { limits { api_keys_per_org many } } }`,

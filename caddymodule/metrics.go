@@ -33,6 +33,7 @@ type metrics struct {
 
 	deliveries     *prometheus.CounterVec
 	attemptLatency prometheus.Histogram
+	healthChanges  *prometheus.CounterVec
 }
 
 var (
@@ -75,6 +76,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			attemptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 				Name: "delivery_attempt_duration_seconds", Help: "Duration of webhook delivery attempts.",
 				Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
+			healthChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "webhook_health_changes_total", Help: "Webhook health changes by kind: failing (receiver failing, deliveries held), recovered (a 2xx ended it), paused (failing for disable_after)."}, []string{"change"}),
 		}
 	})
 	if reg != nil {
@@ -82,7 +85,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			theMetrics.mediaBytes, theMetrics.mediaFirstByte,
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
 			theMetrics.inboundMalformed, theMetrics.inboundOverflow,
-			theMetrics.deliveries, theMetrics.attemptLatency} {
+			theMetrics.deliveries, theMetrics.attemptLatency,
+			theMetrics.healthChanges} {
 			var are prometheus.AlreadyRegisteredError
 			if err := reg.Register(c); err != nil && !errors.As(err, &are) {
 				panic(err)

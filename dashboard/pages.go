@@ -335,7 +335,9 @@ func (h *Handler) changeWebhook(w http.ResponseWriter, r *http.Request, s *sessi
 // ---- a webhook's delivery log -----------------------------------------------------------
 
 type webhookData struct {
-	Webhook    managementapi.Webhook
+	Webhook managementapi.Webhook
+	// Health is the receiver's health and probe schedule (store/health.go).
+	Health     store.WebhookHealth
 	Deliveries []store.Delivery
 	Filter     deliveryFilter
 	NextURL    string
@@ -383,7 +385,7 @@ func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, st
 		return
 	}
 	q := r.URL.Query()
-	d := webhookData{Webhook: managementapi.NewWebhook(wh), Statuses: []string{"pending", "in_flight", "delivered", "failed"},
+	d := webhookData{Webhook: managementapi.NewWebhook(wh), Health: wh.Health, Statuses: []string{"pending", "in_flight", "delivered", "failed"},
 		Filter: deliveryFilter{Status: q.Get("status"), Since: q.Get("since"), Until: q.Get("until")}}
 	pg := store.DeliveryPage{Status: d.Filter.Status, Limit: 50}
 	valid := d.Filter.Status == ""

@@ -117,8 +117,20 @@ type Config struct {
 	InstanceID string
 	// UserAgent is sent with every attempt. Default DefaultUserAgent.
 	UserAgent string
-	// Observer, if set, is told about every attempt.
+	// Observer, if set, is told about every attempt (and, if it is a HealthObserver, about
+	// every change of a webhook's health).
 	Observer Observer
+
+	// FailureThreshold is the number of consecutive failed attempts, across a webhook's
+	// deliveries, that makes the webhook failing: its deliveries are then held and one probe
+	// goes out per probe interval (see health.go). Default DefaultFailureThreshold.
+	FailureThreshold int
+	// ProbeInterval is the gap before a failing webhook's first probe; each failed probe doubles
+	// it, up to ProbeIntervalMax. Defaults DefaultProbeInterval and DefaultProbeIntervalMax.
+	ProbeInterval, ProbeIntervalMax time.Duration
+	// DisableAfter is how long a webhook may stay failing before it is paused (paused_reason
+	// "failing"). Default DefaultDisableAfter.
+	DisableAfter time.Duration
 
 	// secretRetry is how long a delivery whose secret could not be read waits (tests).
 	secretRetry time.Duration
@@ -155,6 +167,12 @@ type Dispatcher struct {
 	secretFails map[uuid.UUID]int
 
 	cursors map[uuid.UUID]uuid.UUID // round-robin cursors of the claims, per org (store.QueueClaim.After)
+	// nextProbeCheck is when the claiming loop looks for due probes next (claimProbes).
+	nextProbeCheck time.Time
+	// localFails counts each webhook's failed attempts in a row on this instance; holdUntil
+	// holds a webhook that reached FailureThreshold here until its health is recorded (health.go).
+	localFails map[uuid.UUID]int
+	holdUntil  map[uuid.UUID]time.Time
 
 	// lostClaims counts attempts whose outcome could not be recorded because their claim was
 	// lost (the lease expired and the delivery was reclaimed, or the delivery was deleted);
@@ -212,6 +230,9 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = 100
 	}
+	if err := cfg.healthDefaults(); err != nil {
+		return nil, err
+	}
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = DefaultUserAgent
 	}
@@ -236,6 +257,8 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cache:     map[uuid.UUID]cachedSecret{},
 
 		secretFails: map[uuid.UUID]int{},
+		localFails:  map[uuid.UUID]int{},
+		holdUntil:   map[uuid.UUID]time.Time{},
 	}
 	return d, nil
 }
@@ -305,8 +328,9 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	d.mu.Lock()
 	ctx := d.attemptCtx
 	var run, back []job
+	now := time.Now()
 	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
-		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg {
+		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.heldLocally(j, now) == 0 {
 			d.perHook[j.WebhookID]++
 			d.perOrg[j.OrgID]++
 			run = append(run, j)

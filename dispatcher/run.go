@@ -97,8 +97,11 @@ func (d *Dispatcher) Run(ctx context.Context, dsn string) {
 func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 	poll := time.NewTicker(d.cfg.PollInterval)
 	defer poll.Stop()
+	probeTick := time.NewTicker(d.probeEvery())
+	defer probeTick.Stop()
 	backoff := 0 * time.Millisecond
 	for ctx.Err() == nil {
+		d.claimProbes(ctx, attemptCtx) // failing webhooks' probes (health.go)
 		free := d.free()
 		more := false
 		if free > 0 {
@@ -143,6 +146,7 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 			case <-time.After(2 * time.Millisecond):
 			}
 		case <-poll.C:
+		case <-probeTick.C:
 		}
 	}
 }
@@ -188,9 +192,13 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 // start runs the claimed jobs within the per-webhook and per-org caps; the others are handed
 // back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job) {
+	now := time.Now()
 	for _, j := range jobs {
 		d.mu.Lock()
-		run := d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.active < d.cfg.Workers
+		// (a failing webhook's one probe goes out whatever its old attempts still hold)
+		run := (j.Probe || d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg) && d.active < d.cfg.Workers
+		held := d.heldLocally(j, now)
+		run = run && held == 0
 		if run {
 			d.perHook[j.WebhookID]++
 			d.perOrg[j.OrgID]++
@@ -198,7 +206,7 @@ func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 		}
 		d.mu.Unlock()
 		if !run {
-			d.results <- result{job: j, release: true}
+			d.results <- result{job: j, release: true, releaseIn: held}
 			continue
 		}
 		d.attempts.Add(1)
@@ -221,6 +229,7 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 			}()
 			r = d.attempt(ctx, j)
 		}()
+		d.noteAttempt(r)
 		// The slots are freed once the result is queued for the writer: a writer that falls
 		// behind fills its queue and then holds back new claims, instead of letting finished
 		// attempts pile up while their leases run.
@@ -406,6 +415,7 @@ func (d *Dispatcher) flush(batch []result) {
 	var backs []store.Handback
 	var outs []store.Outcome
 	var soonest time.Duration = -1
+	failing := d.recordHealth(batch)
 	for _, r := range batch {
 		j := r.job
 		if r.release {
@@ -418,9 +428,12 @@ func (d *Dispatcher) flush(batch []result) {
 		o := store.Outcome{Delivery: j, Started: r.started, Duration: r.duration, OK: r.ok, RetryIn: -1}
 		if !r.ok && !r.final && j.Attempt <= len(d.cfg.RetryDelays) {
 			o.RetryIn = d.cfg.RetryDelays[j.Attempt-1]
-			if soonest < 0 || o.RetryIn < soonest {
-				soonest = o.RetryIn
-			}
+		}
+		if !r.ok && !r.final && (j.Probe || failing[j.WebhookID]) {
+			o.RetryIn = 0 // held with the failing webhook's others (due when it is ok again), never failed for good
+		}
+		if o.RetryIn >= 0 && (soonest < 0 || o.RetryIn < soonest) {
+			soonest = o.RetryIn
 		}
 		if r.statusCode != 0 {
 			o.StatusCode, o.Body = &r.statusCode, &r.body

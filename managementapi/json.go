@@ -85,6 +85,11 @@ type Webhook struct {
 	CreatedAt  Time        `json:"created_at"`
 	// Ordering is "none" or "conversation" (DESIGN §5b "Ordering").
 	Ordering string `json:"ordering"`
+	// Health is "ok" or "failing" (DESIGN §5b Failing receivers); FailingSince is null when ok;
+	// PausedReason is "failing" for a webhook paused after failing for disable_after, else null.
+	Health       string  `json:"health"`
+	FailingSince *Time   `json:"failing_since"`
+	PausedReason *string `json:"paused_reason"`
 }
 
 // NewWebhook converts a stored webhook config.
@@ -103,6 +108,10 @@ func NewWebhook(w store.Webhook) Webhook {
 		ChannelIDs: ids,
 		CreatedAt:  Time(w.CreatedAt),
 		Ordering:   w.Ordering,
+
+		Health:       w.Health.State(),
+		FailingSince: optTime(w.Health.FailingSince),
+		PausedReason: w.PausedReason,
 	}
 }
 

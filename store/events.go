@@ -126,6 +126,8 @@ type ClaimedDelivery struct {
 	Attempt, Claim int
 	URL            string
 	Payload        []byte // the event JSON, as stored
+	// Probe: claimed by ClaimProbes, the one attempt of a failing webhook (store/health.go).
+	Probe bool
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -381,7 +383,8 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
 			-- queue (one probe of delivery_queue_due): new events never overtake its older due
 			-- deliveries, while other webhooks' and other orgs' backlogs do not matter
-			SELECT m.*, m.active AND $6 > 0 AND m.conv IS NULL AND NOT EXISTS (
+			-- (nor a failing one: only its probe goes out, migration 017)
+			SELECT m.*, m.active AND $6 > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
 				SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
 			) AS free
 			FROM m

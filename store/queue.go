@@ -64,6 +64,8 @@ type QueueClaim struct {
 // A row of an ordered webhook (one with a conversation) is due only when claimableSQL allows:
 // the first of its conversation, none of which is in flight. At most one row per conversation
 // is then taken by a claim; rows with no conversation pay one IS NULL test.
+// A failing webhook's deliveries (webhooks.failing_since set, migration 017) are not claimed
+// here, expired leases included: its one probe at a time is ClaimProbes's (store/health.go).
 //
 // A claim does not count an attempt (Record does, when it records the outcome); it increments
 // claim_seq, which fences the claim's outcome.
@@ -84,6 +86,7 @@ WITH RECURSIVE hooks(id) AS (
 	       row_number() OVER (PARTITION BY w.org_id ORDER BY h.id <= c.after IS TRUE, h.id) AS turn
 	FROM hooks h
 	JOIN webhooks w ON w.id = h.id AND w.status = 'active'
+	                AND w.failing_since IS NULL -- failing: only its probe goes out (ClaimProbes, store/health.go)
 	LEFT JOIN busy b ON b.id = h.id
 	LEFT JOIN obusy ob ON ob.org = w.org_id
 	LEFT JOIN cursors c ON c.org = w.org_id
@@ -103,6 +106,7 @@ WITH RECURSIVE hooks(id) AS (
 	SELECT d.delivery_id, 0::bigint AS turn FROM delivery_queue d
 	WHERE d.status = 'in_flight' AND d.locked_until < now()
 	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active'
+	              AND w.failing_since IS NULL -- failing: ClaimProbes reclaims it as the probe
 	              AND NOT EXISTS (SELECT 1 FROM obusy ob WHERE ob.org = w.org_id AND ob.n >= $9))
 	  AND NOT EXISTS (SELECT 1 FROM busy b WHERE b.id = d.webhook_id AND b.n >= $6)
 	ORDER BY d.locked_until LIMIT greatest($3 / 4, 1) FOR UPDATE OF d SKIP LOCKED

@@ -47,6 +47,10 @@ type Webhook struct {
 	CreatedAt  time.Time
 	// Ordering is OrderingNone or OrderingConversation.
 	Ordering string
+	// Health is the receiver's health (store/health.go); PausedReason is PausedFailing for a
+	// webhook paused automatically, nil otherwise.
+	Health       WebhookHealth
+	PausedReason *string
 }
 
 // NewWebhook is the input of CreateWebhook. An empty ChannelIDs means org scope.
@@ -91,11 +95,17 @@ func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.Stri
 // The channel ids come from webhook_channels, keeping only channels that still exist.
 const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
 	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
-	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'), w.ordering`
+	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'), w.ordering,
+	` + healthColumns
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
-	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs, &w.Ordering)
+	var interval *int64
+	err := row.Scan(append([]any{&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs, &w.Ordering},
+		healthDest(&w, &interval)...)...)
+	if interval != nil {
+		w.Health.ProbeInterval = time.Duration(*interval) * time.Millisecond
+	}
 	if w.ChannelIDs == nil {
 		w.ChannelIDs = []uuid.UUID{}
 	}
@@ -215,13 +225,15 @@ func (s *Store) WebhookSecret(ctx context.Context, id uuid.UUID) (string, error)
 // SetWebhookStatus sets an org's webhook to active or paused and returns it. Its queued
 // deliveries follow in the same transaction: pausing holds the pending ones (they leave the
 // claims' index, their schedule waits), resuming makes the held ones pending again and wakes
-// the dispatchers.
+// the dispatchers. Resuming also resets the webhook's health (ok, no failures counted) and
+// clears paused_reason; a pause by its owner has no paused_reason.
 func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, status string) (Webhook, error) {
 	var w Webhook
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
 		w, err = scanWebhook(tx.QueryRow(ctx, `
-			WITH u AS (UPDATE webhooks SET status = $3, updated_at = now() WHERE id = $1 AND org_id = $2 RETURNING *)
+			WITH u AS (UPDATE webhooks SET status = $3, updated_at = now(), paused_reason = NULL,`+resetHealth+`
+			           WHERE id = $1 AND org_id = $2 RETURNING *)
 			SELECT `+webhookColumns+` FROM u w`, id, orgID, status))
 		if err != nil {
 			return err

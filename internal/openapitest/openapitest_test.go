@@ -75,6 +75,8 @@ func webhook() map[string]any {
 		"channel_ids": []any{},
 		"created_at":  "2026-11-22T10:20:00.000Z",
 		"ordering":    "none",
+		// receiver health (DESIGN §5b Failing receivers)
+		"health": "ok", "failing_since": nil, "paused_reason": nil,
 	}
 }
 
@@ -345,6 +347,8 @@ func TestWebhookResponses(t *testing.T) {
 	passes(t, v, get(scoped))
 	scoped["channel_ids"] = []any{} // last channel removed: scope stays channels
 	passes(t, v, get(scoped))
+	scoped["health"], scoped["failing_since"], scoped["paused_reason"] = "failing", "2026-12-01T03:12:09.411Z", "failing"
+	passes(t, v, get(scoped)) // paused after failing for disable_after
 
 	bad := map[string]func(w map[string]any){
 		"org scope with channel_ids": func(w map[string]any) { w["channel_ids"] = []any{channelID} },
@@ -356,6 +360,9 @@ func TestWebhookResponses(t *testing.T) {
 		"hmac_secret outside create": func(w map[string]any) { w["hmac_secret"] = "whsec_abc" },
 		"status foo":                 func(w map[string]any) { w["status"] = "foo" },
 		"missing scope":              func(w map[string]any) { delete(w, "scope") },
+		"health foo":                 func(w map[string]any) { w["health"] = "down" },
+		"missing failing_since":      func(w map[string]any) { delete(w, "failing_since") },
+		"paused_reason foo":          func(w map[string]any) { w["paused_reason"] = "operator" },
 	}
 	for name, mutate := range bad {
 		t.Run(name, func(t *testing.T) {
