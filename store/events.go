@@ -119,6 +119,10 @@ type ClaimedDelivery struct {
 	Attempt, Claim int
 	URL            string
 	Payload        []byte // the event JSON, as stored
+	// PreviousSecretExpiresAt is the webhook's previous_secret_expires_at (nil: never rotated):
+	// it changes with every rotation, so the dispatcher re-reads the webhook's secrets when it
+	// differs from theirs.
+	PreviousSecretExpiresAt *time.Time
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -319,7 +323,8 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	// instance (up to claim.Max, active webhooks), pending (active) or held (paused).
 	rows, err = tx.Query(ctx, `
 		WITH m AS (
-			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url
+			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
+			       w.previous_secret_expires_at
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[]) AS e(id, org_id, channel_id, type)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
@@ -334,7 +339,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 		), n AS (
 			-- delivery ids are UUIDv7 like every other id (they sort by time): the batch's time in
 			-- milliseconds over the first 48 bits of a random (v4) uuid, the version set to 7
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url,
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.previous_secret_expires_at,
 			       encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid())
 			         PLACING substring(int8send(floor(extract(epoch FROM $5::timestamptz) * 1000)::bigint) FROM 3) FROM 1 FOR 6),
 			         52, 1), 53, 1), 'hex')::uuid AS id,
@@ -350,7 +355,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END
 			FROM n ORDER BY n.event_id, n.webhook_id
 		)
-		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url FROM n`,
+		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`,
 		// Planned for each call: a cached generic plan made while the tables were small or
 		// unanalysed keeps scanning them whole.
 		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
@@ -361,7 +366,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	for rows.Next() {
 		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
 		var claimed, active bool
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL, &d.PreviousSecretExpiresAt); err != nil {
 			rows.Close()
 			return err
 		}

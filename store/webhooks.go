@@ -37,6 +37,9 @@ type Webhook struct {
 	Scope      string
 	ChannelIDs []uuid.UUID
 	CreatedAt  time.Time
+	// PreviousSecretExpiresAt is when the secret replaced by the last rotation stops signing
+	// deliveries (RotateWebhookSecret); nil when there is none or its grace is over.
+	PreviousSecretExpiresAt *time.Time
 }
 
 // NewWebhook is the input of CreateWebhook. An empty ChannelIDs means org scope.
@@ -79,11 +82,13 @@ func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.Stri
 // The channel ids come from webhook_channels, keeping only channels that still exist.
 const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
 	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
-	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}')`
+	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'),
+	CASE WHEN w.previous_secret_enc IS NOT NULL AND w.previous_secret_expires_at > now() THEN w.previous_secret_expires_at END`
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
-	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs)
+	err := row.Scan(&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs,
+		&w.PreviousSecretExpiresAt)
 	if w.ChannelIDs == nil {
 		w.ChannelIDs = []uuid.UUID{}
 	}
