@@ -72,7 +72,8 @@ func NewChannel(c store.Channel, connectBase string) Channel {
 	}
 }
 
-// Webhook is the JSON form of a webhook config. HMACSecret is set only in the create response.
+// Webhook is the JSON form of a webhook config. HMACSecret is set only in the answers of its
+// creation and of a secret rotation.
 type Webhook struct {
 	ID         uuid.UUID   `json:"id"`
 	Name       string      `json:"name"`
@@ -83,6 +84,9 @@ type Webhook struct {
 	ChannelIDs []uuid.UUID `json:"channel_ids"`
 	HMACSecret string      `json:"hmac_secret,omitempty"`
 	CreatedAt  Time        `json:"created_at"`
+	// PreviousSecretExpiresAt is when the secret a rotation replaced stops signing; null when
+	// there is none.
+	PreviousSecretExpiresAt *Time `json:"previous_secret_expires_at"`
 }
 
 // NewWebhook converts a stored webhook config.
@@ -100,6 +104,8 @@ func NewWebhook(w store.Webhook) Webhook {
 		Scope:      w.Scope,
 		ChannelIDs: ids,
 		CreatedAt:  Time(w.CreatedAt),
+
+		PreviousSecretExpiresAt: optTime(w.PreviousSecretExpiresAt),
 	}
 }
 

@@ -74,6 +74,8 @@ func webhook() map[string]any {
 		"scope":       "org",
 		"channel_ids": []any{},
 		"created_at":  "2026-11-22T10:20:00.000Z",
+
+		"previous_secret_expires_at": nil, // always present (secret rotation)
 	}
 }
 
