@@ -30,6 +30,16 @@ func webhookPreviousSecretAAD(id uuid.UUID) string { return "webhooks.previous_s
 // all); a previous secret still in the grace of an earlier rotation ends at once. An unknown
 // webhook, or another org's, gives ErrWebhookNotFound.
 func (s *Store) RotateWebhookSecret(ctx context.Context, orgID, id uuid.UUID, grace time.Duration) (Webhook, string, error) {
+	return s.rotateWebhookSecret(ctx, &orgID, id, grace)
+}
+
+// RotateAnyWebhookSecret is RotateWebhookSecret for the operator: the webhook of any org.
+func (s *Store) RotateAnyWebhookSecret(ctx context.Context, id uuid.UUID, grace time.Duration) (Webhook, string, error) {
+	return s.rotateWebhookSecret(ctx, nil, id, grace)
+}
+
+// rotateWebhookSecret rotates webhook id's secret; orgID, when not nil, must be its org.
+func (s *Store) rotateWebhookSecret(ctx context.Context, orgID *uuid.UUID, id uuid.UUID, grace time.Duration) (Webhook, string, error) {
 	if grace < 0 || grace > MaxSecretGrace {
 		return Webhook{}, "", ErrSecretGrace
 	}
@@ -37,7 +47,8 @@ func (s *Store) RotateWebhookSecret(ctx context.Context, orgID, id uuid.UUID, gr
 	var w Webhook
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var enc []byte
-		err := tx.QueryRow(ctx, `SELECT secret_enc FROM webhooks WHERE id = $1 AND org_id = $2 FOR NO KEY UPDATE`, id, orgID).Scan(&enc)
+		err := tx.QueryRow(ctx, `SELECT secret_enc FROM webhooks WHERE id = $1 AND ($2::uuid IS NULL OR org_id = $2) FOR NO KEY UPDATE`,
+			id, orgID).Scan(&enc)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrWebhookNotFound
 		}
@@ -54,11 +65,11 @@ func (s *Store) RotateWebhookSecret(ctx context.Context, orgID, id uuid.UUID, gr
 		}
 		w, err = scanWebhook(tx.QueryRow(ctx, `
 			WITH u AS (
-				UPDATE webhooks SET secret_enc = $3, previous_secret_enc = $4,
-				       previous_secret_expires_at = now() + $5 * interval '1 microsecond', updated_at = now()
-				WHERE id = $1 AND org_id = $2 RETURNING *)
+				UPDATE webhooks SET secret_enc = $2, previous_secret_enc = $3,
+				       previous_secret_expires_at = now() + $4 * interval '1 microsecond', updated_at = now()
+				WHERE id = $1 RETURNING *)
 			SELECT `+webhookColumns+` FROM u w`,
-			id, orgID, s.box.SealString(secret, webhookSecretAAD(id)), prev, grace.Microseconds()))
+			id, s.box.SealString(secret, webhookSecretAAD(id)), prev, grace.Microseconds()))
 		return err
 	})
 	if errors.Is(err, ErrWebhookNotFound) {
