@@ -2,6 +2,7 @@ package dashboard_test
 
 import (
 	"context"
+	"html"
 	"net/http"
 	"net/url"
 	"regexp"
@@ -29,7 +30,7 @@ func TestRotateSecretButton(t *testing.T) {
 	if shown == nil {
 		t.Fatal("no secret shown")
 	}
-	if s, _ := e.Store.WebhookSecret(ctx, wh.ID); s != shown[1] || s == old {
+	if s, _ := e.Store.WebhookSecret(ctx, wh.ID); s != html.UnescapeString(shown[1]) || s == old {
 		t.Fatal("the secret shown is not the webhook's new one")
 	}
 	if prev, _, _ := e.Store.PreviousWebhookSecret(ctx, wh.ID); prev != old {
