@@ -570,6 +570,13 @@ func (a *App) startDispatcher(ctx context.Context) error {
 		}
 		return s, err
 	}
+	cfg.PreviousSecrets = func(ctx context.Context, id uuid.UUID) (string, time.Time, error) {
+		s, until, err := a.store.PreviousWebhookSecret(ctx, id)
+		if errors.Is(err, secretbox.ErrOpen) {
+			err = fmt.Errorf("%w: %w", dispatcher.ErrSecretUnusable, err)
+		}
+		return s, until, err
+	}
 	disp, err := dispatcher.New(a.pool, secrets, cfg, a.logger.Named("dispatcher"))
 	if err != nil {
 		return err

@@ -25,12 +25,12 @@ import (
 func init() {
 	caddycmd.RegisterCommand(caddycmd.Command{
 		Name:  "wabarelay",
-		Usage: "<migrate|org|apikey|channel|rekey> ...",
-		Short: "Manage the wabarelay database: migrations, orgs, API keys, channels, key rotation",
+		Usage: "<migrate|org|apikey|channel|webhook|rekey> ...",
+		Short: "Manage the wabarelay database: migrations, orgs, API keys, channels, webhook secrets, key rotation",
 		Long: `
 Operator commands for wabarelay. The database comes from --database or the
 WABARELAY_DATABASE_URL environment variable; commands that read or write
-secrets (rekey) need the encryption keys: --encryption-key (repeatable, or
+secrets (webhook rotate-secret, rekey) need the encryption keys: --encryption-key (repeatable, or
 comma-separated) or WABARELAY_ENCRYPTION_KEY (separated by commas and/or
 spaces), the first being the one that encrypts. API keys are stored hashed, and
 channel commands print no secret, so those need no key.
@@ -38,7 +38,7 @@ Output is one JSON object per line.`,
 		CobraFunc: func(cmd *cobra.Command) {
 			cmd.PersistentFlags().String("database", "", "Postgres connection string (default $WABARELAY_DATABASE_URL)")
 			cmd.PersistentFlags().StringArray("encryption-key", nil, "base64 encryption key; repeat it or separate keys with commas, the first encrypts (default $WABARELAY_ENCRYPTION_KEY)")
-			cmd.AddCommand(cliMigrate(), cliOrg(), cliAPIKey(), cliChannel(), cliRekey())
+			cmd.AddCommand(cliMigrate(), cliOrg(), cliAPIKey(), cliChannel(), cliWebhook(), cliRekey())
 		},
 	})
 }
@@ -314,6 +314,44 @@ func cliChannel() *cobra.Command {
 	reconnect.Flags().String("ttl", "", "how long the link stays open (default 168h)")
 	channel.AddCommand(deactivate, reconnect)
 	return channel
+}
+
+// rotatedWebhook is the output of `webhook rotate-secret`: the webhook as the API shows it, with
+// its org and the new secret (printed this once).
+type rotatedWebhook struct {
+	managementapi.Webhook
+	OrgID uuid.UUID `json:"org_id"`
+}
+
+func cliWebhook() *cobra.Command {
+	webhook := &cobra.Command{Use: "webhook", Short: "Operator actions on webhooks"}
+	rotate := &cobra.Command{
+		Use:   "rotate-secret --id WEBHOOK_ID [--grace DURATION]",
+		Short: "Give a webhook a new signing secret (printed once); the old one also signs until the grace ends",
+		RunE: runCLI(true, func(env *cliEnv, cmd *cobra.Command) error {
+			id, err := uuidFlag(cmd, "id")
+			if err != nil {
+				return err
+			}
+			grace := store.DefaultSecretGrace
+			if s, _ := cmd.Flags().GetString("grace"); s != "" {
+				if grace, err = caddy.ParseDuration(s); err != nil || grace < 0 || grace > store.MaxSecretGrace {
+					return fmt.Errorf("--grace: %q is not a duration between 0s and %v", s, store.MaxSecretGrace)
+				}
+			}
+			w, secret, err := env.store.RotateAnyWebhookSecret(env.ctx, id, grace)
+			if err != nil {
+				return err
+			}
+			out := rotatedWebhook{Webhook: managementapi.NewWebhook(w), OrgID: w.OrgID}
+			out.HMACSecret = secret
+			return env.out.Encode(out)
+		}),
+	}
+	rotate.Flags().String("id", "", "webhook id")
+	rotate.Flags().String("grace", "", "how long the old secret keeps signing, 0s to 168h (default 24h)")
+	webhook.AddCommand(rotate)
+	return webhook
 }
 
 // rekeySummary is the last line of `rekey`.

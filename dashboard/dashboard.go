@@ -178,6 +178,7 @@ func (h *Handler) routes() {
 	handle(post, "/webhooks/{id}/channels", h.assignChannel)
 	handle(post, "/webhooks/{id}/recover", h.recoverDeliveries)
 	handle(post, "/webhooks/{id}/replay", h.replay)
+	handle(post, "/webhooks/{id}/rotate_secret", h.rotateSecret)
 	handle(post, "/webhooks/{id}/deliveries/{did}/retry", h.retryDelivery)
 	handle(get, "/api-keys", h.apiKeys)
 	handle(post, "/api-keys", h.createAPIKey)

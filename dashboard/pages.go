@@ -343,6 +343,10 @@ type webhookData struct {
 	NextURL    string
 	Charts     charts
 	Statuses   []string
+	// Rotated is the webhook just given a new signing secret, with it (shown this once);
+	// GraceChoices are the rotation form's.
+	Rotated      *managementapi.Webhook
+	GraceChoices []graceChoice
 }
 
 type deliveryFilter struct {
@@ -370,6 +374,11 @@ func (h *Handler) webhook(w http.ResponseWriter, r *http.Request, s *session) {
 }
 
 func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, status int, id string) {
+	h.webhookPageWith(w, r, p, status, id, nil)
+}
+
+// webhookPageWith is webhookPage showing rotated's new secret when it is not nil.
+func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page, status int, id string, rotated *managementapi.Webhook) {
 	wid, err := uuid.Parse(id)
 	if err != nil {
 		h.notFound(w, r, p.Session)
@@ -387,6 +396,7 @@ func (h *Handler) webhookPage(w http.ResponseWriter, r *http.Request, p page, st
 	q := r.URL.Query()
 	d := webhookData{Webhook: managementapi.NewWebhook(wh), Health: wh.Health, Statuses: []string{"pending", "in_flight", "delivered", "failed"},
 		Filter: deliveryFilter{Status: q.Get("status"), Since: q.Get("since"), Until: q.Get("until")}}
+	d.Rotated, d.GraceChoices = rotated, graceChoices
 	pg := store.DeliveryPage{Status: d.Filter.Status, Limit: 50}
 	valid := d.Filter.Status == ""
 	for _, st := range d.Statuses {

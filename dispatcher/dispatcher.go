@@ -120,6 +120,10 @@ type Config struct {
 	// Observer, if set, is told about every attempt (and, if it is a HealthObserver, about
 	// every change of a webhook's health).
 	Observer Observer
+	// PreviousSecrets, if set, gives a webhook's previous secret during a secret rotation's
+	// grace: every attempt is then signed with the current secret and, until the grace ends,
+	// the previous one too. Nil: the current secret only.
+	PreviousSecrets PreviousSecrets
 
 	// FailureThreshold is the number of consecutive failed attempts, across a webhook's
 	// deliveries, that makes the webhook failing: its deliveries are then held and one probe
@@ -139,10 +143,15 @@ type Config struct {
 // Secrets returns the signing secret ("whsec_…") of a webhook.
 type Secrets func(ctx context.Context, webhookID uuid.UUID) (string, error)
 
+// PreviousSecrets returns the secret a webhook's last rotation replaced and when it stops
+// signing, or "" when there is none (store.Store.PreviousWebhookSecret). An error that no
+// retry can cure wraps ErrSecretUnusable, as with Secrets.
+type PreviousSecrets func(ctx context.Context, webhookID uuid.UUID) (secret string, until time.Time, err error)
+
 // Dispatcher claims and delivers due deliveries. Create it with New and start it with Run.
 type Dispatcher struct {
 	queue   *store.Queue
-	secrets Secrets
+	current Secrets // the current signing secret of a webhook
 	cfg     Config
 	log     *zap.Logger
 	client  *http.Client
@@ -185,6 +194,26 @@ type Dispatcher struct {
 type cachedSecret struct {
 	secret  string
 	expires time.Time
+	// rotated is the claim's PreviousSecretExpiresAt when the entry was read: a job whose
+	// differs (a rotation since) reads the secrets again.
+	rotated *time.Time
+	// previous signs beside secret until previousUntil (a rotation's grace); "" when none.
+	previous      string
+	previousUntil time.Time
+}
+
+// signingSecrets returns the secrets to sign with at now: the current one, then the previous
+// one while its grace lasts.
+func (c cachedSecret) signingSecrets(now time.Time) []string {
+	if c.previous != "" && now.Before(c.previousUntil) {
+		return []string{c.secret, c.previous}
+	}
+	return []string{c.secret}
+}
+
+// sameTime reports whether a and b are both nil or the same instant.
+func sameTime(a, b *time.Time) bool {
+	return a == nil && b == nil || a != nil && b != nil && a.Equal(*b)
 }
 
 // New checks cfg, fills in defaults and returns a Dispatcher.
@@ -242,7 +271,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 	}
 	d := &Dispatcher{
 		queue:     store.NewQueue(pool),
-		secrets:   secrets,
+		current:   secrets,
 		cfg:       cfg,
 		log:       logger,
 		client:    newClient(cfg),
@@ -436,31 +465,39 @@ func verifyChain(cs tls.ConnectionState, host string, extra *x509.CertPool) erro
 }
 
 // Sign returns the X-Svc-Signature value and the Standard Webhooks headers (webhook-id,
-// webhook-timestamp, webhook-signature) for one attempt of the event eventID with body at t.
+// webhook-timestamp, webhook-signature) for one attempt of the event eventID with body at t,
+// signed with secret and, during a secret rotation's grace, with each of older too.
 //
 // X-Svc-Signature is "t=<unix>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>", keyed with the
-// whole secret string. webhook-signature is "v1,<base64 HMAC-SHA256(key, "<id>.<t>.<body>")>"
-// keyed with the base64-decoded part of the secret after "whsec_" (the raw string if it does
-// not decode).
-func Sign(secret string, eventID uuid.UUID, t time.Time, body []byte) (svc string, webhookID, webhookTimestamp, webhookSignature string) {
+// whole secret string, and one more ",v1=<hex>" per older secret. webhook-signature is
+// "v1,<base64 HMAC-SHA256(key, "<id>.<t>.<body>")>" keyed with the base64-decoded part of the
+// secret after "whsec_" (the raw string if it does not decode), and one more space-separated
+// "v1,<base64>" per older secret (as Standard Webhooks allows). The current secret's come first.
+func Sign(secret string, eventID uuid.UUID, t time.Time, body []byte, older ...string) (svc string, webhookID, webhookTimestamp, webhookSignature string) {
 	ts := strconv.FormatInt(t.Unix(), 10)
 	id := eventID.String()
+	svc = "t=" + ts
+	for i, s := range append([]string{secret}, older...) {
+		m := hmac.New(sha256.New, []byte(s))
+		m.Write([]byte(ts))
+		m.Write([]byte{'.'})
+		m.Write(body)
+		svc += ",v1=" + hex.EncodeToString(m.Sum(nil))
 
-	m := hmac.New(sha256.New, []byte(secret))
-	m.Write([]byte(ts))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	svc = "t=" + ts + ",v1=" + hex.EncodeToString(m.Sum(nil))
-
-	key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(secret, "whsec_"))
-	if err != nil {
-		key = []byte(secret)
+		key, err := base64.StdEncoding.DecodeString(strings.TrimPrefix(s, "whsec_"))
+		if err != nil {
+			key = []byte(s)
+		}
+		m = hmac.New(sha256.New, key)
+		m.Write([]byte(id))
+		m.Write([]byte{'.'})
+		m.Write([]byte(ts))
+		m.Write([]byte{'.'})
+		m.Write(body)
+		if i > 0 {
+			webhookSignature += " "
+		}
+		webhookSignature += "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
 	}
-	m = hmac.New(sha256.New, key)
-	m.Write([]byte(id))
-	m.Write([]byte{'.'})
-	m.Write([]byte(ts))
-	m.Write([]byte{'.'})
-	m.Write(body)
-	return svc, id, ts, "v1," + base64.StdEncoding.EncodeToString(m.Sum(nil))
+	return svc, id, ts, webhookSignature
 }

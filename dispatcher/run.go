@@ -11,7 +11,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/pglisten"
@@ -255,13 +254,16 @@ func (d *Dispatcher) done(j job) {
 	}
 }
 
-func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
+// secrets returns the secrets to sign j's attempt with (cachedSecret.signingSecrets), from the
+// cache while it is fresh and no rotation happened since it was read.
+func (d *Dispatcher) secrets(ctx context.Context, j job) ([]string, error) {
+	id := j.WebhookID
 	now := time.Now()
 	d.mu.Lock()
 	c, ok := d.cache[id]
 	d.mu.Unlock()
-	if ok && now.Before(c.expires) {
-		return c.secret, nil
+	if ok && now.Before(c.expires) && sameTime(c.rotated, j.PreviousSecretExpiresAt) {
+		return c.signingSecrets(now), nil
 	}
 	// Well inside the lease, with the attempt's Timeout after it: the lookup takes at most
 	// half of what the lease leaves beyond the Timeout, so that lookup and attempt end, and the
@@ -269,17 +271,24 @@ func (d *Dispatcher) secret(ctx context.Context, id uuid.UUID) (string, error) {
 	// and sent again by another claim).
 	ctx, cancel := context.WithTimeout(ctx, min(5*time.Second, (d.cfg.Lease-d.cfg.Timeout)/2))
 	defer cancel()
-	s, err := d.secrets(ctx, id)
+	s, err := d.current(ctx, id)
 	if err != nil {
-		return "", err
+		return nil, err
+	}
+	c = cachedSecret{secret: s, expires: now.Add(d.secretTTL), rotated: j.PreviousSecretExpiresAt}
+	// Only a webhook whose claim shows a grace still running has a previous secret to read.
+	if p := j.PreviousSecretExpiresAt; p != nil && now.Before(*p) && d.cfg.PreviousSecrets != nil {
+		if c.previous, c.previousUntil, err = d.cfg.PreviousSecrets(ctx, id); err != nil {
+			return nil, err
+		}
 	}
 	d.mu.Lock()
 	if len(d.cache) > 10000 {
 		clear(d.cache)
 	}
-	d.cache[id] = cachedSecret{secret: s, expires: now.Add(d.secretTTL)}
+	d.cache[id] = c
 	d.mu.Unlock()
-	return s, nil
+	return c.signingSecrets(now), nil
 }
 
 // secretUnusable hands a delivery whose webhook secret cannot be decrypted back a few times (a
@@ -307,7 +316,7 @@ func (d *Dispatcher) secretUnusable(j job, err error) result {
 
 // attempt makes one HTTP attempt.
 func (d *Dispatcher) attempt(ctx context.Context, j job) result {
-	secret, err := d.secret(ctx, j.WebhookID)
+	secrets, err := d.secrets(ctx, j)
 	if err != nil {
 		if errors.Is(err, ErrSecretUnusable) {
 			return d.secretUnusable(j, err)
@@ -322,7 +331,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 		r.errMsg, r.detail = ClassInvalidURL, err.Error()
 		return r
 	}
-	svc, id, ts, sig := Sign(secret, j.EventID, r.started, j.Payload)
+	svc, id, ts, sig := Sign(secrets[0], j.EventID, r.started, j.Payload, secrets[1:]...)
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("User-Agent", d.cfg.UserAgent)
 	req.Header.Set("X-Svc-Signature", svc)

@@ -126,6 +126,7 @@ var routes = []route{
 	{http.MethodPost, "/webhooks/{id}/deliveries/{did}/retry", (*Handler).retryDelivery},
 	{http.MethodPost, "/webhooks/{id}/recover", (*Handler).recoverDeliveries},
 	{http.MethodPost, "/webhooks/{id}/replay", (*Handler).replay},
+	{http.MethodPost, "/webhooks/{id}/rotate_secret", (*Handler).rotateSecret},
 	{http.MethodGet, "/api_keys", (*Handler).listAPIKeys},
 	{http.MethodPost, "/api_keys", (*Handler).createAPIKey},
 	{http.MethodDelete, "/api_keys/{id}", (*Handler).revokeAPIKey},

@@ -72,7 +72,8 @@ func NewChannel(c store.Channel, connectBase string) Channel {
 	}
 }
 
-// Webhook is the JSON form of a webhook config. HMACSecret is set only in the create response.
+// Webhook is the JSON form of a webhook config. HMACSecret is set only in the answers of its
+// creation and of a secret rotation.
 type Webhook struct {
 	ID         uuid.UUID   `json:"id"`
 	Name       string      `json:"name"`
@@ -90,6 +91,9 @@ type Webhook struct {
 	Health       string  `json:"health"`
 	FailingSince *Time   `json:"failing_since"`
 	PausedReason *string `json:"paused_reason"`
+	// PreviousSecretExpiresAt is when the secret a rotation replaced stops signing; null when
+	// there is none.
+	PreviousSecretExpiresAt *Time `json:"previous_secret_expires_at"`
 }
 
 // NewWebhook converts a stored webhook config.
@@ -112,6 +116,8 @@ func NewWebhook(w store.Webhook) Webhook {
 		Health:       w.Health.State(),
 		FailingSince: optTime(w.Health.FailingSince),
 		PausedReason: w.PausedReason,
+
+		PreviousSecretExpiresAt: optTime(w.PreviousSecretExpiresAt),
 	}
 }
 

@@ -128,6 +128,10 @@ type ClaimedDelivery struct {
 	Payload        []byte // the event JSON, as stored
 	// Probe: claimed by ClaimProbes, the one attempt of a failing webhook (store/health.go).
 	Probe bool
+	// PreviousSecretExpiresAt is the webhook's previous_secret_expires_at (nil: never rotated):
+	// it changes with every rotation, so the dispatcher re-reads the webhook's secrets when it
+	// differs from theirs.
+	PreviousSecretExpiresAt *time.Time
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -375,7 +379,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	rows, err = tx.Query(ctx, `
 		WITH m AS (
 			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
-			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv
+			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv, w.previous_secret_expires_at
 			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[]) AS e(id, org_id, channel_id, type, conv)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
@@ -389,7 +393,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			) AS free
 			FROM m
 		), n AS (
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, `+newDeliveryIDSQL("$5")+` AS id,
+			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, `+newDeliveryIDSQL("$5")+` AS id,
 			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
 			FROM h
 		), log AS (
@@ -405,7 +409,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
 			FROM n ORDER BY n.event_id, n.webhook_id
 		)
-		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url FROM n`,
+		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`,
 		// Planned for each call: a cached generic plan made while the tables were small or
 		// unanalysed keeps scanning them whole.
 		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
@@ -416,7 +420,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	for rows.Next() {
 		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
 		var claimed, active bool
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL, &d.PreviousSecretExpiresAt); err != nil {
 			rows.Close()
 			return err
 		}

@@ -128,7 +128,8 @@ SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_un
 FROM chosen c, webhooks w
 WHERE d.delivery_id = c.delivery_id AND w.id = d.webhook_id
 RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
-	coalesce(c.hook_n, 0), coalesce(c.org_n, 0), (SELECT count(*) FROM cand), (SELECT count(*) FROM expired)`
+	coalesce(c.hook_n, 0), coalesce(c.org_n, 0), (SELECT count(*) FROM cand), (SELECT count(*) FROM expired),
+	w.previous_secret_expires_at`
 
 // Claimed is what a claim took.
 type Claimed struct {
@@ -194,7 +195,7 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 		var turn int64
 		var hookN, orgN int
 		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &turn,
-			&hookN, &orgN, &hooks, &expired); err != nil {
+			&hookN, &orgN, &hooks, &expired, &d.PreviousSecretExpiresAt); err != nil {
 			rows.Close()
 			return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 		}

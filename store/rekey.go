@@ -23,6 +23,7 @@ var sealedColumns = []sealedColumn{
 	{"channels", "upstream_token", upstreamTokenAAD},
 	{"channels", "register_pin", registerPINAAD},
 	{"webhooks", "secret", webhookSecretAAD},
+	{"webhooks", "previous_secret", webhookPreviousSecretAAD},
 }
 
 // DefaultRekeyBatch is how many values Rekey re-encrypts per transaction unless told otherwise.

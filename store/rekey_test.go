@@ -156,7 +156,7 @@ func TestRekey(t *testing.T) {
 
 	progress = nil
 	res, err = st.Rekey(context.Background(), store.RekeyOptions{Progress: func(p store.RekeyProgress) { progress = append(progress, p) }})
-	if err != nil || res.Rekeyed != 0 || len(progress) != 4 || progress[0].Total != 0 {
+	if err != nil || res.Rekeyed != 0 || len(progress) != 5 || progress[0].Total != 0 {
 		t.Fatalf("second run: %+v %v %+v", res, err, progress)
 	}
 }

@@ -51,6 +51,9 @@ type Webhook struct {
 	// webhook paused automatically, nil otherwise.
 	Health       WebhookHealth
 	PausedReason *string
+	// PreviousSecretExpiresAt is when the secret replaced by the last rotation stops signing
+	// deliveries (RotateWebhookSecret); nil when there is none or its grace is over.
+	PreviousSecretExpiresAt *time.Time
 }
 
 // NewWebhook is the input of CreateWebhook. An empty ChannelIDs means org scope.
@@ -96,13 +99,14 @@ func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.Stri
 const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
 	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
 	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'), w.ordering,
+	CASE WHEN w.previous_secret_enc IS NOT NULL AND w.previous_secret_expires_at > now() THEN w.previous_secret_expires_at END,
 	` + healthColumns
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
 	var interval *int64
-	err := row.Scan(append([]any{&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs, &w.Ordering},
-		healthDest(&w, &interval)...)...)
+	err := row.Scan(append([]any{&w.ID, &w.OrgID, &w.Name, &w.URL, &w.Events, &w.Status, &w.Scope, &w.CreatedAt, &w.ChannelIDs, &w.Ordering,
+		&w.PreviousSecretExpiresAt}, healthDest(&w, &interval)...)...)
 	if interval != nil {
 		w.Health.ProbeInterval = time.Duration(*interval) * time.Millisecond
 	}

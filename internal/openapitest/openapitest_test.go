@@ -77,6 +77,8 @@ func webhook() map[string]any {
 		"ordering":    "none",
 		// receiver health (DESIGN §5b Failing receivers)
 		"health": "ok", "failing_since": nil, "paused_reason": nil,
+
+		"previous_secret_expires_at": nil, // always present (secret rotation)
 	}
 }
 

@@ -173,23 +173,32 @@ func CAFile(t testing.TB, certs ...*x509.Certificate) string {
 
 // VerifySignature checks a delivery's signatures as docs/receiver-guide.md describes them,
 // independently of the dispatcher's signing code, and returns the time they were made. The
-// X-Svc-Signature must read exactly "t=<unix seconds>,v1=<hex HMAC-SHA256(secret,
-// "<t>.<body>")>" (keyed with the whole secret); the Standard Webhooks webhook-signature, a
+// X-Svc-Signature must read exactly "t=<unix seconds>,v1=<hex>" with one or more ",v1=<hex>"
+// (several during a secret rotation), one of which must be the lower-case hex HMAC-SHA256(secret,
+// "<t>.<body>") (keyed with the whole secret); the Standard Webhooks webhook-signature, a
 // space-separated list, must hold "v1,<base64 HMAC-SHA256(key,
 // "<webhook-id>.<webhook-timestamp>.<body>")>", keyed with the 32 bytes the secret's part after
 // "whsec_" encodes in base64; webhook-timestamp must be t.
 func VerifySignature(secret string, h http.Header, body []byte) (time.Time, error) {
 	header := h.Get("X-Svc-Signature")
-	t, v1, ok := strings.Cut(header, ",")
-	t, okT := strings.CutPrefix(t, "t=")
-	v1, okV := strings.CutPrefix(v1, "v1=")
+	parts := strings.Split(header, ",")
+	t, okT := strings.CutPrefix(parts[0], "t=")
 	unix, err := strconv.ParseInt(t, 10, 64)
-	if !ok || !okT || !okV || err != nil {
+	if len(parts) < 2 || !okT || err != nil {
 		return time.Time{}, fmt.Errorf("X-Svc-Signature %q is not t=<unix seconds>,v1=<hex>", header)
 	}
 	m := hmac.New(sha256.New, []byte(secret))
 	fmt.Fprintf(m, "%s.%s", t, body)
-	if want := hex.EncodeToString(m.Sum(nil)); !hmac.Equal([]byte(v1), []byte(want)) {
+	want := hex.EncodeToString(m.Sum(nil))
+	found := false
+	for _, p := range parts[1:] {
+		v1, ok := strings.CutPrefix(p, "v1=")
+		if !ok {
+			return time.Time{}, fmt.Errorf("X-Svc-Signature %q is not t=<unix seconds>,v1=<hex>", header)
+		}
+		found = found || hmac.Equal([]byte(v1), []byte(want))
+	}
+	if !found {
 		return time.Time{}, fmt.Errorf("X-Svc-Signature %q does not verify (want v1=%s)", header, want)
 	}
 	id, ts := h.Get("Webhook-Id"), h.Get("Webhook-Timestamp")
@@ -202,14 +211,14 @@ func VerifySignature(secret string, h http.Header, body []byte) (time.Time, erro
 	}
 	m = hmac.New(sha256.New, key)
 	fmt.Fprintf(m, "%s.%s.%s", id, ts, body)
-	want := m.Sum(nil)
+	wantSW := m.Sum(nil)
 	for _, sig := range strings.Fields(h.Get("Webhook-Signature")) {
 		if b64, ok := strings.CutPrefix(sig, "v1,"); ok {
-			if got, err := base64.StdEncoding.DecodeString(b64); err == nil && hmac.Equal(got, want) {
+			if got, err := base64.StdEncoding.DecodeString(b64); err == nil && hmac.Equal(got, wantSW) {
 				return time.Unix(unix, 0), nil
 			}
 		}
 	}
 	return time.Time{}, fmt.Errorf("webhook-signature %q does not verify (want v1,%s)", h.Get("Webhook-Signature"),
-		base64.StdEncoding.EncodeToString(want))
+		base64.StdEncoding.EncodeToString(wantSW))
 }
