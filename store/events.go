@@ -317,15 +317,15 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	// days before (from the lookback day: none for items sent today) is looked up in their
 	// partitions (pruned to them by created_at when the statement is planned).
 	rows, err := tx.Query(ctx, `
-		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz
-		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[]) AS u(id, org, ch, typ, key, payload)
+		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation)
+		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv
+		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[]) AS u(id, org, ch, typ, key, payload, conv)
 		WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
 		                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
 		ON CONFLICT DO NOTHING
 		RETURNING id, org_id, channel_id, type`,
 		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
-		in.lookback, day(in.now))
+		in.lookback, day(in.now), in.convs)
 	if err != nil {
 		return err
 	}

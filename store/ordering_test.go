@@ -242,3 +242,66 @@ func TestOrderedClaimReadsFewRows(t *testing.T) {
 		t.Fatalf("the claim read %.0f queue rows, want a few per row taken", read)
 	}
 }
+
+// TestReplayKeepsConversations: a replay to a webhook with ordering "conversation" gives its
+// deliveries the conversation of their events, the same key as the live deliveries of an ordered
+// webhook; a replay to a webhook with ordering "none" gives none.
+func TestReplayKeepsConversations(t *testing.T) {
+	e := newOrderingEnv(t)
+	e.store(0, "x1", "y1", "x2")
+	ctx := context.Background()
+	hook := func(ordering string) uuid.UUID {
+		w, _ := e.f.Webhook(t, e.org, "https://replay-"+ordering+".example.com", &testenv.WebhookOpts{Events: []string{"messages"}})
+		if _, err := e.f.Store.SetWebhookOrdering(ctx, e.org, w.ID, ordering); err != nil {
+			t.Fatal(err)
+		}
+		n, err := e.f.Store.Replay(ctx, e.org, w.ID, store.Replay{Since: time.Now().Add(-time.Hour), Until: time.Now().Add(time.Minute)})
+		if err != nil || n != 3 {
+			t.Fatalf("replay to %s: %d %v", ordering, n, err)
+		}
+		return w.ID
+	}
+	ordered, plain := hook(store.OrderingConversation), hook(store.OrderingNone)
+	convOf := func(webhook uuid.UUID) map[uuid.UUID]*int64 {
+		rows, err := e.f.Pool.Query(ctx, `SELECT event_id, conversation FROM delivery_queue WHERE webhook_id = $1`, webhook)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[uuid.UUID]*int64{}
+		for rows.Next() {
+			var id uuid.UUID
+			var c *int64
+			if err := rows.Scan(&id, &c); err != nil {
+				t.Fatal(err)
+			}
+			m[id] = c
+		}
+		return m
+	}
+	live, replayed, none := convOf(e.ordered), convOf(ordered), convOf(plain)
+	if len(live) != 3 || len(replayed) != 3 || len(none) != 3 {
+		t.Fatalf("rows: live %d, replayed %d, none %d", len(live), len(replayed), len(none))
+	}
+	for id, c := range live {
+		if c == nil || replayed[id] == nil || *replayed[id] != *c {
+			t.Errorf("event %s (%s): live conversation %v, replayed %v", id, e.names[id], c, replayed[id])
+		}
+		if none[id] != nil {
+			t.Errorf("event %s: a none webhook's replay carries conversation %d", id, *none[id])
+		}
+	}
+	if *live[e.idOf("x1")] != *live[e.idOf("x2")] || *live[e.idOf("x1")] == *live[e.idOf("y1")] {
+		t.Errorf("conversations: x1 %d, x2 %d, y1 %d", *live[e.idOf("x1")], *live[e.idOf("x2")], *live[e.idOf("y1")])
+	}
+}
+
+// idOf returns the event id of the item named n.
+func (e *orderingEnv) idOf(n string) uuid.UUID {
+	for id, name := range e.names {
+		if name == n {
+			return id
+		}
+	}
+	e.t.Fatalf("no event %q", n)
+	return uuid.Nil
+}

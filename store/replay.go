@@ -91,7 +91,7 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 		}
 		err = tx.QueryRow(ctx, `
 			WITH m AS (
-				SELECT e.id, e.created_at FROM events e
+				SELECT e.id, e.created_at, e.conversation FROM events e
 				WHERE e.channel_id = ANY($1::uuid[]) AND e.org_id = $2 AND e.type = ANY($3::text[])
 				  AND e.created_at >= $4::timestamptz AND e.created_at < $5::timestamptz
 				LIMIT $6
@@ -99,14 +99,16 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				SELECT count(*) AS n FROM m
 			), n AS (
 				-- nothing when the window holds too many
-				SELECT m.id AS event_id, m.created_at, $7::uuid AS webhook_id, `+newDeliveryIDSQL("$8")+` AS id
+				-- an ordered webhook's replays carry the event's conversation, as live deliveries do
+				SELECT m.id AS event_id, m.created_at, $7::uuid AS webhook_id, `+newDeliveryIDSQL("$8")+` AS id,
+				       CASE WHEN (SELECT w.ordering FROM webhooks w WHERE w.id = $7) = 'conversation' THEN m.conversation END AS conv
 				FROM m WHERE (SELECT c.n FROM c) < $6
 			), log AS (
 				`+insertDeliveryLog+`
-				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, NULL FROM n ORDER BY n.created_at, n.event_id
+				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, n.conv FROM n ORDER BY n.created_at, n.event_id
 			), q AS (
 				`+insertDeliveryQueue+`
-				SELECT n.id, n.created_at, n.event_id, n.webhook_id, $9, $8, NULL, NULL, NULL FROM n ORDER BY n.created_at, n.event_id
+				SELECT n.id, n.created_at, n.event_id, n.webhook_id, $9, $8, NULL, NULL, n.conv FROM n ORDER BY n.created_at, n.event_id
 			)
 			SELECT c.n FROM c`,
 			pgx.QueryExecModeCacheDescribe, channels, orgID, kinds, r.Since, r.Until, MaxReplayEvents+1, webhookID,
