@@ -192,7 +192,8 @@ func (q *Queue) RecordHealth(ctx context.Context, pol HealthPolicy, outs []Healt
 
 // claimProbesSQL takes the probes of up to $3 failing active webhooks whose next probe is due:
 // for each, one delivery — one whose lease expired (its instance died mid-probe), else the
-// oldest due pending one — claimed like Claim's ($1 instance, $2 lease in ms). The webhook's
+// oldest due pending one that the ordering rule lets out (claimableSQL: for an ordered webhook,
+// the first of its conversation) — claimed like Claim's ($1 instance, $2 lease in ms). The webhook's
 // next_probe_at moves a lease ahead, so that no other claim probes it meanwhile; the probe's
 // outcome (RecordHealth) sets the real next one. A failing webhook with nothing due is left
 // as it is.
@@ -206,9 +207,9 @@ WITH h AS (
 	SELECT * FROM (SELECT h.id AS webhook_id, coalesce(
 		(SELECT d.delivery_id FROM delivery_queue d
 		 WHERE d.status = 'in_flight' AND d.locked_until < now() AND d.webhook_id = h.id LIMIT 1 FOR UPDATE SKIP LOCKED),
-		(SELECT d.delivery_id FROM delivery_queue d
-		 WHERE d.webhook_id = h.id AND d.status = 'pending' AND d.next_attempt_at <= now()
-		 ORDER BY d.next_attempt_at LIMIT 1 FOR UPDATE SKIP LOCKED)) AS delivery_id
+		(SELECT q.delivery_id FROM delivery_queue q
+		 WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now() AND ` + claimableSQL + `
+		 ORDER BY q.next_attempt_at, q.created_at, q.event_id LIMIT 1 FOR UPDATE SKIP LOCKED)) AS delivery_id
 	FROM h) x WHERE x.delivery_id IS NOT NULL
 ), mark AS (
 	UPDATE webhooks w SET next_probe_at = now() + $2 * interval '1 millisecond' FROM p WHERE w.id = p.webhook_id
