@@ -180,7 +180,7 @@ func TestOrderingSurvivesKill(t *testing.T) {
 	for i := range want {
 		want[i] = fmt.Sprintf("x%02d", i)
 	}
-	// two posts: the first six, then the rest in one batch (intake order within a batch too)
+	// two posts: the first six, then the rest in one batch (inbound order within a batch too)
 	for _, part := range [][]string{want[:6], want[6:]} {
 		froms := make([]string, len(part))
 		for i := range froms {

@@ -16,7 +16,7 @@ const (
 	// own schedule.
 	OrderingNone = "none"
 	// OrderingConversation: the webhook's deliveries of one conversation (ConversationKey) go
-	// out one at a time in intake order; the next starts once the one before it is delivered or
+	// out one at a time in inbound order; the next starts once the one before it is delivered or
 	// has failed for good. Other conversations go on in parallel.
 	OrderingConversation = "conversation"
 )
@@ -39,7 +39,7 @@ func ConversationKey(phoneNumberID, customer string) int64 {
 
 // claimableSQL is the ordering rule of a queue row q, for claimSQL: a row with no conversation
 // (its webhook's ordering was none when it was created) is always claimable; a row of a
-// conversation waits while an earlier row of the conversation (intake order: created_at,
+// conversation waits while an earlier row of the conversation (inbound order: created_at,
 // event_id, delivery_id; any state: pending, in flight or held) is in the queue, or while
 // another of its rows is in flight (one whose place was taken by a retried earlier one). Two
 // index probes (delivery_queue_conversation, delivery_queue_conversation_flight), evaluated

@@ -128,7 +128,7 @@ func (e *orderingEnv) want(got []string, want ...string) {
 }
 
 // TestClaimOrderedConversation: a webhook with ordering "conversation" gets one delivery of a
-// conversation at a time, in intake order, while its other conversations and a plain webhook
+// conversation at a time, in inbound order, while its other conversations and a plain webhook
 // go on; a retry holds its conversation; the hand-off never takes an ordered delivery.
 func TestClaimOrderedConversation(t *testing.T) {
 	e := newOrderingEnv(t)
