@@ -1,6 +1,7 @@
 package caddymodule
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/docs"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -37,6 +39,12 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 	}
 	if r.status != 201 || json.Unmarshal(r.body, &ch) != nil || !strings.HasPrefix(ch.ConnectURL, origin+"/connect/") {
 		t.Fatalf("create channel: %d %s", r.status, r.body)
+	}
+
+	// the API's own OpenAPI document, without a key (docs/openapi.yaml as embedded)
+	if r := call(t, "GET", origin+"/v1/openapi.yaml", "", ""); r.status != 200 || !bytes.Equal(r.body, docs.OpenAPI) ||
+		r.header.Get("Content-Type") != "application/yaml" {
+		t.Fatalf("openapi.yaml: %d %v, %d bytes", r.status, r.header, len(r.body))
 	}
 
 	// connect link: the token moves into a cookie, the page is served token-free

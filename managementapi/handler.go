@@ -106,10 +106,11 @@ type route struct {
 	serve        func(*Handler, *call)
 }
 
-// routes are the interface's operations. GET /health is served before authentication, for
-// every method (405 for the others); it is listed for Routes.
+// routes are the interface's operations. GET /health and GET /openapi.yaml are served before
+// authentication, for every method (405 for the others); they are listed for Routes.
 var routes = []route{
 	{http.MethodGet, "/health", nil},
+	{http.MethodGet, "/openapi.yaml", nil},
 	{http.MethodGet, "/channels", (*Handler).listChannels},
 	{http.MethodPost, "/channels", (*Handler).createChannel},
 	{http.MethodGet, "/channels/{id}", (*Handler).getChannel},
@@ -184,8 +185,12 @@ const headProbe = "HEAD (not served)"
 // interface does not have is answered 404 or 405 only to an admitted key.
 func (h *Handler) serve(w http.ResponseWriter, r *http.Request, key *store.APIKey) {
 	rr := routed(r, strings.TrimPrefix(r.URL.Path, "/"))
-	if rr.URL.Path == "/health" {
+	switch rr.URL.Path {
+	case "/health":
 		h.health(w, r)
+		return
+	case "/openapi.yaml":
+		serveOpenAPI(w, r)
 		return
 	}
 	if key == nil {
