@@ -228,7 +228,7 @@ func (in *instance) request(method, path, body string) (int, []byte, error) {
 	if body != "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := instanceClient.Do(req)
 	if err != nil {
 		return 0, nil, err
 	}
@@ -236,6 +236,10 @@ func (in *instance) request(method, path, body string) (int, []byte, error) {
 	b, err := io.ReadAll(resp.Body)
 	return resp.StatusCode, b, err
 }
+
+// instanceClient opens a connection per request: a kept-alive connection to the server a reload
+// (instance.load) is shutting down can be reset under a POST, which is not retried.
+var instanceClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 func poolRefs(t *testing.T, dsn string) int {
 	t.Helper()

@@ -129,8 +129,10 @@ func TestRelayTokenNeverLeaks(t *testing.T) {
 			fetch(m, 50<<20, enc)
 		}
 	}
-	// A 50 MiB answer held whole would raise the peak by at least 50 MiB.
-	if _, after := rss(t, pid); after-before > 25<<20 {
+	// A 50 MiB answer held whole would raise the peak by at least 50 MiB; streamed, the growth is
+	// the garbage collector's slack over the stream's buffers (seen 10–34 MiB on a loaded 2-core
+	// machine), so the bound sits between the two.
+	if _, after := rss(t, pid); after-before > 42<<20 {
 		t.Fatalf("Caddy's peak memory grew by %d MiB over four 50 MiB answers", (after-before)>>20)
 	}
 }
