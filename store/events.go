@@ -48,6 +48,12 @@ type IncomingItem struct {
 	// not text or longer than MaxObjectIDLen bytes is not recorded (InboundResult.SkippedObjectIDs):
 	// no upstream object has such an id, and the event is stored all the same.
 	ObjectIDs []string
+	// WAMID is the upstream message id the item is about (a message's id, a status's id), stored
+	// on the event for the message timeline. Empty for items about no message.
+	WAMID string
+	// Traceparent is the W3C traceparent of the intake request that carried the item, stored on
+	// the event so that its delivery attempts continue the trace. Empty when tracing is off.
+	Traceparent string
 	// Customer is the customer the item is about (wa_id: a message's "from", a status's
 	// "recipient_id"); "" for items about the channel itself. With PhoneNumberID it is the
 	// item's conversation (ConversationKey), which orders the deliveries of webhooks with
@@ -232,6 +238,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	var ids, chIDs, orgIDs []uuid.UUID
 	var types, keys []string
 	var convs []int64
+	var wamids, traces []*string
 	var payloads [][]byte
 	var objChannels []uuid.UUID
 	var objIDs []string
@@ -263,6 +270,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
 			types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
 			convs = append(convs, ConversationKey(c.pn, it.Customer))
+			wamids, traces = append(wamids, nullText(it.WAMID)), append(traces, nullText(it.Traceparent))
 			payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
 			for _, o := range it.ObjectIDs {
 				if !recordableObjectID(o) {
@@ -276,7 +284,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if len(ids) == 0 {
 		return res, nil
 	}
-	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, payloads: payloads,
+	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, wamids: wamids, traces: traces, payloads: payloads,
 		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
 	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 	if isMissingPartition(err) {
@@ -302,6 +310,7 @@ type inboundBatch struct {
 	ids, chIDs, orgIDs []uuid.UUID
 	types, keys        []string
 	convs              []int64 // ConversationKey of each item
+	wamids, traces     []*string
 	payloads           [][]byte
 	objChannels        []uuid.UUID
 	objIDs             []string
@@ -317,15 +326,16 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	// days before (from the lookback day: none for items sent today) is looked up in their
 	// partitions (pruned to them by created_at when the statement is planned).
 	rows, err := tx.Query(ctx, `
-		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation)
-		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv
-		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[]) AS u(id, org, ch, typ, key, payload, conv)
+		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation, wamid, traceparent)
+		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv, u.wamid, u.trace
+		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[], $11::text[], $12::text[])
+		     AS u(id, org, ch, typ, key, payload, conv, wamid, trace)
 		WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
 		                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
 		ON CONFLICT DO NOTHING
 		RETURNING id, org_id, channel_id, type`,
 		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
-		in.lookback, day(in.now), in.convs)
+		in.lookback, day(in.now), in.convs, in.wamids, in.traces)
 	if err != nil {
 		return err
 	}

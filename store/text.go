@@ -40,3 +40,16 @@ func recordableObjectIDs(ids []string) []string {
 // recordableObjectID reports an object id that can be recorded in a channel's scope (see
 // recordableObjectIDs).
 func recordableObjectID(id string) bool { return len(id) <= MaxObjectIDLen && IsText(id) }
+
+// MaxWAMIDLen bounds the message ids stored for the timeline (events.wamid, messages.wamid):
+// the upstream's are under 100 bytes; a longer one names no message and would bloat an index.
+const MaxWAMIDLen = 256
+
+// nullText returns nil for an empty s and for one that cannot be an id worth storing (not text,
+// or longer than MaxWAMIDLen bytes), else &s: the optional id columns' parameter.
+func nullText(s string) *string {
+	if s == "" || len(s) > MaxWAMIDLen || !IsText(s) {
+		return nil
+	}
+	return &s
+}
