@@ -186,8 +186,8 @@ type Server struct {
 	undeliverable func(waID string) bool
 	statusOrder   []string
 	statusDelay   time.Duration
-	bg              context.Context // status webhooks; cancelled by Close
-	stopBG          context.CancelFunc
+	bg            context.Context // status webhooks; cancelled by Close
+	stopBG        context.CancelFunc
 
 	mu        sync.RWMutex
 	tokens    map[string]*tokenState
