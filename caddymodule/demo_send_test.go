@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -215,5 +218,29 @@ func TestDemoSendTimelines(t *testing.T) {
 	}
 	if n := len(w.fake.RequestsTo("POST", "/messages")); n != 10 {
 		t.Fatalf("refused forms reached the fake: %d sends", n)
+	}
+}
+
+// TestDemoRelayOption: `demo { relay <url> }` is read from the Caddyfile (one argument), and
+// the repo's Caddyfile leaves it to its default (proxy_url).
+func TestDemoRelayOption(t *testing.T) {
+	site := func(demo string) string {
+		return "{\n\twabarelay {\n\t\tdatabase postgres://x\n\t}\n}\nhttp://localhost:8080 {\n\twabarelay_dashboard {\n\t\tdemo {\n" + demo + "\t\t}\n\t}\n}\n"
+	}
+	cfg := adapt(t, site("\t\t\tfake_upstream http://127.0.0.1:8090\n\t\t\trelay http://127.0.0.1:9/upstream-proxy\n"))
+	if !strings.Contains(string(cfg), `"demo":{"fake_upstream":"http://127.0.0.1:8090","relay":"http://127.0.0.1:9/upstream-proxy"}`) {
+		t.Fatalf("adapted: %s", cfg)
+	}
+	for _, bad := range []string{"\t\t\trelay\n", "\t\t\trelay a b\n"} {
+		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site(bad)), nil); err == nil {
+			t.Errorf("%q: adapted", bad)
+		}
+	}
+	raw, err := os.ReadFile("../Caddyfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(raw), "\t\t\t\trelay ") || !strings.Contains(string(raw), "proxy_url http://localhost:8080/upstream-proxy") {
+		t.Fatal("the repo's Caddyfile should leave demo { relay } to its default, proxy_url")
 	}
 }
