@@ -63,11 +63,11 @@ func WithUndeliverable(f func(waID string) bool) Option {
 }
 
 // WithStatusOrder sets the statuses posted, in this order, for each message to a deliverable
-// recipient; each must be "sent", "delivered" or "read" (else WithStatusOrder panics); repeats are posted
-// again (the upstream may send a status twice). The statuses keep the timestamps of their events
-// whatever the order, so WithStatusOrder("sent", "read", "delivered") reports a "read" that
-// arrives before the "delivered" that happened before it. No statuses: nothing is reported.
-// Default: sent, delivered, read.
+// recipient; each must be "sent", "delivered" or "read" (else WithStatusOrder panics), and a
+// repeat is posted again (the upstream may send a status twice). The statuses keep the
+// timestamps of their events whatever the order, so WithStatusOrder("sent", "read",
+// "delivered") reports a "read" that arrives before the "delivered" that happened before it. No
+// statuses: nothing is reported. Default: sent, delivered, read.
 func WithStatusOrder(statuses ...string) Option {
 	for _, st := range statuses {
 		if _, ok := statusRank[st]; !ok {
