@@ -187,6 +187,7 @@ func (h *Handler) routes() {
 		handle(get, "/demo", h.demo)
 		handle(post, "/demo/emit", h.demoEmit)
 		handle(post, "/demo/webhook", h.demoWebhook)
+		handle(post, "/demo/send", h.demoSend)
 	}
 }
 
