@@ -182,5 +182,8 @@ func stringValue(raw []byte) (string, bool) {
 // intValue decodes a raw JSON integer value that fits an int32 (the log's column).
 func intValue(raw []byte) (int, bool) {
 	n, err := strconv.ParseInt(string(raw), 10, 32)
-	return int(n), err == nil
+	if err != nil {
+		return 0, false
+	}
+	return int(n), true
 }
