@@ -117,7 +117,9 @@ func TestCallLogSendExits(t *testing.T) {
 	f.expectCall(t, l, "upstream 5xx", Call{Status: 500, Outcome: OutcomeUpstream5xx, Recipient: to, IdempotencyKey: "k3", ErrorCode: 131000})
 	f.serve("POST", send, sendBody("five", "k3"), nil)
 	f.expectCall(t, l, "replayed 5xx", Call{Status: 500, Outcome: OutcomeReplayed, Recipient: to, IdempotencyKey: "k3", ErrorCode: 131000, Replayed: true})
-	down := func(http.ResponseWriter, *http.Request) error { return &net.OpError{Op: "dial", Err: context.DeadlineExceeded} }
+	down := func(http.ResponseWriter, *http.Request) error {
+		return &net.OpError{Op: "dial", Err: context.DeadlineExceeded}
+	}
 	f.serve("POST", send, sendBody("hi", ""), down)
 	f.expectCall(t, l, "upstream unreachable", Call{Status: 504, Outcome: OutcomeUpstreamError, Recipient: to})
 
