@@ -76,6 +76,46 @@ func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store
 	return c
 }
 
+// sendMinute is one minute of a channel's relay calls by outcome.
+// TODO(relaylog): store.SendMinute once the relaylog branch lands.
+type sendMinute struct {
+	Minute                                  time.Time
+	OK, UpstreamError, RateLimited, Refused int
+}
+
+// sendCharts are a channel's sends of the last 24 h as a server-rendered SVG chart, with the
+// totals as text for readers that do not see it.
+type sendCharts struct {
+	Outcomes                                template.HTML
+	OK, UpstreamError, RateLimited, Refused int
+}
+
+// renderSendCharts draws a channel's relay calls per minute by outcome (2xx, upstream error,
+// 429, refused by the relay) over the 24 h ending at now.
+func renderSendCharts(now time.Time, minutes []sendMinute) sendCharts {
+	start := now.Add(-24 * time.Hour).Truncate(time.Minute)
+	const n = 24 * 60
+	ok, upstream, limited, refused := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	var c sendCharts
+	max := 1.0
+	for _, m := range minutes {
+		i := int(m.Minute.Sub(start) / time.Minute)
+		if i < 0 || i >= n {
+			continue
+		}
+		ok[i], upstream[i], limited[i], refused[i] = float64(m.OK), float64(m.UpstreamError), float64(m.RateLimited), float64(m.Refused)
+		c.OK += m.OK
+		c.UpstreamError += m.UpstreamError
+		c.RateLimited += m.RateLimited
+		c.Refused += m.Refused
+		max = maxf(max, ok[i], upstream[i], limited[i], refused[i])
+	}
+	c.Outcomes = svgChart("Sends per minute by outcome, last 24 hours", fmt.Sprintf("peak %.0f/min", max), max,
+		series{"ok", "2xx", ok}, series{"upstream", "upstream error", upstream},
+		series{"limited", "429", limited}, series{"refused", "refused", refused})
+	return c
+}
+
 type series struct {
 	class, label string
 	values       []float64

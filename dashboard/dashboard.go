@@ -169,6 +169,8 @@ func (h *Handler) routes() {
 	handle(post, "/channels", h.createChannel)
 	handle(post, "/channels/{id}/reconnect", h.reconnectChannel)
 	handle(post, "/channels/{id}/delete", h.deleteChannel)
+	handle(get, "/channels/{id}", h.channel)
+	handle(get, "/messages/{wamid...}", h.message)
 	handle(get, "/webhooks", h.webhooks)
 	handle(post, "/webhooks", h.createWebhook)
 	handle(get, "/webhooks/{id}", h.webhook)
