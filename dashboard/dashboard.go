@@ -1,5 +1,6 @@
 // Package dashboard serves wabarelay's web dashboard for an org's operators: channels (with
-// their connect links), webhooks, a webhook's delivery log and charts, and API keys. It is a
+// their connect links), a channel's recent messages and sends per minute, a message's timeline,
+// webhooks, a webhook's delivery log and charts, and API keys. It is a
 // plain net/http handler, server-rendered with html/template and embedded assets (no build
 // step); the Caddy module wabarelay_dashboard mounts it.
 //
