@@ -121,6 +121,10 @@ type series struct {
 	values       []float64
 }
 
+// legendInSVG is the most series whose legend fits in the chart's top line beside its scale on
+// a 320 px screen; a chart of more has its legend below it, in HTML, where it wraps.
+const legendInSVG = 2
+
 // svgChart draws series as polylines on a shared scale. Everything in it is numbers or fixed
 // text, escaped, so it is safe HTML. The outer SVG is in CSS pixels, so its text keeps its shape
 // at any width; only the inner one, holding the lines, stretches to the width.
@@ -144,6 +148,14 @@ func svgChart(title, scale string, max float64, ss ...series) template.HTML {
 	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
 	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">now</text>`, chartH+14)
 	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
+	if len(ss) > legendInSVG {
+		b.WriteString(`</svg><ul class="chart-legend">`)
+		for _, s := range ss {
+			fmt.Fprintf(&b, `<li class="%s">%s</li>`, s.class, template.HTMLEscapeString(s.label))
+		}
+		b.WriteString(`</ul>`)
+		return template.HTML(b.String())
+	}
 	b.WriteString(`<text class="legend" x="100%" dx="-4" y="12" text-anchor="end">`)
 	for i, s := range ss {
 		if i > 0 {
