@@ -90,7 +90,7 @@ type Timeline struct {
 	CreatedAt time.Time
 	// Relay is the relay call that sent the message; nil when the relay did not see it (sent
 	// around it) or its log row was dropped.
-	Relay *RelayCall
+	Relay *MessageRelayCall
 	// Statuses are the message's status events in upstream timestamp order (empty for an
 	// incoming message).
 	Statuses []StatusEvent
@@ -99,8 +99,8 @@ type Timeline struct {
 	Deliveries []EventDelivery
 }
 
-// RelayCall is the relay call that sent an outgoing message.
-type RelayCall struct {
+// MessageRelayCall is the relay call that sent an outgoing message.
+type MessageRelayCall struct {
 	At time.Time
 	// Status is the HTTP status answered to the caller.
 	Status    int
@@ -246,7 +246,7 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 			t.To = &to
 		}
 		if relayAt != nil {
-			t.Relay = &RelayCall{At: *relayAt, IdempotencyKey: key, Replayed: replayed}
+			t.Relay = &MessageRelayCall{At: *relayAt, IdempotencyKey: key, Replayed: replayed}
 			if relayStatus != nil {
 				t.Relay.Status = int(*relayStatus)
 			}
