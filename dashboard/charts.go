@@ -76,13 +76,6 @@ func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store
 	return c
 }
 
-// sendMinute is one minute of a channel's relay calls by outcome.
-// TODO(relaylog): store.SendMinute once the relaylog branch lands.
-type sendMinute struct {
-	Minute                                  time.Time
-	OK, UpstreamError, RateLimited, Refused int
-}
-
 // sendCharts are a channel's sends of the last 24 h as a server-rendered SVG chart, with the
 // totals as text for readers that do not see it.
 type sendCharts struct {
@@ -92,7 +85,7 @@ type sendCharts struct {
 
 // renderSendCharts draws a channel's relay calls per minute by outcome (2xx, upstream error,
 // 429, refused by the relay) over the 24 h ending at now.
-func renderSendCharts(now time.Time, minutes []sendMinute) sendCharts {
+func renderSendCharts(now time.Time, minutes []store.SendMinute) sendCharts {
 	start := now.Add(-24 * time.Hour).Truncate(time.Minute)
 	const n = 24 * 60
 	ok, upstream, limited, refused := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)

@@ -15,10 +15,6 @@ import (
 
 // ---- a channel's page: recent messages and sends per minute ------------------------------
 
-// messageStatuses are the latest statuses an outgoing message can have (the status filter's
-// choices), in the order they are reached.
-var messageStatuses = []string{"accepted", "sent", "delivered", "read", "failed"}
-
 // messagePageSize is how many messages the channel page lists at a time.
 const messagePageSize = 50
 
@@ -76,18 +72,21 @@ func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	q := r.URL.Query()
-	d := channelData{Channel: managementapi.NewChannel(c, h.connectBase(r)), Statuses: messageStatuses,
+	d := channelData{Channel: managementapi.NewChannel(c, h.connectBase(r)), Statuses: store.MessageStatuses,
 		Filter: messageFilter{Status: q.Get("status"), Q: formText(q.Get("q"))}}
 	status := http.StatusOK
-	rows, next, e := h.listMessages(r, s, cid, d.Filter, q.Get("cursor"))
-	if e != nil && e.Status == http.StatusUnprocessableEntity {
-		// A filter the API refuses: say so, and list without it.
+	rows, next, err := h.listMessages(r, s, cid, d.Filter, q.Get("cursor"))
+	if e, ok := errors.AsType[*managementapi.Error](err); ok && e.Status == http.StatusUnprocessableEntity {
+		// A filter (or cursor) the API refuses: say so, and list without it.
 		p.Error, status = e.Message, e.Status
 		d.Filter = messageFilter{}
-		rows, next, e = h.listMessages(r, s, cid, d.Filter, "")
+		rows, next, err = h.listMessages(r, s, cid, d.Filter, "")
 	}
-	if e != nil {
+	if e, ok := errors.AsType[*managementapi.Error](err); ok {
 		h.apiError(w, r, s, e)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
 		return
 	}
 	d.Messages = rows
@@ -167,9 +166,12 @@ type messageData struct {
 }
 
 func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
-	d, e := h.getMessage(r, s, r.PathValue("wamid"))
-	if e != nil {
-		h.apiError(w, r, s, e)
+	d, err := h.getMessage(r, s, r.PathValue("wamid"))
+	if errors.Is(err, store.ErrMessageNotFound) {
+		h.notFound(w, r, s)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
 		return
 	}
 	org := s.Key.OrgID
@@ -205,7 +207,7 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
 // a step may seem to come before the relay call that caused it: such a gap counts as none.
 func timeSteps(steps []step) string {
 	for i := 1; i < len(steps); i++ {
-		steps[i].Since = "+" + fmtDuration(steps[i].At.Sub(steps[i-1].At))
+		steps[i].Since = fmtDuration(steps[i].At.Sub(steps[i-1].At))
 	}
 	if len(steps) < 2 {
 		return ""
