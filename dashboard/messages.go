@@ -205,14 +205,28 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
 // timeSteps fills in each step's time since the previous one and returns the time from the
 // first to the last ("" with fewer than two steps). Upstream timestamps have whole seconds, so
 // a step may seem to come before the relay call that caused it: such a gap counts as none.
+// A step of unknown time (a status without a timestamp the upstream sent) has none of these
+// and is left out of the total.
 func timeSteps(steps []step) string {
-	for i := 1; i < len(steps); i++ {
-		steps[i].Since = fmtDuration(steps[i].At.Sub(steps[i-1].At))
+	var first, last time.Time
+	timed := 0
+	for i := range steps {
+		at := steps[i].At
+		if at.IsZero() {
+			continue
+		}
+		if i > 0 && !steps[i-1].At.IsZero() {
+			steps[i].Since = fmtDuration(at.Sub(steps[i-1].At))
+		}
+		if timed == 0 {
+			first = at
+		}
+		last, timed = at, timed+1
 	}
-	if len(steps) < 2 {
+	if timed < 2 {
 		return ""
 	}
-	return fmtDuration(steps[len(steps)-1].At.Sub(steps[0].At))
+	return fmtDuration(last.Sub(first))
 }
 
 // fmtDuration writes a duration for people: "850 ms", "2.4 s", "3 min 5 s", "2 h 10 min",

@@ -270,8 +270,8 @@ func TestChannelPageNextPage(t *testing.T) {
 
 // TestMessagePage: a message's page shows its timeline — the relay call (status, latency,
 // replayed), then each status with its time and the time since the step before, a failure's
-// code, title and explanation — and its deliveries to the org's webhooks; another org's
-// message and an unknown wamid are the not-found page.
+// code, title and explanation — and its deliveries to the org's webhooks; an incoming message
+// shows when it was received; another org's message and an unknown wamid are the not-found page.
 func TestMessagePage(t *testing.T) {
 	e := newEnv(t)
 	m := newMessagesEnv(t, e)
@@ -301,6 +301,20 @@ func TestMessagePage(t *testing.T) {
 	}
 	if n := strings.Count(a.body, `<li class="delivery">`); n != 3 {
 		t.Errorf("%d deliveries shown, want one per status", n)
+	}
+
+	// An incoming message: received, no relay call, no statuses; the webhook takes statuses only.
+	in := "wamid.INCOMING0000000000000001"
+	data, _ := json.Marshal(map[string]any{"message": map[string]any{"id": in, "from": "15550100009", "type": "text",
+		"timestamp": fmt.Sprint(time.Now().Unix()), "text": map[string]any{"body": "hi"}}, "contact": nil})
+	if _, err := e.Store.StoreEvents(context.Background(), []store.IncomingItem{{Type: "messages", PhoneNumberID: "1001",
+		DedupeKey: "m:" + in, WAMID: in, Customer: "15550100009", Data: data, Sent: time.Now()}}, store.Claim{}); err != nil {
+		t.Fatal(err)
+	}
+	a = c.get(messagePage(in))
+	wantStatus(t, a, http.StatusOK, "incoming", "received", "15550100009", "No deliveries")
+	if steps := regexpAll(`<li class="step ([a-z]+)">`, a.body); strings.Join(steps, ",") != "received" {
+		t.Errorf("incoming steps = %v, want received", steps)
 	}
 
 	for _, w := range []string{m.away.wamid, "wamid.nope", "x"} {
