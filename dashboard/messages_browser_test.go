@@ -39,7 +39,7 @@ func TestBrowserMessages(t *testing.T) {
 			}
 			failedRow := `li.message:has(a[href$="` + m.failed.wamid + `"])`
 			wantText(t, p, failedRow+" .badge", "failed")
-			wantText(t, p, failedRow+" dl", "+15550100002", "order-1002", "131047", "Outside the 24-hour window")
+			wantText(t, p, failedRow, "+15550100002", "order-1002", "131047", "Outside the 24-hour window")
 			wantText(t, p, `li.message:has(a[href$="`+m.read.wamid+`"]) .badge`, "read")
 			checkLayout(t, p, "channel", v)
 
