@@ -63,10 +63,13 @@ type statusFields struct {
 	Status      json.RawMessage `json:"status"`
 	RecipientID json.RawMessage `json:"recipient_id"`
 	Timestamp   json.RawMessage `json:"timestamp"`
-	Errors      []struct {
-		Code  json.RawMessage `json:"code"`
-		Title json.RawMessage `json:"title"`
-	} `json:"errors"`
+	Errors      json.RawMessage `json:"errors"`
+}
+
+// statusError is the part of a status's errors[0] ParseMessageStatus reads.
+type statusError struct {
+	Code  json.RawMessage `json:"code"`
+	Title json.RawMessage `json:"title"`
 }
 
 // ParseMessageStatus reads an upstream status object: its id and what it says (MessageStatus).
@@ -78,11 +81,12 @@ func ParseMessageStatus(raw json.RawMessage) (id string, st MessageStatus, ok bo
 		return "", MessageStatus{}, false
 	}
 	st = MessageStatus{Status: jsonString(f.Status), Timestamp: UpstreamTime(f.Timestamp), Recipient: jsonString(f.RecipientID)}
-	if len(f.Errors) > 0 {
-		if n, err := strconv.Atoi(jsonString(f.Errors[0].Code)); err == nil {
-			st.ErrorCode = n
+	var errs []statusError
+	if json.Unmarshal(f.Errors, &errs) == nil && len(errs) > 0 { // (not an array of objects: none)
+		if n, err := strconv.ParseInt(jsonString(errs[0].Code), 10, 32); err == nil {
+			st.ErrorCode = int(n)
 		}
-		st.ErrorTitle = jsonString(f.Errors[0].Title)
+		st.ErrorTitle = jsonString(errs[0].Title)
 	}
 	return jsonString(f.ID), st, true
 }
