@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -32,22 +33,21 @@ type sentMessage struct {
 	errTitle string
 }
 
-// seedMessage records m on channel ch (connected as phone number id pn) of e's org: a messages
-// row as the relay log's writer makes it, and each status through the inbound path
-// (store.StoreEvents, so a webhook of the org gets its deliveries). It returns the time of the
-// last status.
+// seedMessage records m on channel ch (connected as phone number id pn) of org through the real
+// paths: its relay call through the relay log's write (a relay_log row and the messages row),
+// each status through the inbound path (store.StoreEvents: the event, its deliveries to the
+// org's webhooks, the message's latest status). It returns the time of the last status.
 func seedMessage(t *testing.T, e *env, org, ch uuid.UUID, pn string, m sentMessage) time.Time {
 	t.Helper()
-	var key *string
-	if m.key != "" {
-		key = &m.key
+	ctx := context.Background()
+	outcome := "ok"
+	if m.replayed {
+		outcome = "replayed"
 	}
-	e.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, idempotency_key,
-			relay_at, relay_status, relay_latency_us, relay_replayed)
-		VALUES ($1, $2, $3, $4, $5, $6, $5, 200, $7, $8)
-		ON CONFLICT (wamid) DO UPDATE SET recipient = $4, created_at = $5, idempotency_key = $6,
-			relay_at = $5, relay_status = 200, relay_latency_us = $7, relay_replayed = $8`,
-		m.wamid, org, ch, m.to, m.at, key, m.latencyMS*1000, m.replayed)
+	if err := e.Store.WriteRelayLog(ctx, []store.RelayCall{{At: m.at, OrgID: org, ChannelID: ch, Status: 200, Outcome: outcome,
+		Latency: time.Duration(m.latencyMS) * time.Millisecond, IdempotencyKey: m.key, Replayed: m.replayed, Recipient: m.to, WAMID: m.wamid}}); err != nil {
+		t.Fatal(err)
+	}
 	at := m.at
 	for _, st := range m.statuses {
 		at = at.Add(time.Second)
@@ -55,25 +55,26 @@ func seedMessage(t *testing.T, e *env, org, ch uuid.UUID, pn string, m sentMessa
 		if st == "failed" {
 			status["errors"] = []map[string]any{{"code": m.errCode, "title": m.errTitle}}
 		}
-		data, _ := json.Marshal(map[string]any{"status": status})
-		if _, err := e.Store.StoreEvents(context.Background(), []store.IncomingItem{{
-			Type: "message_status", PhoneNumberID: pn, DedupeKey: "s:" + m.wamid + ":" + st, WAMID: m.wamid,
-			Customer: strings.TrimPrefix(m.to, "+"), Data: data, Sent: at,
-		}}, store.Claim{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := len(m.statuses); n > 0 {
-		// The latest status, as the inbound path sets it (statuses only move forward).
-		var code *int
-		var title *string
-		if m.errCode != 0 {
-			code, title = &m.errCode, &m.errTitle
-		}
-		e.Exec(t, `UPDATE messages SET status = $2, status_rank = array_position(ARRAY['accepted','sent','delivered','read','failed'], $2) - 1,
-			status_at = $3, error_code = $4, error_title = $5 WHERE wamid = $1`, m.wamid, m.statuses[n-1], at, code, title)
+		upstreamWebhook(t, e, pn, "statuses", status)
 	}
 	return at
+}
+
+// upstreamWebhook stores what the upstream's webhook for phone number id pn says, one item of
+// value's list (statuses or messages), through the inbound path: inbound.Parse, then
+// store.StoreEvents.
+func upstreamWebhook(t *testing.T, e *env, pn, list string, item any) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"object": "whatsapp_business_account", "entry": []any{map[string]any{
+		"id": "2001", "changes": []any{map[string]any{"field": "messages", "value": map[string]any{
+			"messaging_product": "whatsapp", "metadata": map[string]any{"phone_number_id": pn}, list: []any{item}}}}}}})
+	b, err := inbound.Parse(body)
+	if err != nil || len(b.Items) != 1 {
+		t.Fatalf("parse: %d items, %v", len(b.Items), err)
+	}
+	if _, err := e.Store.StoreEvents(context.Background(), b.Items, store.Claim{}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // seedRelayLog records relay calls on channel ch of org at time at: n of each status.
@@ -121,7 +122,6 @@ func newMessagesEnv(t *testing.T, e *env) *messagesEnv {
 	seedMessage(t, e, otherOrg.ID, m.other.ID, "9009", m.away)
 
 	minute := now.Add(-15 * time.Minute)
-	seedRelayLog(t, e, e.org.ID, m.ch.ID, minute, "200", "ok", 0, 3)
 	seedRelayLog(t, e, e.org.ID, m.ch.ID, minute, "400", "upstream_4xx", 131047, 1)
 	seedRelayLog(t, e, e.org.ID, m.ch.ID, minute.Add(-time.Minute), "429", "rate_limited", 0, 2)
 	seedRelayLog(t, e, e.org.ID, m.ch.ID, minute.Add(-2*time.Minute), "422", "invalid_request", 0, 1)
@@ -172,7 +172,8 @@ func TestChannelPage(t *testing.T) {
 	if i, j, k := strings.Index(a.body, m.read.wamid), strings.Index(a.body, m.failed.wamid), strings.Index(a.body, m.delivered.wamid); i > j || j > k {
 		t.Errorf("messages not newest first")
 	}
-	// 3 + 1 + 2 + 1 sends in the last 24 h; the other org's and the older ones not counted.
+	// The 3 messages' calls, 1 upstream error, 2 429s, 1 refusal in the last 24 h; the other
+	// org's and the older ones not counted.
 	wantStatus(t, a, http.StatusOK, "3 answered 2xx, 1 upstream errors, 2 answered 429, 1 refused by the relay.")
 	if n := strings.Count(a.body, "<polyline"); n != 4 {
 		t.Errorf("%d chart lines, want 4 (2xx, upstream error, 429, refused)", n)
@@ -305,12 +306,8 @@ func TestMessagePage(t *testing.T) {
 
 	// An incoming message: received, no relay call, no statuses; the webhook takes statuses only.
 	in := "wamid.INCOMING0000000000000001"
-	data, _ := json.Marshal(map[string]any{"message": map[string]any{"id": in, "from": "15550100009", "type": "text",
-		"timestamp": fmt.Sprint(time.Now().Unix()), "text": map[string]any{"body": "hi"}}, "contact": nil})
-	if _, err := e.Store.StoreEvents(context.Background(), []store.IncomingItem{{Type: "messages", PhoneNumberID: "1001",
-		DedupeKey: "m:" + in, WAMID: in, Customer: "15550100009", Data: data, Sent: time.Now()}}, store.Claim{}); err != nil {
-		t.Fatal(err)
-	}
+	upstreamWebhook(t, e, "1001", "messages", map[string]any{"id": in, "from": "15550100009", "type": "text",
+		"timestamp": fmt.Sprint(time.Now().Unix()), "text": map[string]any{"body": "hi"}})
 	a = c.get(messagePage(in))
 	wantStatus(t, a, http.StatusOK, "incoming", "received", "15550100009", "No deliveries")
 	if steps := regexpAll(`<li class="step ([a-z]+)">`, a.body); strings.Join(steps, ",") != "received" {
