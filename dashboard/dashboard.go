@@ -128,7 +128,7 @@ func New(opt Options) (*Handler, error) {
 	if h.logger == nil {
 		h.logger = zap.NewNop()
 	}
-	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join}
+	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	names, _ := fs.Glob(templateFS, "templates/*.html")
 	for _, name := range names {
@@ -486,6 +486,14 @@ func fmtTime(t any) string {
 		return v.UTC().Format("2006-01-02 15:04:05 UTC")
 	}
 	return ""
+}
+
+// count writes n things: "1 upstream error", "2 upstream errors".
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
 
 func deref(v any) any {

@@ -33,7 +33,7 @@ func TestBrowserMessages(t *testing.T) {
 			if n := browsertest.Eval[int](t, p, `document.querySelectorAll('svg.chart polyline').length`); n != 4 {
 				t.Errorf("%d chart lines, want 4", n)
 			}
-			wantText(t, p, "#sends-h + .summary", "3 answered 2xx, 1 upstream errors, 2 answered 429, 1 refused by the relay.")
+			wantText(t, p, "#sends-h + .summary", "3 answered 2xx, 1 upstream error, 2 answered 429, 1 refused by the relay.")
 			if n := browsertest.Eval[int](t, p, `document.querySelectorAll('li.message').length`); n != 3 {
 				t.Errorf("%d messages listed, want 3", n)
 			}

@@ -49,3 +49,12 @@ func TestTimeSteps(t *testing.T) {
 		t.Errorf("total of one timed step = %q, want none", got)
 	}
 }
+
+// TestCount: one thing, or many.
+func TestCount(t *testing.T) {
+	for n, want := range map[int]string{0: "0 upstream errors", 1: "1 upstream error", 2: "2 upstream errors"} {
+		if got := count(n, "upstream error", "upstream errors"); got != want {
+			t.Errorf("count(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
