@@ -28,6 +28,7 @@ import (
 	"github.com/wabarelay/wabarelay/internal/authguard"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
+	"github.com/wabarelay/wabarelay/relaylog"
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -100,6 +101,10 @@ type App struct {
 	// dashboard).
 	Limits *LimitsConfig `json:"limits,omitempty"`
 
+	// RelayLog configures the relay log: every call on the relay's send path, written to
+	// Postgres in batches off the request path (docs/relay.md#relay-log). On by default.
+	RelayLog *RelayLogConfig `json:"relay_log,omitempty"`
+
 	// SkipMigrations, when true, does not apply schema migrations at start (run
 	// `caddy wabarelay migrate` instead). Default: false (migrations run at start under a
 	// Postgres advisory lock, so concurrent starts are safe).
@@ -128,6 +133,8 @@ type App struct {
 	metrics   *metrics
 	logger    *zap.Logger
 	released  bool
+	// relayLog is the relay log's writer (nil: relay_log off), started and stopped with the app.
+	relayLog *relaylog.Writer
 
 	stopListener context.CancelFunc
 	listenerDone chan struct{}
@@ -214,6 +221,22 @@ type LimitsConfig struct {
 	// APIKeysPerOrg is the most API keys an organization may have that are neither revoked nor
 	// expired. Default: 100.
 	APIKeysPerOrg int `json:"api_keys_per_org,omitempty"`
+}
+
+// RelayLogConfig configures the relay log's writer (relaylog.Config): calls wait in a bounded
+// buffer and are written in batches; a call that finds the buffer full, or whose batch fails,
+// is dropped and counted (caddy_wabarelay_relay_log_dropped_total).
+type RelayLogConfig struct {
+	// Off turns the relay log off (`relay_log off`): no call is recorded. Default: false (the
+	// log is on).
+	Off bool `json:"off,omitempty"`
+	// Buffer is the most calls waiting to be written. Default: 16384 (relaylog.DefaultBuffer).
+	Buffer int `json:"buffer,omitempty"`
+	// Batch is the most calls written at once. Default: 1000 (relaylog.DefaultBatch).
+	Batch int `json:"batch,omitempty"`
+	// Interval is the longest a call waits before its batch is written. Default: 1s
+	// (relaylog.DefaultInterval).
+	Interval caddy.Duration `json:"interval,omitempty"`
 }
 
 // RateLimitConfig is a request limit per window.
@@ -368,8 +391,29 @@ func (a *App) Provision(ctx caddy.Context) error {
 	}
 	mgmtLimit := a.ManagementRateLimit
 	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", mgmtLimit.Requests, time.Duration(mgmtLimit.Window))
+	if c := a.RelayLog; c == nil || !c.Off {
+		var cfg relaylog.Config
+		if c != nil {
+			cfg = relaylog.Config{Buffer: c.Buffer, Batch: c.Batch, Interval: time.Duration(c.Interval)}
+		}
+		a.relayLog = relaylog.New(a.store, cfg, relayLogObserver{a.metrics}, a.logger.Named("relay_log"))
+	}
 	return nil
 }
+
+// callLog is the relay's call log: the relay log's writer, or nil when it is off.
+func (a *App) callLog() relay.CallLog {
+	if a.relayLog == nil {
+		return nil
+	}
+	return a.relayLog
+}
+
+// relayLogObserver feeds the relay log's metrics.
+type relayLogObserver struct{ m *metrics }
+
+func (o relayLogObserver) Written(n int) { o.m.relayLogWritten.Add(float64(n)) }
+func (o relayLogObserver) Dropped(n int) { o.m.relayLogDropped.Add(float64(n)) }
 
 // provisionDelivery resolves delivery's allow_private_targets and root_ca (placeholders, the
 // CA file read and parsed here, so that `caddy validate` checks it) and warns, at every start
@@ -491,6 +535,9 @@ func (a *App) Start() error {
 		a.cache.Listen(lctx, a.database, a.logger, nil)
 	}()
 	go a.maintainLoop(lctx)
+	if a.relayLog != nil {
+		a.relayLog.Start()
+	}
 	if err := a.startDispatcher(lctx); err != nil {
 		cancel()
 		<-a.listenerDone
@@ -507,6 +554,9 @@ func (a *App) Stop() error {
 	// should not leave their keys in flight until the lease ends.
 	for deadline := time.Now().Add(5 * time.Second); a.pendingStores.Load() > 0 && time.Now().Before(deadline); {
 		time.Sleep(5 * time.Millisecond)
+	}
+	if a.relayLog != nil {
+		a.relayLog.Stop() // writes what is buffered (bounded); later calls are dropped and counted
 	}
 	if a.stopListener != nil {
 		a.stopListener()

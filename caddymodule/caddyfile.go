@@ -72,6 +72,12 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			webhooks_per_org <n>
 //			api_keys_per_org <n>              # neither revoked nor expired
 //		}
+//		relay_log off                         # or:
+//		relay_log {
+//			buffer   <n>
+//			batch    <n>
+//			interval <duration>
+//		}
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 	d.Next() // option name
@@ -142,6 +148,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case opt == "limits":
 			a.Limits = new(LimitsConfig)
 			if err := a.Limits.unmarshal(d); err != nil {
+				return err
+			}
+		case opt == "relay_log":
+			a.RelayLog = new(RelayLogConfig)
+			if err := a.RelayLog.unmarshal(d); err != nil {
 				return err
 			}
 		default:
@@ -267,6 +278,37 @@ func (c *LimitsConfig) unmarshal(d *caddyfile.Dispenser) error {
 			err = intArg(d, &c.APIKeysPerOrg)
 		default:
 			return d.Errf("unrecognized limits option %q", d.Val())
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unmarshal reads `relay_log off` or `relay_log { buffer batch interval }`.
+func (c *RelayLogConfig) unmarshal(d *caddyfile.Dispenser) error {
+	if d.NextArg() {
+		if d.Val() != "off" || d.NextArg() {
+			return d.Errf("relay_log: expected off or a block, got %q", d.Val())
+		}
+		c.Off = true
+		if d.NextBlock(d.Nesting()) {
+			return d.Err("relay_log off takes no block")
+		}
+		return nil
+	}
+	for nesting := d.Nesting(); d.NextBlock(nesting); {
+		var err error
+		switch d.Val() {
+		case "buffer":
+			err = intArg(d, &c.Buffer)
+		case "batch":
+			err = intArg(d, &c.Batch)
+		case "interval":
+			err = durationArg(d, &c.Interval)
+		default:
+			return d.Errf("unrecognized relay_log option %q", d.Val())
 		}
 		if err != nil {
 			return err

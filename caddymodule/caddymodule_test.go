@@ -128,6 +128,11 @@ func TestAdaptAllOptions(t *testing.T) {
 			webhooks_per_org 5
 			api_keys_per_org 7
 		}
+		relay_log {
+			buffer   64
+			batch    8
+			interval 50ms
+		}
 	}
 }
 example.com {
@@ -150,7 +155,7 @@ example.com {
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,` +
 		`"failure_threshold":5,"disable_after":172800000000000,"probe_interval":[10000000000,60000000000],"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},` +
-		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"skip_migrations":true}`
+		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"relay_log":{"buffer":64,"batch":8,"interval":50000000},"skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
 		t.Fatalf("app JSON:\n got %s\nwant %s", parsed.Apps.Wabarelay, want)
 	}
@@ -167,6 +172,10 @@ example.com {
 		`{ wabarelay { limits { webhooks_per_org 0 } } }`,
 		`{ wabarelay { limits { api_keys_per_org many } } }`,
 		`{ wabarelay { limits { channels_per_org 5 } } }`,
+		`{ wabarelay { relay_log on } }`,
+		`{ wabarelay { relay_log off now } }`,
+		`{ wabarelay { relay_log { buffer 0 } } }`,
+		`{ wabarelay { relay_log { flush 1s } } }`,
 	} {
 		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(bad+"\n:80 {\n respond ok\n}"), nil); err == nil {
 			t.Errorf("adapted invalid config %q", bad)

@@ -16,13 +16,14 @@ import (
 // blocks and the handler directives).
 var configStructs = map[string]bool{
 	"App": true, "MetaConfig": true, "DeliveryConfig": true, "LimitsConfig": true, "RateLimitConfig": true,
-	"RedisConfig": true, "RelayHandler": true, "ConnectHandler": true, "DashboardHandler": true, "DashboardDemo": true,
+	"RedisConfig": true, "RelayLogConfig": true, "RelayHandler": true, "ConnectHandler": true, "DashboardHandler": true, "DashboardDemo": true,
 }
 
 // caddyfileName is the Caddyfile option of a field whose JSON name differs from it.
 var caddyfileName = map[string]string{
 	"RelayHandler.requests": "rate_limit", // wabarelay_proxy { rate_limit <requests> [<window>] }
 	"RelayHandler.window":   "rate_limit",
+	"RelayLogConfig.off":    "relay_log", // relay_log off
 }
 
 // defaultRe finds a field godoc's default: "Default: <value>" or "Default (unset): <value>",

@@ -51,6 +51,11 @@ type DashboardDemo struct {
 	// ReceiverCA is a PEM file of the CA that issued the receiver's certificate (trusted, in
 	// addition to the system's, for the demo page's calls).
 	ReceiverCA string `json:"receiver_ca,omitempty"`
+	// Relay is the relay's base URL that the demo page's "Send 10 demo messages" calls with a
+	// channel's token, as a customer's backend would (e.g.
+	// http://localhost:8080/upstream-proxy); empty after resolution leaves the button off.
+	// Default: the wabarelay app's proxy_url.
+	Relay string `json:"relay,omitempty"`
 }
 
 // CaddyModule returns the Caddy module information.
@@ -84,12 +89,19 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 		if err != nil {
 			return err
 		}
+		relay, err := resolveSecret(repl, "demo relay", h.Demo.Relay, false)
+		if err != nil {
+			return err
+		}
+		if relay == "" {
+			relay = app.ProxyURL
+		}
 		if fake != "" {
 			client, err := demoClient(caFile)
 			if err != nil {
 				return err
 			}
-			opt.Demo = &dashboard.Demo{FakeUpstream: fake, Receiver: recv, Client: client}
+			opt.Demo = &dashboard.Demo{FakeUpstream: fake, Receiver: recv, Relay: relay, Client: client}
 			logger.Warn("dashboard demo page is on: it makes the fake upstream send messages and reads its receiver (development only)",
 				zap.String("fake_upstream", fake))
 		}
@@ -134,6 +146,7 @@ func (h *DashboardHandler) ServeHTTP(w http.ResponseWriter, r *http.Request, _ c
 //			fake_upstream <url>
 //			receiver      <https url>
 //			receiver_ca   <pem file>
+//			relay         <url>
 //		}
 //	}
 func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -174,6 +187,10 @@ func (h *DashboardHandler) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 					}
 				case "receiver_ca":
 					if !d.AllArgs(&h.Demo.ReceiverCA) {
+						return d.ArgErr()
+					}
+				case "relay":
+					if !d.AllArgs(&h.Demo.Relay) {
 						return d.ArgErr()
 					}
 				default:

@@ -131,7 +131,7 @@ func (w *demoWorld) sdkSignup(sdkURL string) fakegraph.Signup {
 // a channel created with the API, its connect link completed with what the demo SDK hands the
 // page, a send through the relay reaching the fake with the signup's token, and an incoming
 // message emitted by the fake stored and delivered to a webhook on this machine, with the
-// send's "sent" and "delivered" statuses.
+// send's "sent", "delivered" and "read" statuses.
 func TestDemoRepoCaddyfile(t *testing.T) {
 	w := startDemo(t)
 
@@ -211,8 +211,8 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 	if n := w.countWhere("events", "type", "messages"); n != 1 {
 		t.Fatalf("%d message events stored", n)
 	}
-	want := map[string]bool{"messages": false, "sent": false, "delivered": false}
-	for !want["messages"] || !want["sent"] || !want["delivered"] {
+	want := map[string]bool{"messages": false, "sent": false, "delivered": false, "read": false}
+	for !want["messages"] || !want["sent"] || !want["delivered"] || !want["read"] {
 		b := w.nextDelivery(t)
 		var ev struct {
 			Type      string `json:"type"`

@@ -23,6 +23,8 @@ type metrics struct {
 	upstreamLatency prometheus.Histogram
 	mediaBytes      *prometheus.CounterVec
 	mediaFirstByte  prometheus.Histogram
+	relayLogWritten prometheus.Counter
+	relayLogDropped prometheus.Counter
 
 	inboundEvents     *prometheus.CounterVec
 	inboundDuplicates prometheus.Counter
@@ -59,6 +61,10 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			mediaFirstByte: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
 				Name: "relay_media_first_byte_seconds", Help: "Time from a media download request to the media host's answer.",
 				Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
+			relayLogWritten: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_log_written_total", Help: "Relay calls written to the relay log."}),
+			relayLogDropped: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "relay_log_dropped_total", Help: "Relay calls dropped from the relay log: its buffer was full or their batch failed."}),
 			inboundEvents: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_events_total", Help: "Events stored from upstream webhooks, by type."}, []string{"type"}),
 			inboundDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
@@ -82,7 +88,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 	})
 	if reg != nil {
 		for _, c := range []prometheus.Collector{theMetrics.relayRequests, theMetrics.rateLimited, theMetrics.replays, theMetrics.upstreamLatency,
-			theMetrics.mediaBytes, theMetrics.mediaFirstByte,
+			theMetrics.mediaBytes, theMetrics.mediaFirstByte, theMetrics.relayLogWritten, theMetrics.relayLogDropped,
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
 			theMetrics.inboundMalformed, theMetrics.inboundOverflow,
 			theMetrics.deliveries, theMetrics.attemptLatency,

@@ -75,6 +75,7 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 		Authenticated: setAuthUser,
 		Background:    a.background,
 		Metrics:       newRelayMetrics(a.metrics),
+		CallLog:       a.callLog(),
 		Logger:        a.logger,
 	}
 	return nil

@@ -1011,6 +1011,52 @@ func itoa(n int) string {
 	return string(b)
 }
 
+// viewport is a screen the layout is checked on.
+type viewport struct {
+	name   string
+	width  int
+	height int
+	scale  float64
+	mobile bool
+}
+
+// viewports are a 375 px phone and a 1280 px desktop.
+var viewports = []viewport{
+	{"mobile", 375, 812, 2, true},
+	{"desktop", 1280, 900, 1, false},
+}
+
+// page opens a tab of b with v's screen.
+func (v viewport) page(t *testing.T, b *browsertest.Browser) *browsertest.Page {
+	t.Helper()
+	p := b.NewPage(t)
+	if _, err := chromedp.Call(p.Ctx, emulation.SetDeviceMetricsOverride, emulation.SetDeviceMetricsOverrideParams{
+		Width: int64(v.width), Height: int64(v.height), DeviceScaleFactor: v.scale, Mobile: v.mobile,
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// checkLayout fails unless the page shown fits v: no sideways scrolling, nothing out of its card,
+// chart text neither distorted nor tiny; and saves its screenshot as name.
+func checkLayout(t *testing.T, p *browsertest.Page, name string, v viewport) {
+	t.Helper()
+	if iw := browsertest.Eval[int](t, p, `window.innerWidth`); iw != v.width {
+		t.Errorf("%s: viewport is %d px wide, want %d", name, iw, v.width)
+	}
+	if w, out := overflow(t, p, v.width); w > v.width {
+		t.Errorf("%s: the page is %d px wide at %d px (scrolls sideways); sticking out: %s", name, w, v.width, strings.Join(out, ", "))
+	}
+	if out := spills(t, p); len(out) > 0 {
+		t.Errorf("%s at %d px: out of their box:\n%s", name, v.width, strings.Join(out, "\n"))
+	}
+	if out := badText(t, p); len(out) > 0 {
+		t.Errorf("%s at %d px: distorted or tiny chart text:\n%s", name, v.width, strings.Join(out, "\n"))
+	}
+	shot(t, p, name, v.name)
+}
+
 // TestBrowserLayout: every page, signed out and in (with a channel, a
 // webhook, its deliveries, a new secret, a new key, the delete confirmation,
 // an error page), fits a 375 px phone and a 1280 px desktop: no sideways
@@ -1028,38 +1074,12 @@ func TestBrowserLayout(t *testing.T) {
 	seedDelivery(t, e, wh.ID, support.ID, "delivered", 200, 35, `{"ok":true}`)
 	e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ci-deploy-pipeline-production"})
 
-	for _, v := range []struct {
-		name   string
-		width  int
-		height int
-		scale  float64
-		mobile bool
-	}{
-		{"mobile", 375, 812, 2, true},
-		{"desktop", 1280, 900, 1, false},
-	} {
+	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
-			p := b.NewPage(t)
-			if _, err := chromedp.Call(p.Ctx, emulation.SetDeviceMetricsOverride, emulation.SetDeviceMetricsOverrideParams{
-				Width: int64(v.width), Height: int64(v.height), DeviceScaleFactor: v.scale, Mobile: v.mobile,
-			}); err != nil {
-				t.Fatal(err)
-			}
+			p := v.page(t, b)
 			check := func(name string) {
 				t.Helper()
-				if iw := browsertest.Eval[int](t, p, `window.innerWidth`); iw != v.width {
-					t.Errorf("%s: viewport is %d px wide, want %d", name, iw, v.width)
-				}
-				if w, out := overflow(t, p, v.width); w > v.width {
-					t.Errorf("%s: the page is %d px wide at %d px (scrolls sideways); sticking out: %s", name, w, v.width, strings.Join(out, ", "))
-				}
-				if out := spills(t, p); len(out) > 0 {
-					t.Errorf("%s at %d px: out of their box:\n%s", name, v.width, strings.Join(out, "\n"))
-				}
-				if out := badText(t, p); len(out) > 0 {
-					t.Errorf("%s at %d px: distorted or tiny chart text:\n%s", name, v.width, strings.Join(out, "\n"))
-				}
-				shot(t, p, name, v.name)
+				checkLayout(t, p, name, v)
 			}
 			visit := func(name, path string, wantStatus int) {
 				t.Helper()

@@ -76,10 +76,47 @@ func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store
 	return c
 }
 
+// sendCharts are a channel's sends of the last 24 h as a server-rendered SVG chart, with the
+// totals as text for readers that do not see it.
+type sendCharts struct {
+	Outcomes                                template.HTML
+	OK, UpstreamError, RateLimited, Refused int
+}
+
+// renderSendCharts draws a channel's relay calls per minute by outcome (2xx, upstream error,
+// 429, refused by the relay) over the 24 h ending at now.
+func renderSendCharts(now time.Time, minutes []store.SendMinute) sendCharts {
+	start := now.Add(-24 * time.Hour).Truncate(time.Minute)
+	const n = 24 * 60
+	ok, upstream, limited, refused := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	var c sendCharts
+	max := 1.0
+	for _, m := range minutes {
+		i := int(m.Minute.Sub(start) / time.Minute)
+		if i < 0 || i >= n {
+			continue
+		}
+		ok[i], upstream[i], limited[i], refused[i] = float64(m.OK), float64(m.UpstreamError), float64(m.RateLimited), float64(m.Refused)
+		c.OK += m.OK
+		c.UpstreamError += m.UpstreamError
+		c.RateLimited += m.RateLimited
+		c.Refused += m.Refused
+		max = maxf(max, ok[i], upstream[i], limited[i], refused[i])
+	}
+	c.Outcomes = svgChart("Sends per minute by outcome, last 24 hours", fmt.Sprintf("peak %.0f/min", max), max,
+		series{"ok", "2xx", ok}, series{"upstream", "upstream error", upstream},
+		series{"limited", "429", limited}, series{"refused", "refused", refused})
+	return c
+}
+
 type series struct {
 	class, label string
 	values       []float64
 }
+
+// legendInSVG is the most series whose legend fits in the chart's top line beside its scale on
+// a 320 px screen; a chart of more has its legend below it, in HTML, where it wraps.
+const legendInSVG = 2
 
 // svgChart draws series as polylines on a shared scale. Everything in it is numbers or fixed
 // text, escaped, so it is safe HTML. The outer SVG is in CSS pixels, so its text keeps its shape
@@ -104,6 +141,14 @@ func svgChart(title, scale string, max float64, ss ...series) template.HTML {
 	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
 	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">now</text>`, chartH+14)
 	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
+	if len(ss) > legendInSVG {
+		b.WriteString(`</svg><ul class="chart-legend">`)
+		for _, s := range ss {
+			fmt.Fprintf(&b, `<li class="%s">%s</li>`, s.class, template.HTMLEscapeString(s.label))
+		}
+		b.WriteString(`</ul>`)
+		return template.HTML(b.String())
+	}
 	b.WriteString(`<text class="legend" x="100%" dx="-4" y="12" text-anchor="end">`)
 	for i, s := range ss {
 		if i > 0 {

@@ -1,5 +1,6 @@
 // Package dashboard serves wabarelay's web dashboard for an org's operators: channels (with
-// their connect links), webhooks, a webhook's delivery log and charts, and API keys. It is a
+// their connect links), a channel's recent messages and sends per minute, a message's timeline,
+// webhooks, a webhook's delivery log and charts, and API keys. It is a
 // plain net/http handler, server-rendered with html/template and embedded assets (no build
 // step); the Caddy module wabarelay_dashboard mounts it.
 //
@@ -127,7 +128,7 @@ func New(opt Options) (*Handler, error) {
 	if h.logger == nil {
 		h.logger = zap.NewNop()
 	}
-	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join}
+	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	names, _ := fs.Glob(templateFS, "templates/*.html")
 	for _, name := range names {
@@ -169,6 +170,8 @@ func (h *Handler) routes() {
 	handle(post, "/channels", h.createChannel)
 	handle(post, "/channels/{id}/reconnect", h.reconnectChannel)
 	handle(post, "/channels/{id}/delete", h.deleteChannel)
+	handle(get, "/channels/{id}", h.channel)
+	handle(get, "/messages/{wamid...}", h.message)
 	handle(get, "/webhooks", h.webhooks)
 	handle(post, "/webhooks", h.createWebhook)
 	handle(get, "/webhooks/{id}", h.webhook)
@@ -187,6 +190,7 @@ func (h *Handler) routes() {
 		handle(get, "/demo", h.demo)
 		handle(post, "/demo/emit", h.demoEmit)
 		handle(post, "/demo/webhook", h.demoWebhook)
+		handle(post, "/demo/send", h.demoSend)
 	}
 }
 
@@ -483,6 +487,14 @@ func fmtTime(t any) string {
 		return v.UTC().Format("2006-01-02 15:04:05 UTC")
 	}
 	return ""
+}
+
+// count writes n things: "1 upstream error", "2 upstream errors".
+func count(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return strconv.Itoa(n) + " " + many
 }
 
 func deref(v any) any {

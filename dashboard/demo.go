@@ -33,7 +33,11 @@ type Demo struct {
 	// page reads what the receiver got (a GET of Receiver) and verifies each delivery's signature
 	// with that webhook's secret, as a receiver following the guide would.
 	Receiver string
-	// Client calls the fake upstream and its receiver; it must trust the receiver's
+	// Relay is the relay's base URL ({proxy_url}, e.g. http://localhost:8080/upstream-proxy):
+	// "Send 10 demo messages" calls its POST /<phone_number_id>/messages with the channel's
+	// token, as a customer's backend would. Empty leaves that button off.
+	Relay string
+	// Client calls the fake upstream, its receiver and the relay; it must trust the receiver's
 	// certificate. Nil means http.DefaultClient.
 	Client *http.Client
 }
@@ -146,6 +150,11 @@ type demoData struct {
 	FakeUpstream string
 	// ReceiverError says why the receiver's list could not be read.
 	ReceiverError string
+	// Relay is the relay's base URL ("" when the send button is off); Batch names the send
+	// form's batch of idempotency keys; Sent is what the last press of the button did.
+	Relay string
+	Batch string
+	Sent  *demoSent
 }
 
 func (h *Handler) demo(w http.ResponseWriter, r *http.Request, s *session) {
@@ -153,13 +162,19 @@ func (h *Handler) demo(w http.ResponseWriter, r *http.Request, s *session) {
 }
 
 func (h *Handler) demoPage(w http.ResponseWriter, r *http.Request, p page, status int) {
+	h.demoPageSent(w, r, p, status, nil)
+}
+
+// demoPageSent renders the demo page, with what "Send 10 demo messages" did when sent is set.
+func (h *Handler) demoPageSent(w http.ResponseWriter, r *http.Request, p page, status int, sent *demoSent) {
 	org := p.Session.Key.OrgID
 	chans, err := h.opt.Store.ListChannels(r.Context(), org)
 	if err != nil {
 		h.serverError(w, r, err)
 		return
 	}
-	d := demoData{ReceiverURL: h.receiverURL(org), FakeUpstream: h.opt.Demo.FakeUpstream}
+	d := demoData{ReceiverURL: h.receiverURL(org), FakeUpstream: h.opt.Demo.FakeUpstream,
+		Relay: h.opt.Demo.Relay, Batch: newDemoBatch(), Sent: sent}
 	for _, c := range chans {
 		if c.Status == store.ChannelActive && c.PhoneNumberID != nil {
 			d.Channels = append(d.Channels, c)
@@ -205,18 +220,33 @@ func (h *Handler) demoWebhook(w http.ResponseWriter, r *http.Request, s *session
 	h.demoPage(w, r, page{Session: s, Notice: "Demo webhook created: deliveries to it are verified with its secret and listed below."}, http.StatusCreated)
 }
 
+// msgPickChannel answers a demo form naming no active channel of the org.
+const msgPickChannel = "Pick one of your connected channels."
+
+// connectedChannel returns the org's active channel with the phone number id pnid; ok is false
+// when the org has none.
+func (h *Handler) connectedChannel(ctx context.Context, org uuid.UUID, pnid string) (c store.Channel, ok bool, err error) {
+	chans, err := h.opt.Store.ListChannels(ctx, org)
+	if err != nil {
+		return c, false, fmt.Errorf("demo: listing channels: %w", err)
+	}
+	for _, c := range chans {
+		if pnid != "" && c.PhoneNumberID != nil && *c.PhoneNumberID == pnid && c.Status == store.ChannelActive {
+			return c, true, nil
+		}
+	}
+	return c, false, nil
+}
+
 // demoEmit asks the fake upstream to send the service an incoming message for one of the org's
 // connected numbers.
 func (h *Handler) demoEmit(w http.ResponseWriter, r *http.Request, s *session) {
 	pnid, text := r.PostFormValue("phone_number_id"), r.PostFormValue("text")
-	owned := false
-	if chans, err := h.opt.Store.ListChannels(r.Context(), s.Key.OrgID); err == nil {
-		for _, c := range chans {
-			owned = owned || (c.PhoneNumberID != nil && *c.PhoneNumberID == pnid && c.Status == store.ChannelActive)
-		}
-	}
-	if !owned {
-		h.demoPage(w, r, page{Session: s, Error: "Pick one of your connected channels."}, http.StatusUnprocessableEntity)
+	if _, ok, err := h.connectedChannel(r.Context(), s.Key.OrgID, pnid); err != nil {
+		h.serverError(w, r, err)
+		return
+	} else if !ok {
+		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
 		return
 	}
 	if strings.TrimSpace(text) == "" {

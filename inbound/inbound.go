@@ -41,7 +41,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -285,26 +284,8 @@ func (k *messageKeys) mediaIDs() []string {
 	return ids
 }
 
-type statusKeys struct {
-	ID          string          `json:"id"`
-	Status      string          `json:"status"`
-	RecipientID string          `json:"recipient_id"`
-	Timestamp   json.RawMessage `json:"timestamp"`
-}
-
-// unixTime reads the upstream's "timestamp" (unix seconds, sent as a string; a number is taken
-// too). Anything else is the zero time: unknown.
-func unixTime(raw json.RawMessage) time.Time {
-	var v string
-	if json.Unmarshal(raw, &v) != nil {
-		v = string(raw)
-	}
-	sec, err := strconv.ParseInt(v, 10, 64)
-	if err != nil || sec <= 0 {
-		return time.Time{}
-	}
-	return time.Unix(sec, 0)
-}
+// unixTime reads the upstream's "timestamp" (store.UpstreamTime: the zero time when unknown).
+func unixTime(raw json.RawMessage) time.Time { return store.UpstreamTime(raw) }
 
 type accountValue struct {
 	Event              json.RawMessage `json:"event"`
@@ -365,14 +346,15 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			DedupeKey:     "m:" + k.ID,
 			Customer:      k.From,
 			Data:          data,
+			WAMID:         k.ID,
 			ObjectIDs:     k.mediaIDs(),
 			Sent:          unixTime(k.Timestamp),
 		})
 	}
 
 	for _, s := range v.Statuses {
-		var k statusKeys
-		if !isObject(s) || json.Unmarshal(s, &k) != nil || k.ID == "" || k.Status == "" {
+		id, st, ok := store.ParseMessageStatus(s)
+		if !ok || id == "" || st.Status == "" {
 			b.Skipped++
 			continue
 		}
@@ -384,10 +366,12 @@ func (b *Batch) addMessages(wabaID string, raw json.RawMessage) {
 			Type:          TypeStatus,
 			PhoneNumberID: phoneID,
 			WabaID:        wabaID,
-			DedupeKey:     "s:" + k.ID + ":" + k.Status,
-			Customer:      k.RecipientID,
+			DedupeKey:     "s:" + id + ":" + st.Status,
+			Customer:      st.Recipient,
 			Data:          data,
-			Sent:          unixTime(k.Timestamp),
+			WAMID:         id,
+			Status:        &st,
+			Sent:          st.Timestamp,
 		})
 	}
 }

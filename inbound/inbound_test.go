@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/wabarelay/wabarelay/store"
 )
 
 func TestVerifySignature(t *testing.T) {
@@ -546,6 +549,42 @@ func TestParseSentTime(t *testing.T) {
 		}
 		if got != want[it.DedupeKey] {
 			t.Errorf("%s: sent %d, want %d", it.DedupeKey, got, want[it.DedupeKey])
+		}
+	}
+}
+
+// TestParseTimelineFields: every message and status item carries its wamid, and a status item
+// what it says for the messages table (status, timestamp, recipient, errors[0]); garbage in
+// those fields reads as absent and never costs the item.
+func TestParseTimelineFields(t *testing.T) {
+	body := `{"object":"whatsapp_business_account","entry":[{"id":"w","changes":[{"field":"messages","value":{
+		"metadata":{"phone_number_id":"p"},
+		"messages":[{"id":"wamid.IN","from":"1555","timestamp":"1700000000"}],
+		"statuses":[
+			{"id":"wamid.A","status":"failed","timestamp":"1700000002","recipient_id":"1666","errors":[{"code":131026,"title":"Message undeliverable."},{"code":1}]},
+			{"id":"wamid.B","status":"read","timestamp":"later","recipient_id":{"x":1},"errors":"none"},
+			{"id":"wamid.C","status":"delivered","timestamp":1700000003,"recipient_id":1777,"errors":[{"code":"131047","title":7}]},
+			{"id":"wamid.D","status":"sent","errors":[null]}]}}]}]}`
+	b, err := Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b.Items) != 5 || b.Skipped != 0 {
+		t.Fatalf("%d items, %d skipped", len(b.Items), b.Skipped)
+	}
+	if it := b.Items[0]; it.WAMID != "wamid.IN" || it.Status != nil {
+		t.Errorf("message: wamid %q, status %+v", it.WAMID, it.Status)
+	}
+	want := []store.MessageStatus{
+		{Status: "failed", Timestamp: time.Unix(1700000002, 0), Recipient: "1666", ErrorCode: 131026, ErrorTitle: "Message undeliverable."},
+		{Status: "read"},
+		{Status: "delivered", Timestamp: time.Unix(1700000003, 0), Recipient: "1777", ErrorCode: 131047, ErrorTitle: "7"},
+		{Status: "sent"},
+	}
+	for i, w := range want {
+		it := b.Items[i+1]
+		if it.WAMID != "wamid."+string(rune('A'+i)) || it.Status == nil || *it.Status != w {
+			t.Errorf("status %d: wamid %q, %+v; want %+v", i, it.WAMID, it.Status, w)
 		}
 	}
 }

@@ -116,6 +116,8 @@ var routes = []route{
 	{http.MethodGet, "/channels/{id}", (*Handler).getChannel},
 	{http.MethodDelete, "/channels/{id}", (*Handler).deleteChannel},
 	{http.MethodPost, "/channels/{id}/reconnect", (*Handler).reconnectChannel},
+	{http.MethodGet, "/channels/{id}/messages", (*Handler).listMessages},
+	{http.MethodGet, "/messages/{wamid...}", (*Handler).getMessage}, // (a wamid may hold "/")
 	{http.MethodGet, "/webhooks", (*Handler).listWebhooks},
 	{http.MethodPost, "/webhooks", (*Handler).createWebhook},
 	{http.MethodGet, "/webhooks/{id}", (*Handler).getWebhook},
@@ -138,7 +140,7 @@ var routes = []route{
 func Routes() []string {
 	out := make([]string, len(routes))
 	for i, rt := range routes {
-		out[i] = rt.method + " " + rt.path
+		out[i] = rt.method + " " + strings.ReplaceAll(rt.path, "...}", "}")
 	}
 	return out
 }

@@ -38,6 +38,7 @@ type answer struct {
 	limit         int          // cap of buf
 
 	capture    bool         // keep a copy of what is passed through
+	peek       bool         // keep a copy too, for the call log only (a send without a key)
 	copy       bytes.Buffer // that copy
 	copyLimit  int
 	copyFailed bool // the copy outgrew copyLimit and was dropped
@@ -175,7 +176,7 @@ func (c *toCaller) Write(p []byte) (int, error) { return (*answer)(c).write(p) }
 // went away does not stop the answer: it is read to its end, so that it can be stored and
 // replayed to the caller's retry.
 func (a *answer) write(p []byte) (int, error) {
-	if a.capture && !a.copyFailed {
+	if (a.capture || a.peek) && !a.copyFailed {
 		if a.copy.Len()+len(p) > a.copyLimit {
 			a.copyFailed = true
 			a.copy.Reset()

@@ -53,6 +53,12 @@ const (
 	OutcomeIdempotencyUnavailable Outcome = "idempotency_unavailable"
 	// OutcomeUnavailable: the channel could not be looked up (503).
 	OutcomeUnavailable Outcome = "unavailable"
+	// OutcomeInvalidRequest: the relay refused the request itself for its query or body (400
+	// unparsable, 413 too large, 422 a bad idempotency_key).
+	OutcomeInvalidRequest Outcome = "invalid_request"
+	// OutcomeIdempotencyConflict: a send's idempotency_key is in progress (409) or was used
+	// with a different request (422).
+	OutcomeIdempotencyConflict Outcome = "idempotency_conflict"
 )
 
 // Outcomes returns every outcome, for a metrics collector to create its labels up front.
@@ -60,5 +66,5 @@ func Outcomes() []Outcome {
 	return []Outcome{OutcomeOK, OutcomeUpstream4xx, OutcomeUpstream5xx, OutcomeUpstreamError,
 		OutcomeUnauthorized, OutcomeAuthThrottled, OutcomeInactive, OutcomeForbidden,
 		OutcomeDisconnected, OutcomeRateLimited, OutcomeReplayed, OutcomeIdempotencyUnavailable,
-		OutcomeUnavailable}
+		OutcomeUnavailable, OutcomeInvalidRequest, OutcomeIdempotencyConflict}
 }

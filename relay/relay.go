@@ -131,25 +131,41 @@ type Relay struct {
 	MediaClient *http.Client
 	// Metrics records outcomes. Optional.
 	Metrics Metrics
+	// CallLog records every call on the send path (`POST …/messages`) and every refusal of one
+	// whose token names a channel ([Call]). Optional: nil logs nothing and costs nothing.
+	CallLog CallLog
 	// Logger gets the relay's warnings. No token and no upstream URL is ever logged. Optional.
 	Logger *zap.Logger
 }
 
 // Serve answers one relay call, sending it upstream through up when it passes every check.
 func (relay *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
-	ch := relay.authenticate(w, r)
-	if ch == nil {
+	var start time.Time // the call's arrival, for the call log
+	if relay.CallLog != nil {
+		start = time.Now()
+	}
+	isSend := r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/messages")
+	ch, status, outcome := relay.authenticate(w, r)
+	if status != 0 || ch == nil {
+		// A refusal of a send by a known channel (inactive, disconnected) is logged; one of a
+		// path outside its scope is not a send.
+		if ch != nil && isSend && outcome != OutcomeForbidden && relay.CallLog != nil {
+			relay.record(&Call{Status: status, Outcome: outcome}, ch, start)
+		}
 		return
 	}
 	if relay.Authenticated != nil {
 		relay.Authenticated(r, ch)
 	}
-	guard, ok := relay.cleanRequest(w, r)
-	if !ok {
+	guard, status := relay.cleanRequest(w, r)
+	if status != 0 {
+		if isSend && relay.CallLog != nil {
+			relay.record(&Call{Status: status, Outcome: OutcomeInvalidRequest}, ch, start)
+		}
 		return
 	}
-	if r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/messages") {
-		relay.send(w, r, ch, up)
+	if isSend {
+		relay.send(w, r, ch, up, start)
 		return
 	}
 	if !relay.allow(w, r, ch) {
@@ -165,7 +181,7 @@ func (relay *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 		uploaded = &countingReader{r: r.Body}
 		r.Body = uploaded
 	}
-	o := relay.forward(w, r, ch, up, false, guard)
+	o := relay.forward(w, r, ch, up, false, guard, false)
 	if uploaded != nil && relay.Metrics != nil {
 		relay.Metrics.MediaBytes("upload", uploaded.n)
 	}
@@ -175,26 +191,24 @@ func (relay *Relay) Serve(w http.ResponseWriter, r *http.Request, up Upstream) {
 }
 
 // authenticate resolves the caller's channel and checks its status and the path's scope, all
-// from memory in the common case. It answers the caller itself and returns nil when the call
-// goes no further.
-func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.RelayChannel {
+// from memory in the common case. When the call goes no further, it answers the caller itself
+// and returns the status and outcome of its refusal (status 0 and no channel: the caller went
+// away); ch is the channel whenever the token named one.
+func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) (ch *store.RelayChannel, status int, outcome Outcome) {
 	authz := r.Header.Get("Authorization")
 	if authz == "" {
-		relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgAuthRequired)
-		return nil
+		return nil, relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgAuthRequired), OutcomeUnauthorized
 	}
 	// An address that presented too many bad tokens is refused before any lookup.
 	addr := httpx.ClientAddr(r)
 	if relay.Guard != nil {
 		if retry, ok := relay.Guard.Check(addr); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
-			relay.refuse(w, OutcomeAuthThrottled, http.StatusTooManyRequests, httpx.MsgRateLimited)
-			return nil
+			return nil, relay.refuse(w, OutcomeAuthThrottled, http.StatusTooManyRequests, httpx.MsgRateLimited), OutcomeAuthThrottled
 		}
 	}
 	scheme, token, _ := strings.Cut(authz, " ")
 	token = strings.TrimSpace(token)
-	var ch *store.RelayChannel
 	err := ErrUnknownToken
 	if strings.EqualFold(scheme, "Bearer") && store.ValidChannelToken(token) {
 		ch, err = relay.Channels.Lookup(r.Context(), token)
@@ -204,29 +218,24 @@ func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) *store.
 		if relay.Guard != nil {
 			relay.Guard.Fail(addr)
 		}
-		relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgInvalidToken)
-		return nil
+		return nil, relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgInvalidToken), OutcomeUnauthorized
 	case err != nil:
 		if r.Context().Err() != nil {
-			return nil // the caller went away
+			return nil, 0, "" // the caller went away
 		}
 		relay.logger().Warn("relay: channel lookup failed", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		relay.refuse(w, OutcomeUnavailable, http.StatusServiceUnavailable, httpx.MsgUnavailable)
-		return nil
+		return nil, relay.refuse(w, OutcomeUnavailable, http.StatusServiceUnavailable, httpx.MsgUnavailable), OutcomeUnavailable
 	case ch.Status != "active":
-		relay.refuse(w, OutcomeInactive, http.StatusForbidden, MsgNotActive)
-		return nil
+		return ch, relay.refuse(w, OutcomeInactive, http.StatusForbidden, MsgNotActive), OutcomeInactive
 	case ch.Disconnected:
-		relay.refuse(w, OutcomeDisconnected, http.StatusServiceUnavailable, MsgDisconnected)
-		return nil
+		return ch, relay.refuse(w, OutcomeDisconnected, http.StatusServiceUnavailable, MsgDisconnected), OutcomeDisconnected
 	}
 	// The path's shape, then the channel's own ids and objects.
 	if CheckPath(r.URL.Path, r.URL.RawPath) != nil || !InScope(ch, UpstreamPath(r.URL.Path)) {
-		relay.refuse(w, OutcomeForbidden, http.StatusForbidden, MsgPathNotAllowed)
-		return nil
+		return ch, relay.refuse(w, OutcomeForbidden, http.StatusForbidden, MsgPathNotAllowed), OutcomeForbidden
 	}
-	return ch
+	return ch, 0, ""
 }
 
 // allow counts a call without an idempotency key against the channel's limit, answering 429
@@ -248,37 +257,52 @@ func (relay *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.Rela
 // send relays a `POST …/messages`: its body's idempotency_key is taken out and, when present,
 // at most one upstream send happens per (channel, key); repeats replay the stored answer. Once
 // a send has started it runs to its end even if the caller hangs up, so that its real answer
-// is stored and replayed to the caller's retry.
-func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream) {
+// is stored and replayed to the caller's retry. Every exit that answers is recorded in the call
+// log, if any (start: the call's arrival).
+func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, start time.Time) {
+	var c Call // what the call log records: each exit sets its status and outcome
+	logged := relay.CallLog != nil
+	if logged {
+		defer relay.record(&c, ch, start)
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSendBody))
 	if err != nil {
 		// Nothing was sent: the body is too large, or the caller went away before it arrived.
+		c.Outcome = OutcomeInvalidRequest
 		if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-			httpx.WriteError(w, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
+			c.Status = relay.refuse(w, c.Outcome, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
 		} else if errors.Is(err, errFormAccessToken) {
-			httpx.WriteError(w, http.StatusBadRequest, MsgFormAccessToken)
+			c.Status = relay.refuse(w, c.Outcome, http.StatusBadRequest, MsgFormAccessToken)
 		} else {
-			httpx.WriteError(w, http.StatusBadRequest, MsgBodyUnreadable)
+			c.Status = relay.refuse(w, c.Outcome, http.StatusBadRequest, MsgBodyUnreadable)
 		}
 		return
 	}
+	if logged {
+		c.Recipient = recipientOf(body)
+	}
 	stripped, key, found, err := RemoveKey(body, IdempotencyKeyField)
 	if err != nil {
-		httpx.WriteError(w, http.StatusUnprocessableEntity, err.Error())
+		c.Status, c.Outcome = relay.refuse(w, OutcomeInvalidRequest, http.StatusUnprocessableEntity, err.Error()), OutcomeInvalidRequest
 		return
 	}
 	if found && (key == "" || len(key) > maxKeyLen) {
-		httpx.WriteError(w, http.StatusUnprocessableEntity, MsgIdemKeyLength)
+		c.Status, c.Outcome = relay.refuse(w, OutcomeInvalidRequest, http.StatusUnprocessableEntity, MsgIdemKeyLength), OutcomeInvalidRequest
 		return
 	}
+	c.IdempotencyKey = key
 	setBody(r, stripped)
 	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), SendDeadline)
 	defer cancel()
 	if !found {
 		if relay.allow(w, r, ch) {
-			if o := relay.forward(w, r.WithContext(sendCtx), ch, up, false, nil); o.aborted {
+			o := relay.forward(w, r.WithContext(sendCtx), ch, up, false, nil, logged)
+			c.Status, c.Outcome, c.ErrorCode, c.ErrorSubcode, c.WAMID = o.status, o.outcome, o.errCode, o.errSubcode, o.wamid
+			if o.aborted {
 				panic(http.ErrAbortHandler)
 			}
+		} else {
+			c.Status, c.Outcome = http.StatusTooManyRequests, OutcomeRateLimited
 		}
 		return
 	}
@@ -291,12 +315,12 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 		}
 		relay.logger().Warn("relay: idempotency store unavailable; send with a key refused", zap.Error(err))
 		w.Header().Set("Retry-After", "5")
-		relay.refuse(w, OutcomeIdempotencyUnavailable, http.StatusServiceUnavailable, MsgIdemUnavailable)
+		c.Status, c.Outcome = relay.refuse(w, OutcomeIdempotencyUnavailable, http.StatusServiceUnavailable, MsgIdemUnavailable), OutcomeIdempotencyUnavailable
 		return
 	}
 	d.SetHeaders(w.Header())
 	if !d.Allowed {
-		relay.refuse(w, OutcomeRateLimited, http.StatusTooManyRequests, httpx.MsgRateLimited)
+		c.Status, c.Outcome = relay.refuse(w, OutcomeRateLimited, http.StatusTooManyRequests, httpx.MsgRateLimited), OutcomeRateLimited
 		return
 	}
 	switch res.Outcome {
@@ -308,17 +332,25 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 		w.Header().Set("Idempotent-Replayed", "true")
 		writeStored(w, resp)
 		relay.count(OutcomeReplayed)
+		c.Status, c.Outcome, c.Replayed = resp.Status, OutcomeReplayed, true
+		if logged {
+			c.WAMID, c.ErrorCode, c.ErrorSubcode = answerFacts(resp.Status, resp.Body)
+		}
 		return
 	case idempotency.InProgress:
 		w.Header().Set("Retry-After", "1")
-		httpx.WriteError(w, http.StatusConflict, MsgIdemInProgress)
+		c.Status, c.Outcome = relay.refuse(w, OutcomeIdempotencyConflict, http.StatusConflict, MsgIdemInProgress), OutcomeIdempotencyConflict
 		return
 	case idempotency.Mismatch:
-		httpx.WriteError(w, http.StatusUnprocessableEntity, MsgIdemMismatch)
+		c.Status, c.Outcome = relay.refuse(w, OutcomeIdempotencyConflict, http.StatusUnprocessableEntity, MsgIdemMismatch), OutcomeIdempotencyConflict
 		return
 	}
 
-	o := relay.forward(w, r.WithContext(sendCtx), ch, up, true, nil)
+	o := relay.forward(w, r.WithContext(sendCtx), ch, up, true, nil, logged)
+	c.Status, c.Outcome, c.ErrorCode, c.ErrorSubcode, c.WAMID = o.status, o.outcome, o.errCode, o.errSubcode, o.wamid
+	if logged {
+		c.Latency = time.Since(start) // answered; the key's release or store follows
+	}
 	if ReleaseKey(o.status, o.answered, o.notSent) {
 		// Synchronously, so that the caller's retry finds the key free.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
@@ -356,15 +388,26 @@ type forwarded struct {
 	aborted bool
 	// stored is the answer to store for replays (forward with capture only).
 	stored idempotency.Response
+	// outcome is the call's outcome, as counted.
+	outcome Outcome
+	// wamid, errCode and errSubcode are what the call log keeps of the upstream's answer
+	// (forward with facts only; see answerFacts).
+	wamid               string
+	errCode, errSubcode int
 }
 
 // forward sends the call upstream with the channel's access token and passes the answer on,
 // inspecting it only where needed. With capture, the answer is also kept for replays. guard,
-// if set, is the multipart body's: a body it refused is answered 400.
-func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool, guard *formGuard) forwarded {
+// if set, is the multipart body's: a body it refused is answered 400. With facts, the answer's
+// wamid or error code is read for the call log (a passed-through answer is peeked at, up to
+// maxPeek bytes).
+func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, capture bool, guard *formGuard, facts bool) forwarded {
 	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
 	relay.prepare(r, ch, upath)
 	a := newAnswer(w, r.Method, upath, ch, capture)
+	if facts && !capture {
+		a.peek, a.copyLimit = true, maxPeek
+	}
 	defer a.free()
 	start := time.Now()
 	err, aborted := call(up, a, r)
@@ -382,16 +425,16 @@ func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Re
 	switch {
 	case guard != nil && guard.refused && !a.written():
 		// The body was cut off before its access_token field: the upstream got no whole request.
-		o = forwarded{status: http.StatusBadRequest, notSent: true}
-		httpx.WriteError(w, http.StatusBadRequest, MsgFormAccessToken)
+		o = forwarded{status: http.StatusBadRequest, notSent: true, outcome: OutcomeInvalidRequest}
+		relay.refuse(w, OutcomeInvalidRequest, http.StatusBadRequest, MsgFormAccessToken)
 	case a.refused || a.undecodable:
 		// Nothing of the answer was passed on: the relay answers in its place.
-		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamEncoding)}
+		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamEncoding), outcome: OutcomeUpstreamError}
 		relay.logger().Warn("relay: upstream answer in an encoding the relay cannot decode; refused")
 		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 	case aborted || err != nil && a.written():
 		// The answer was cut short after it began: whether the upstream acted is unknown.
-		o = forwarded{status: a.status, aborted: aborted}
+		o = forwarded{status: a.status, aborted: aborted, outcome: OutcomeUpstreamError}
 		if capture {
 			o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
 		}
@@ -399,14 +442,20 @@ func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Re
 	case err != nil:
 		o = relay.upstreamFailed(w, r, err, capture)
 	case a.state == inspecting:
-		o = relay.inspected(w, r, ch, relayPath, upath, a, capture)
+		if facts {
+			o.wamid, o.errCode, o.errSubcode = answerFacts(a.status, a.buf.Bytes())
+		}
+		o = relay.inspected(w, r, ch, relayPath, upath, a, capture, o)
 	case a.state == undecided:
 		// The upstream wrote nothing at all: no answer to pass on or to trust.
-		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamDown)}
+		o = forwarded{status: http.StatusBadGateway, stored: relayAnswer(http.StatusBadGateway, MsgUpstreamDown), outcome: OutcomeUpstreamError}
 		relay.logger().Warn("relay: the upstream call ended without an answer")
 		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamDown)
 	default: // passed through
-		o = forwarded{status: a.status, answered: true}
+		o = forwarded{status: a.status, answered: true, outcome: outcomeOf(a.status)}
+		if facts && !a.copyFailed {
+			o.wamid, o.errCode, o.errSubcode = answerFacts(a.status, a.copy.Bytes())
+		}
 		if capture {
 			if a.copyFailed {
 				o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
@@ -414,7 +463,7 @@ func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Re
 				o.stored = idempotency.Response{Status: a.status, Header: replayHeaders(a.hdr), Body: bytes.Clone(a.copy.Bytes())}
 			}
 		}
-		relay.count(outcomeOf(a.status))
+		relay.count(o.outcome)
 	}
 	return o
 }
@@ -455,7 +504,7 @@ func call(up Upstream, w http.ResponseWriter, r *http.Request) (err error, abort
 // upstreamFailed answers a call whose upstream request failed before any answer: 504 for a
 // timeout, else 502. A failure to connect means nothing was sent.
 func (relay *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err error, capture bool) forwarded {
-	o := forwarded{status: http.StatusBadGateway}
+	o := forwarded{status: http.StatusBadGateway, outcome: OutcomeUpstreamError}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		o.notSent = true
@@ -477,11 +526,13 @@ func (relay *Relay) upstreamFailed(w http.ResponseWriter, r *http.Request, err e
 // inspected finishes an answer that was buffered: a dead access token becomes 503
 // CHANNEL_DISCONNECTED (the channel is marked), objects it hands to the channel are recorded,
 // paging links are rewritten, and the result goes to the caller.
-func (relay *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool) forwarded {
+// o holds what the call log keeps of the answer, if anything.
+func (relay *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, relayPath, upath string, a *answer, capture bool, o forwarded) forwarded {
 	body, status := a.buf.Bytes(), a.status
 	if TokenDead(status, body) {
 		relay.disconnected(w, r, ch)
-		return forwarded{status: http.StatusServiceUnavailable, notSent: true}
+		o.status, o.notSent, o.outcome = http.StatusServiceUnavailable, true, OutcomeDisconnected
+		return o
 	}
 	if kind, ids := Handed(ch, r.Method, upath, status, body); len(ids) > 0 {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), storeTimeout)
@@ -510,8 +561,8 @@ func (relay *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.
 	a.passHeader()
 	w.WriteHeader(status)
 	w.Write(body)
-	relay.count(outcomeOf(status))
-	o := forwarded{status: status, answered: true}
+	o.status, o.answered, o.outcome = status, true, outcomeOf(status)
+	relay.count(o.outcome)
 	if capture {
 		o.stored = idempotency.Response{Status: status, Header: replayHeaders(hdr), Body: bytes.Clone(body)}
 	}
@@ -532,10 +583,11 @@ func (relay *Relay) disconnected(w http.ResponseWriter, r *http.Request, ch *sto
 	relay.refuse(w, OutcomeDisconnected, http.StatusServiceUnavailable, MsgDisconnected)
 }
 
-// refuse writes the relay's own error answer and counts it.
-func (relay *Relay) refuse(w http.ResponseWriter, outcome Outcome, status int, msg string) {
+// refuse writes the relay's own error answer, counts it and returns its status.
+func (relay *Relay) refuse(w http.ResponseWriter, outcome Outcome, status int, msg string) int {
 	httpx.WriteError(w, status, msg)
 	relay.count(outcome)
+	return status
 }
 
 func (relay *Relay) count(outcome Outcome) {

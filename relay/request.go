@@ -8,8 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-
-	"github.com/wabarelay/wabarelay/internal/httpx"
 )
 
 // Caller credentials in a request other than its Authorization header: an access_token in the
@@ -47,20 +45,20 @@ var errFormAccessToken = errors.New("relay: access_token field in a multipart bo
 var errFormHeader = errors.New("relay: multipart part header too large")
 
 // cleanRequest removes the caller's access_token from the query and a form body, answering 400
-// itself (and returning false) when either does not parse. A multipart body is wrapped in a
-// [formGuard], returned for the caller to tell its refusal.
-func (relay *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formGuard, bool) {
+// (413 for a form body too large) itself and returning that status when either does not parse;
+// 0 when the call goes on. A multipart body is wrapped in a [formGuard], returned for the
+// caller to tell its refusal.
+func (relay *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formGuard, int) {
 	if r.URL.RawQuery != "" {
 		q, ok := cleanQuery(r.URL.RawQuery)
 		if !ok {
-			httpx.WriteError(w, http.StatusBadRequest, MsgBadQuery)
-			return nil, false
+			return nil, relay.refuse(w, OutcomeInvalidRequest, http.StatusBadRequest, MsgBadQuery)
 		}
 		r.URL.RawQuery = q
 	}
 	r.URL.ForceQuery = false
 	if r.Body == nil || r.Body == http.NoBody {
-		return nil, true
+		return nil, 0
 	}
 	mt, params, _ := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	switch mt {
@@ -68,16 +66,13 @@ func (relay *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formG
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxSendBody))
 		if err != nil {
 			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-				httpx.WriteError(w, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
-			} else {
-				httpx.WriteError(w, http.StatusBadRequest, MsgBodyUnreadable)
+				return nil, relay.refuse(w, OutcomeInvalidRequest, http.StatusRequestEntityTooLarge, MsgBodyTooLarge)
 			}
-			return nil, false
+			return nil, relay.refuse(w, OutcomeInvalidRequest, http.StatusBadRequest, MsgBodyUnreadable)
 		}
 		q, ok := cleanQuery(string(body))
 		if !ok {
-			httpx.WriteError(w, http.StatusBadRequest, MsgBadForm)
-			return nil, false
+			return nil, relay.refuse(w, OutcomeInvalidRequest, http.StatusBadRequest, MsgBadForm)
 		}
 		if len(q) != len(body) || q != string(body) {
 			body = []byte(q)
@@ -87,10 +82,10 @@ func (relay *Relay) cleanRequest(w http.ResponseWriter, r *http.Request) (*formG
 		if b := params["boundary"]; b != "" {
 			g := &formGuard{r: r.Body, delim: []byte("--" + b), block: -1}
 			r.Body = g
-			return g, true
+			return g, 0
 		}
 	}
-	return nil, true
+	return nil, 0
 }
 
 // maxPartHeader caps the header block of one multipart part the guard reads whole.

@@ -7,7 +7,8 @@
 # also starts the fake upstream (cmd/fakegraph, built to bin/fakegraph) on 127.0.0.1:8090 and
 # points the service at it. The fake plays Meta's Embedded Signup on the connect page (each page
 # load makes up a phone number), answers the relay's calls, sends incoming messages and status
-# changes to the service's callback, and runs a webhook receiver on https://127.0.0.1:8091 that
+# changes (sent, delivered, read; failed 131026 for a made-up +999 number) to the service's
+# callback, and runs a webhook receiver on https://127.0.0.1:8091 that
 # logs what it gets here. It is stopped when this script ends; its request log is
 # .dev/fakegraph.log. With META_APP_ID, META_APP_SECRET, META_CONFIG_ID and META_VERIFY_TOKEN
 # set, the service runs against the real upstream (WABARELAY_UPSTREAM, default
@@ -101,7 +102,8 @@ export WABARELAY_SDK_URL=http://$FAKE_ADDR/sdk.js
 export WABARELAY_CONNECT_ORIGIN_SUFFIX=localhost
 export WABARELAY_ALLOW_PRIVATE_TARGETS=true
 export WABARELAY_DELIVERY_ROOT_CA=$PWD/.dev/demo-receiver-ca.pem
-# the dashboard's demo page: the fake's incoming-message button and its webhook receiver
+# the dashboard's demo page: the fake's incoming-message button and its webhook receiver (its
+# "Send 10 demo messages" button calls the relay at the Caddyfile's proxy_url)
 export WABARELAY_DEMO_FAKE_UPSTREAM=http://$FAKE_ADDR WABARELAY_DEMO_RECEIVER=https://$RECEIVER_ADDR
 
 pids=()
@@ -162,10 +164,14 @@ cat <<MSG
      The receiver logs each delivery in this terminal; the Demo page lists them and checks
      each signature with the webhook's secret.
 
-  4. Send a message through the relay (its "sent" and "delivered" statuses follow):
+  4. Send a message through the relay (its "sent", "delivered" and "read" statuses follow, a
+     second apart; a "to" starting with 999 is a made-up number: "failed", error 131026):
        curl -s http://localhost:8080/upstream-proxy/\$PHONE_NUMBER_ID/messages \\
          -H "Authorization: Bearer \$CHANNEL_TOKEN" -H 'Content-Type: application/json' \\
          -d '{"messaging_product":"whatsapp","to":"16505551234","type":"text","text":{"body":"Hello from wabarelay"}}'
+
+     Or, on the Demo page, click "Send 10 demo messages": ten sends through the relay with the
+     channel's token, one of them to +999 555 0100; each wamid links to its timeline.
 
   5. A customer writes to the number last connected (the Demo page's "Send an incoming
      message" button, or: "phone_number_id" picks another number, "type":"image" a picture):

@@ -57,6 +57,12 @@ type DeliveryPage struct {
 	Since, Until *time.Time
 }
 
+// deliveryStatusSQL is a delivery's status as the delivery log shows it, from its log row d and
+// its queue row q (LEFT JOIN delivery_queue q ON q.delivery_id = d.id): live deliveries take
+// their state from the queue — in flight, or pending (held ones too: the interface knows no
+// held state).
+const deliveryStatusSQL = `CASE WHEN q.status = 'in_flight' THEN 'in_flight' WHEN q.status IS NOT NULL THEN 'pending' ELSE d.status END`
+
 // ListDeliveries returns a page of the deliveries of one of the org's webhooks, ordered by
 // (created_at, id), with their attempts in time order. more reports whether another page follows.
 func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, p DeliveryPage) (ds []Delivery, more bool, err error) {
@@ -67,8 +73,7 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 	// the interface knows no held state) with their next attempt's time.
 	rows, err := s.pool.Query(ctx, `
 		SELECT * FROM (
-			SELECT d.id, d.event_id, e.type,
-			       CASE WHEN q.status = 'in_flight' THEN 'in_flight' WHEN q.status IS NOT NULL THEN 'pending' ELSE d.status END AS status,
+			SELECT d.id, d.event_id, e.type, `+deliveryStatusSQL+` AS status,
 			       d.attempts, CASE WHEN q.status IN ('pending', 'held') THEN q.next_attempt_at END,
 			       d.last_status_code, d.last_error, d.created_at, d.updated_at
 			FROM deliveries d

@@ -54,6 +54,10 @@ type IncomingItem struct {
 	// Traceparent is the W3C traceparent of the intake request that carried the item, stored on
 	// the event so that its delivery attempts continue the trace. Empty when tracing is off.
 	Traceparent string
+	// Status is what a status item says about its outgoing message (nil for other items): when
+	// the event is stored (not a duplicate), it moves the message's latest status forward in
+	// messages, or creates the message's row (see StoreEvents).
+	Status *MessageStatus
 	// Customer is the customer the item is about (wa_id: a message's "from", a status's
 	// "recipient_id"); "" for items about the channel itself. With PhoneNumberID it is the
 	// item's conversation (ConversationKey), which orders the deliveries of webhooks with
@@ -242,6 +246,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	var types, keys []string
 	var convs []int64
 	var wamids, traces []*string
+	var statuses []*MessageStatus // parallel to ids, only when the batch holds statuses
 	var payloads [][]byte
 	var objChannels []uuid.UUID
 	var objIDs []string
@@ -274,6 +279,12 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 			types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
 			convs = append(convs, ConversationKey(c.pn, it.Customer))
 			wamids, traces = append(wamids, nullText(it.WAMID)), append(traces, nullText(it.Traceparent))
+			if it.Status != nil && statuses == nil {
+				statuses = make([]*MessageStatus, len(ids)-1, cap(ids))
+			}
+			if statuses != nil {
+				statuses = append(statuses, it.Status)
+			}
 			payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
 			for _, o := range it.ObjectIDs {
 				if !recordableObjectID(o) {
@@ -287,7 +298,7 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	if len(ids) == 0 {
 		return res, nil
 	}
-	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, wamids: wamids, traces: traces, payloads: payloads,
+	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, wamids: wamids, traces: traces, statuses: statuses, payloads: payloads,
 		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
 	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
 	if isMissingPartition(err) {
@@ -314,6 +325,7 @@ type inboundBatch struct {
 	types, keys        []string
 	convs              []int64 // ConversationKey of each item
 	wamids, traces     []*string
+	statuses           []*MessageStatus // each item's Status; nil when the batch holds none
 	payloads           [][]byte
 	objChannels        []uuid.UUID
 	objIDs             []string
@@ -362,6 +374,11 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	res.Duplicates = len(in.ids) - len(stored)
 	if len(stored) == 0 {
 		return nil
+	}
+	if in.statuses != nil {
+		if err := in.applyStatuses(ctx, tx, stored); err != nil {
+			return err
+		}
 	}
 	if len(in.objIDs) > 0 {
 		// Re-sent items' objects are already recorded; the conflict clause covers them.
@@ -459,6 +476,72 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	}
 	return nil
 }
+
+// applyStatuses moves the latest status of the outgoing messages that the stored events (ids in
+// stored) report, in one statement (see messagesUpsertSQL). Statuses that rank no message status,
+// or whose message id is not storable, leave messages alone.
+func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []uuid.UUID) error {
+	index := make(map[uuid.UUID]int, len(in.ids))
+	for i, id := range in.ids {
+		if in.statuses[i] != nil {
+			index[id] = i
+		}
+	}
+	var wamids, recipients, statuses, titles []string
+	var orgs, chs []uuid.UUID
+	var ranks, codes []int32
+	var ats []*time.Time
+	for _, id := range stored {
+		i, ok := index[id]
+		if !ok || in.wamids[i] == nil {
+			continue
+		}
+		st := in.statuses[i]
+		rank, ok := StatusRank(st.Status)
+		if !ok {
+			continue
+		}
+		var at *time.Time
+		if !st.Timestamp.IsZero() {
+			at = &st.Timestamp
+		}
+		recipient := st.Recipient
+		if len(recipient) > maxRecipientLen || !IsText(recipient) {
+			recipient = ""
+		}
+		title := st.ErrorTitle
+		if !IsText(title) {
+			title = ""
+		}
+		title = truncateText(title, maxErrorTitleLen)
+		wamids, orgs, chs = append(wamids, *in.wamids[i]), append(orgs, in.orgIDs[i]), append(chs, in.chIDs[i])
+		recipients, statuses, ranks = append(recipients, recipient), append(statuses, st.Status), append(ranks, int32(rank))
+		ats, codes, titles = append(ats, at), append(codes, int32(st.ErrorCode)), append(titles, title)
+	}
+	if len(wamids) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, messagesUpsertSQL, wamids, orgs, chs, recipients, statuses, ranks, ats, codes, titles, in.now)
+	return err
+}
+
+// messagesUpsertSQL applies statuses to messages (DESIGN §5b "Message timeline"): it creates the
+// row of a message not seen yet (its recipient from the status, created now), else moves its
+// status forward only: the update applies when the new rank is greater, and only to a row of the
+// same channel. One row per message id (its highest status in the batch), in message id order
+// so that concurrent posts lock rows in the same order.
+const messagesUpsertSQL = `
+	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at, error_code, error_title)
+	SELECT DISTINCT ON (u.wamid) u.wamid, u.org, u.ch, u.recipient, $10::timestamptz, u.status, u.rank, u.at,
+	       CASE WHEN u.status = 'failed' THEN nullif(u.code, 0) END, CASE WHEN u.status = 'failed' THEN nullif(u.title, '') END
+	FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
+	     AS u(wamid, org, ch, recipient, status, rank, at, code, title)
+	ORDER BY u.wamid, u.rank DESC
+	ON CONFLICT (wamid) DO UPDATE
+	SET status = excluded.status, status_rank = excluded.status_rank, status_at = excluded.status_at,
+	    error_code = excluded.error_code, error_title = excluded.error_title,
+	    recipient = CASE WHEN m.recipient = '' THEN excluded.recipient ELSE m.recipient END
+	WHERE m.channel_id = excluded.channel_id AND excluded.status_rank > m.status_rank`
 
 // The column lists of a new delivery's two rows — its delivery log row and its queue row —,
 // shared by the statements that create deliveries (StoreEvents, Replay), so that a column

@@ -12,8 +12,9 @@ import (
 // RetentionPolicy is how long the history is kept and how long a paused webhook's deliveries
 // are held (the `delivery` options retention and max_hold). Zero fields take their defaults.
 type RetentionPolicy struct {
-	// Retention is how long events, their deliveries and attempts are kept: whole days are
-	// dropped (daily partitions) once every delivery of the day has finished. At least
+	// Retention is how long events, their deliveries and attempts, the relay log and the
+	// messages are kept: whole days are dropped (daily partitions) once every delivery of the
+	// day has finished; messages are deleted by their creation time. At least
 	// MinRetention, because the events are also the record of upstream items already seen.
 	// Default (zero): 720h (30 days).
 	Retention time.Duration
@@ -74,8 +75,8 @@ func (p RetentionPolicy) Check() error {
 
 // Maintain runs one round of history and queue maintenance under policy: partitions created
 // ahead; held deliveries past the hold limit failed; queue rows of deleted webhooks removed;
-// days past the retention dropped; media ids the upstream has forgotten removed from the relay
-// scope. Each step's failure is logged and does not stop the others. Call it at start and then
+// days past the retention dropped (the relay log's too) and messages created before it
+// deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
 // every MaintenanceInterval; any number of instances may run it at once (partition changes take
 // an advisory lock, the rest is idempotent). A nil logger logs nothing.
 func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *zap.Logger) {
@@ -109,6 +110,11 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 	}
 	if len(kept) > 0 {
 		logger.Info("retention: days kept past the retention for deliveries still live", zap.Int("days", len(kept)))
+	}
+	if n, err := s.PruneMessages(ctx, now.Add(-retention)); err != nil {
+		logger.Warn("retention: deleting old messages failed", zap.Error(err))
+	} else if n > 0 {
+		logger.Info("retention: messages deleted", zap.Int64("messages", n), zap.Duration("retention", retention))
 	}
 	if n, err := s.PruneMediaObjects(ctx, now.Add(-MediaRetention)); err != nil {
 		logger.Warn("media scope clean-up failed", zap.Error(err))

@@ -72,7 +72,8 @@ func SchemaVersion(ctx context.Context, conn *pgx.Conn) (current, latest int32, 
 	return current, int32(len(m.Migrations)), err
 }
 
-// MigrationsHash is a short hex digest of the embedded migrations. Test helpers name template
+// MigrationsHash is a short hex digest of the embedded migrations and of the partitioned tables
+// (whose partitions Migrate creates). Test helpers name template
 // databases after it, so a schema change never reuses a stale template.
 func MigrationsHash() string {
 	names, err := fs.Glob(migrationsFS(), "*.sql")
@@ -88,6 +89,10 @@ func MigrationsHash() string {
 		}
 		fmt.Fprintf(h, "%s\x00%d\x00", name, len(b))
 		h.Write(b)
+	}
+	// The partitions a migration run creates are part of the schema a template database holds.
+	for _, p := range partitioned {
+		fmt.Fprintf(h, "partition:%s\x00", p.table)
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }

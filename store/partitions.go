@@ -10,9 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The history tables are partitioned by UTC day (migration 011). A partition is named
-// <table>_pYYYYMMDD and holds [that day, the next day); the partition the migration made for
-// the rows it copied has no lower bound but is named, and dropped, the same way.
+// The history tables are partitioned by UTC day (migration 011; relay_log, migration 020). A
+// partition is named <table>_pYYYYMMDD and holds [that day, the next day); the partition the
+// migration made for the rows it copied has no lower bound but is named, and dropped, the same
+// way.
 var partitioned = []struct {
 	table string
 	// extra runs after the partition is created (%[1]s: the partition's name)
@@ -22,6 +23,7 @@ var partitioned = []struct {
 	{table: "events", extra: `CREATE UNIQUE INDEX IF NOT EXISTS %[1]s_dedupe ON %[1]s (channel_id, dedupe_key)`},
 	{table: "deliveries", with: " WITH (fillfactor = 80)"},
 	{table: "delivery_attempts"},
+	{table: "relay_log"},
 }
 
 // partitionLockKey is the pg_advisory_xact_lock key serialising partition changes across
@@ -31,7 +33,16 @@ const partitionLockKey int64 = 0x7762_7061_7274_0001 // "wbpart"
 // PartitionsAhead is how many days after today EnsurePartitions creates by default.
 const PartitionsAhead = 3
 
-var partitionName = regexp.MustCompile(`^(events|deliveries|delivery_attempts)_p(\d{8})$`)
+// partitionedTables returns the names of the partitioned history tables.
+func partitionedTables() []string {
+	names := make([]string, len(partitioned))
+	for i, p := range partitioned {
+		names[i] = p.table
+	}
+	return names
+}
+
+var partitionName = regexp.MustCompile(`^(events|deliveries|delivery_attempts|relay_log)_p(\d{8})$`)
 
 func day(t time.Time) time.Time {
 	y, m, d := t.UTC().Date()
@@ -62,6 +73,15 @@ func ensurePartitions(ctx context.Context, db beginner, from, to time.Time) erro
 	if err != nil {
 		return fmt.Errorf("ensure partitions: %w", err)
 	}
+	// A database migrated to an older version (MigrateTo, tests) lacks the newer tables.
+	rows, err := tx.Query(ctx, `SELECT t FROM unnest($1::text[]) t WHERE to_regclass(t) IS NOT NULL`, partitionedTables())
+	if err != nil {
+		return fmt.Errorf("ensure partitions: %w", err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("ensure partitions: %w", err)
+	}
 	// Days up to an open partition's (the migration's: no lower bound) are in it.
 	covered := map[string]time.Time{}
 	for _, e := range existing {
@@ -73,7 +93,7 @@ func ensurePartitions(ctx context.Context, db beginner, from, to time.Time) erro
 		suffix := d.Format("20060102")
 		for _, p := range partitioned {
 			name := p.table + "_p" + suffix
-			if !d.After(covered[p.table]) || slices.ContainsFunc(existing, func(e partition) bool { return e.name == name }) {
+			if !slices.Contains(tables, p.table) || !d.After(covered[p.table]) || slices.ContainsFunc(existing, func(e partition) bool { return e.name == name }) {
 				continue
 			}
 			stmt := fmt.Sprintf(`CREATE TABLE %s PARTITION OF %s FOR VALUES FROM ('%s') TO ('%s')%s`,
@@ -107,7 +127,7 @@ func listPartitions(ctx context.Context, q interface {
 	rows, err := q.Query(ctx, `
 		SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) LIKE '%FROM (MINVALUE)%'
 		FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent IN ('events'::regclass, 'deliveries'::regclass, 'delivery_attempts'::regclass)`)
+		WHERE i.inhparent IN (SELECT to_regclass(t) FROM unnest($1::text[]) t)`, partitionedTables())
 	if err != nil {
 		return nil, fmt.Errorf("list partitions: %w", err)
 	}
@@ -139,7 +159,7 @@ func listPartitions(ctx context.Context, q interface {
 }
 
 // DropPartitions drops the history partitions whose whole day ends at or before cutoff: events
-// with their deliveries, and attempts made on those days. A day that still has live deliveries
+// with their deliveries, attempts made on those days, and the relay log's days. A day that still has live deliveries
 // (pending, in flight or held — a manual retry of an old delivery, a webhook paused past the
 // hold limit not yet failed) keeps its events and deliveries partitions until they finish. It
 // returns the partitions dropped and the days kept for live deliveries.
@@ -162,7 +182,7 @@ func (s *Store) DropPartitions(ctx context.Context, cutoff time.Time) (dropped [
 		if end.After(cutoff) {
 			continue
 		}
-		if p.table != "delivery_attempts" {
+		if p.table == "events" || p.table == "deliveries" {
 			busy, seen := live[p.day]
 			if !seen {
 				// The migration's partition has no lower bound: look at everything before end.

@@ -7,6 +7,7 @@
 //	go run ./bench/relay -cpuprofile b.pprof  # also a CPU profile of Caddy (b) over the measured phases
 //	go run ./bench/relay -no-idempotency-key  # (b) sends without keys
 //	go run ./bench/relay -redis-cluster 3      # (b) on a throwaway 3-master Redis Cluster
+//	go run ./bench/relay -compare-log          # (a) wabarelay_proxy with relay_log off, (b) with it on
 //
 // It starts everything itself and removes everything at the end (also on Ctrl-C): a fresh
 // database wabarelay_bench_<rand> on the Postgres named by -pg (dropped at the end), a throwaway
@@ -37,6 +38,13 @@
 // command statistics, Postgres channel lookups (relay cache misses), upstream connections opened.
 // -cpuprofile profiles Caddy (b); -no-idempotency-key leaves the key out of (b)'s bodies to
 // separate the idempotency cost from the rest of the chain (not the issue's benchmark).
+//
+// -compare-log (issue 20) makes (a) a wabarelay_proxy too, with `relay_log off`, and (b) the
+// same with the relay log on (its defaults): both on the bench database and the same Redis
+// server ((a)'s limits and keys in database 1), both authenticating with the channel tokens and,
+// unless -no-idempotency-key, carrying keys. b/a is then the relay log's cost (goal: ≥ 0.95);
+// the checks add that relay_log holds one row per (b) request once (b) has stopped (nothing
+// dropped).
 package main
 
 import (
@@ -98,6 +106,7 @@ type config struct {
 	showLogs    bool
 	noIdemKey   bool
 	cluster     int
+	compareLog  bool
 }
 
 func main() {
@@ -116,12 +125,16 @@ func main() {
 	flag.BoolVar(&c.showLogs, "v", false, "print Caddy's logs at the end")
 	flag.BoolVar(&c.noIdemKey, "no-idempotency-key", false, "(b) bodies carry no idempotency_key: the relay without keys (one Redis round trip: the rate limit)")
 	flag.IntVar(&c.cluster, "redis-cluster", 0, "run (b) on a throwaway Redis Cluster of this many masters (e.g. 3) instead of one redis-server")
+	flag.BoolVar(&c.compareLog, "compare-log", false, "(a) is wabarelay_proxy with relay_log off, (b) with the relay log on: b/a is the log's cost")
 	flag.Parse()
 	if flag.NArg() > 0 {
 		benchkit.Fatalf("unexpected arguments: %v", flag.Args())
 	}
 	if c.channels < 1 || c.concurrency < 1 || c.slices < 1 || c.slice <= 0 || c.warmup < 0 || c.maxRequests < 1 {
 		benchkit.Fatalf("-channels, -concurrency, -slices, -slice and -max-requests must be positive")
+	}
+	if c.compareLog && c.cluster > 0 {
+		benchkit.Fatalf("-compare-log puts (a) in Redis database 1: not with -redis-cluster")
 	}
 	if c.maxRequests > maxPerChannel*c.channels {
 		benchkit.Fatalf("-max-requests %d exceeds %d per channel × %d channels: (b) could approach the 100/min limit",
@@ -312,7 +325,35 @@ http://127.0.0.1:%d {
 `, adminLine, redisLine, fakeURLB, portB, proxyPrefix)
 	env := []string{"WBR_BENCH_DATABASE=" + dsn, "WBR_BENCH_KEY=" + base64.StdEncoding.EncodeToString(key),
 		"WBR_BENCH_REDIS=" + redisURL}
-	ca, err := benchkit.StartCaddy(ctx, caddyBin, filepath.Join(tmp, "a"), cfgA, nil, portA)
+	var envA []string
+	if c.compareLog {
+		// (a): the same relay with the log off, its limits and keys in Redis database 1 (each
+		// target gives a channel up to maxPerChannel requests; together they would near its limit).
+		redisA, err := redisDB(redisURL, 1)
+		if err != nil {
+			return err
+		}
+		cfgA = fmt.Sprintf(`{
+	admin off
+	persist_config off
+	default_bind 127.0.0.1
+	wabarelay {
+		database       {env.WBR_BENCH_DATABASE}
+		encryption_key {env.WBR_BENCH_KEY}
+		%s
+		upstream       %s/v26.0
+		relay_log off
+	}
+}
+http://127.0.0.1:%d {
+	handle_path %s/* {
+		wabarelay_proxy
+	}
+}
+`, redisLine, fakeURLA, portA, proxyPrefix)
+		envA = append(env[:2:2], "WBR_BENCH_REDIS="+redisA)
+	}
+	ca, err := benchkit.StartCaddy(ctx, caddyBin, filepath.Join(tmp, "a"), cfgA, envA, portA)
 	if err != nil {
 		return fmt.Errorf("caddy (a): %w", err)
 	}
@@ -332,7 +373,11 @@ http://127.0.0.1:%d {
 	}
 
 	// ---- load ----
-	ta := newTarget('a', fmt.Sprintf("http://127.0.0.1:%d%s", portA, proxyPrefix), pnids, nil, runID, c)
+	tokensA := []string(nil) // (a) sends the upstream token itself
+	if c.compareLog {
+		tokensA = tokens
+	}
+	ta := newTarget('a', fmt.Sprintf("http://127.0.0.1:%d%s", portA, proxyPrefix), pnids, tokensA, runID, c)
 	tb := newTarget('b', fmt.Sprintf("http://127.0.0.1:%d%s", portB, proxyPrefix), pnids, tokens, runID, c)
 	perPhase := c.maxRequests / (c.slices + 1)
 	benchkit.Logf("warm-up: %s per target and at least one request per channel, concurrency %d", c.warmup, c.concurrency)
@@ -399,6 +444,11 @@ http://127.0.0.1:%d {
 	cb.Stop()
 	time.Sleep(500 * time.Millisecond) // its backends exit and flush
 	lookups := channelLookups(dsn)
+	if c.compareLog {
+		// (b) wrote its relay log before it stopped (Stop flushes the buffer): one row per request.
+		rows := relayLogRows(dsn)
+		checks.add(rows == tb.seq.Load(), "(b) relay_log rows after (b) stopped: %d for %d requests (none dropped)", rows, tb.seq.Load())
+	}
 
 	// ---- report ----
 	machine := fmt.Sprintf("%s/%s, %d CPUs, load average %s at start, %s, Postgres %s, Redis %s",
@@ -684,6 +734,34 @@ func createChannels(ctx context.Context, dsn string, key []byte, pnids []string)
 
 // channelLookups returns how often the channels' token-hash index was scanned (one scan per
 // relay cache miss), or -1 if the statistics cannot be read.
+// relayLogRows counts the bench database's relay_log rows (-1 on error).
+func relayLogRows(dsn string) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return -1
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM relay_log`).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// redisDB returns the Redis URL u on database db (u must name database 0).
+func redisDB(u string, db int) (string, error) {
+	opt, err := redis.ParseURL(u)
+	if err != nil {
+		return "", fmt.Errorf("-redis: %w", err)
+	}
+	if opt.DB != 0 {
+		return "", fmt.Errorf("-compare-log needs -redis on database 0 (it uses database %d for (a))", db)
+	}
+	return strings.TrimRight(u, "/") + "/" + strconv.Itoa(db), nil
+}
+
 func channelLookups(dsn string) int64 {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -769,19 +847,25 @@ func newTarget(name byte, base string, pnids, tokens []string, runID string, c c
 		}
 	}
 	t.prefix = []byte(`{"messaging_product":"whatsapp","recipient_type":"individual","to":"15551234567","type":"text","text":{"body":"bench ` + string(name) + " ")
-	if name == 'b' && !c.noIdemKey {
-		t.suffix = []byte(`"},"idempotency_key":"` + runID + "-")
+	if t.keyed() {
+		t.suffix = []byte(`"},"idempotency_key":"` + runID + "-" + string(name) + "-")
 	} else {
 		t.suffix = []byte(`"}}`)
 	}
 	return t
 }
 
+// keyed reports whether t's bodies carry an idempotency key: (b)'s, and (a)'s with -compare-log
+// (both relays), unless -no-idempotency-key.
+func (t *target) keyed() bool {
+	return (t.name == 'b' || t.c.compareLog) && !t.c.noIdemKey
+}
+
 func (t *target) body(buf []byte, seq int) []byte {
 	buf = append(buf[:0], t.prefix...)
 	buf = strconv.AppendInt(buf, int64(seq), 10)
 	buf = append(buf, t.suffix...)
-	if t.name == 'b' && !t.c.noIdemKey {
+	if t.keyed() {
 		buf = strconv.AppendInt(buf, int64(seq), 10)
 		buf = append(buf, `"}`...)
 	}
@@ -1065,7 +1149,11 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	row := func(name string, s stats, t *target) {
 		p("| %s | %d | %d | %.0f | %.3f | %.3f | %.3f |\n", name, s.n, t.failed.Load(), s.rps, s.p50, s.p90, s.p99)
 	}
-	row("(a) `reverse_proxy`", a, ta)
+	nameA := "(a) `reverse_proxy`"
+	if c.compareLog {
+		nameA = "(a) `wabarelay_proxy`, `relay_log off`"
+	}
+	row(nameA, a, ta)
 	backend := "Redis"
 	if c.cluster > 0 {
 		backend = fmt.Sprintf("Redis Cluster (%d masters)", c.cluster)
@@ -1074,6 +1162,9 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	goal := 0.80
 	if c.noIdemKey {
 		keyNote, goal = "no key", 0.85
+	}
+	if c.compareLog {
+		keyNote, goal = keyNote+", relay log on", 0.95
 	}
 	row(fmt.Sprintf("(b) `wabarelay_proxy`, %s, %s", keyNote, backend), b, tb)
 	ratio := math.NaN()
@@ -1092,10 +1183,13 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	if c.noIdemKey {
 		idem = "body WITHOUT `idempotency_key` (-no-idempotency-key)"
 	}
+	mixA := "(a): the upstream token itself and the same body without `idempotency_key` (the fake, like the real API, " +
+		"rejects unknown top-level keys), i.e. exactly the body (b) forwards."
+	if c.compareLog {
+		mixA = "(a): the same, through the relay with `relay_log off` (its limits and keys in Redis database 1)."
+	}
 	p("Request mix: `POST <pnid>/messages` text sends, request n on channel n mod %d for both targets. "+
-		"(b): `Authorization: Bearer <channel_token>`, "+idem+". "+
-		"(a): the upstream token itself and the same body without `idempotency_key` (the fake, like the real API, "+
-		"rejects unknown top-level keys), i.e. exactly the body (b) forwards.\n\n", c.channels)
+		"(b): `Authorization: Bearer <channel_token>`, "+idem+". "+mixA+"\n\n", c.channels)
 	if lookups >= 0 {
 		nb := tb.seq.Load()
 		p("Channel lookups in Postgres (cache misses of the relay's channel cache): %d for %d (b) requests, warm-up included (%.1f%%).\n\n",

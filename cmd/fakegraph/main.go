@@ -55,7 +55,11 @@
 //     optional: phone_number_id (default: the number of the last signup completed), from (the
 //     sender's digits), name, text (default "Hello"), type ("text" or "image": a small PNG the
 //     business can download through the relay, text as its caption). Every message sent through
-//     the fake is also followed by its "sent" and "delivered" status webhooks.
+//     the fake is also followed by its "sent", "delivered" and "read" status webhooks, one every
+//     -status-delay (1s by default, so that a message's timeline fills in as one watches); a
+//     message to a made-up recipient whose number starts with 999 (a country calling code no
+//     one has, e.g. "+999 555 0100") is accepted, then reported "failed" with error 131026
+//     (Message undeliverable), as the upstream reports a number that is not on WhatsApp.
 //
 //     curl -s http://127.0.0.1:8090/_fake/inbound -d '{"text":"Hello"}'
 //
@@ -111,6 +115,7 @@ func main() {
 	demoSDK := flag.Bool("demo-sdk", true, "serve the demo Embedded Signup: GET /sdk.js and POST /_fake/signup")
 	signupTTL := flag.Duration("signup-code-ttl", fakegraph.DefaultSignupCodeTTL, "lifetime of the codes /sdk.js and /_fake/signup make up")
 	callback := flag.String("callback", "", "the app's callback URL: enables POST /_fake/inbound and status webhooks (needs -app-secret)")
+	statusDelay := flag.Duration("status-delay", time.Second, "wait before each status webhook of a sent message")
 	receiverAddr := flag.String("receiver", "", "also serve a webhook receiver over HTTPS on this address, e.g. 127.0.0.1:8091")
 	receiverCA := flag.String("receiver-ca", "", "write the receiver's CA certificate (PEM) to this file")
 	logFile := flag.String("log", "", "write the request log to this file instead of stderr")
@@ -147,7 +152,7 @@ func main() {
 		opts = append(opts, fakegraph.WithDemoSDK(*signupTTL, demoTemplates...))
 	}
 	if *callback != "" {
-		opts = append(opts, fakegraph.WithCallback(*callback))
+		opts = append(opts, fakegraph.WithCallback(*callback), fakegraph.WithStatusDelay(*statusDelay))
 	}
 	g := fakegraph.New(opts...)
 	g.AddNumber(*pnid, *waba, *display, *name)
@@ -177,6 +182,7 @@ func main() {
 	}
 	if *callback != "" {
 		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/inbound sends an incoming message to %s\n", base, *callback)
+		fmt.Fprintf(os.Stderr, "fakegraph: sent messages are reported sent, delivered, read (every %s); to +999... failed (131026)\n", *statusDelay)
 	}
 	if recvURL != "" {
 		fmt.Fprintf(os.Stderr, "fakegraph: webhook receiver at %s/ (CA certificate: %s)\n", recvURL, *receiverCA)

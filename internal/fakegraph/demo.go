@@ -30,8 +30,8 @@ import (
 //	POST /_fake/signup    (WithDemoSDK) the same as JSON, for a completion without a browser
 //	POST /_fake/inbound   (WithCallback) an incoming message, sent signed to the callback (Emit)
 //
-// With WithCallback the fake also reports the "sent" and "delivered" statuses of every message
-// sent through it to the callback, as the upstream does.
+// With WithCallback the fake also reports the statuses of every message sent through it to the
+// callback, as the upstream does (statuses.go).
 
 //go:embed demo-sdk.js
 var demoSDK string
@@ -58,9 +58,10 @@ func WithDemoSDK(codeTTL time.Duration, templates ...Template) Option {
 }
 
 // WithCallback sets the app's callback URL (its webhook configuration at the upstream, e.g.
-// http://localhost:8080/webhooks/upstream). It enables POST /_fake/inbound, and the "sent" and
-// "delivered" status webhooks of every message sent through the fake. Posts are signed with the
-// WithAppSecret secret (X-Hub-Signature-256).
+// http://localhost:8080/webhooks/upstream). It enables POST /_fake/inbound, and the status
+// webhooks of every message sent through the fake: "sent", "delivered" and "read", or "failed"
+// (131026) for an undeliverable recipient (WithStatusOrder, WithUndeliverable). Posts are signed
+// with the WithAppSecret secret (X-Hub-Signature-256).
 func WithCallback(url string) Option { return func(s *Server) { s.callback = url } }
 
 // Signup is a number made up for a demo Embedded Signup (MintSignup).
@@ -359,11 +360,22 @@ type (
 		ID       string `json:"id"`
 	}
 	whStatus struct {
-		ID          string    `json:"id"`
-		Status      string    `json:"status"`
-		Timestamp   string    `json:"timestamp"`
-		RecipientID string    `json:"recipient_id"`
-		Pricing     whPricing `json:"pricing"`
+		ID          string     `json:"id"`
+		Status      string     `json:"status"`
+		Timestamp   string     `json:"timestamp"`
+		RecipientID string     `json:"recipient_id"`
+		Pricing     *whPricing `json:"pricing,omitempty"`
+		Errors      []whError  `json:"errors,omitempty"`
+	}
+	whError struct {
+		Code      int         `json:"code"`
+		Title     string      `json:"title"`
+		Message   string      `json:"message"`
+		ErrorData whErrorData `json:"error_data"`
+		Href      string      `json:"href"`
+	}
+	whErrorData struct {
+		Details string `json:"details"`
 	}
 	whPricing struct {
 		Billable     bool   `json:"billable"`
@@ -422,37 +434,6 @@ func (s *Server) postWebhook(ctx context.Context, url, appSecret string, body []
 		fmt.Fprintf(s.logw, "%s webhook -> %s %d (%d bytes)\n", time.Now().Format(time.RFC3339), url, resp.StatusCode, len(body))
 	}
 	return resp.StatusCode, answer, nil
-}
-
-// reportStatuses sends the "sent" and then the "delivered" status of a message the fake accepted
-// to the callback, one webhook each, as the upstream does (§3.4). Failures are only logged: the
-// upstream retries, the fake does not.
-func (s *Server) reportStatuses(pnid, wamid, recipient string, template bool) {
-	s.mu.RLock()
-	n := s.numbers[pnid]
-	var display, waba string
-	if n != nil {
-		display, waba = digitsOf(n.display), n.waba
-	}
-	s.mu.RUnlock()
-	if waba == "" {
-		waba = pnid
-	}
-	pricing := whPricing{false, "PMP", "free_customer_service", "service"}
-	if template {
-		pricing = whPricing{true, "PMP", "regular", "utility"}
-	}
-	for _, st := range []string{"sent", "delivered"} {
-		value := whValue{MessagingProduct: "whatsapp", Metadata: whMetadata{display, pnid},
-			Statuses: []whStatus{{wamid, st, strconv.FormatInt(time.Now().Unix(), 10), recipient, pricing}}}
-		status2, _, err := s.postWebhook(s.bg, s.callback, s.appSecret, s.webhookBody(waba, value))
-		if err != nil || status2 != http.StatusOK {
-			if s.logw != nil {
-				fmt.Fprintf(s.logw, "%s status webhook %s of %s: %d %v\n", time.Now().Format(time.RFC3339), st, wamid, status2, err)
-			}
-			return
-		}
-	}
 }
 
 func digitsOf(s string) string {

@@ -269,38 +269,3 @@ func TestInboundEndpoint(t *testing.T) {
 		t.Errorf("callback down: %d %s", r.status, r.raw)
 	}
 }
-
-// TestStatusWebhooks: with a callback, a message the fake accepts is followed by its "sent" and
-// then its "delivered" status webhook.
-func TestStatusWebhooks(t *testing.T) {
-	hook := newHook(t, 200)
-	f := setup(t, WithCallback(hook.URL))
-	r := call(t, "POST", f.base+"/"+pnid+"/messages", tok, textBody)
-	if r.status != 200 {
-		t.Fatal(string(r.raw))
-	}
-	wamid := r.body["messages"].([]any)[0].(map[string]any)["id"].(string)
-	for i, want := range []string{"sent", "delivered"} {
-		p := post(t, hook, i+1)
-		if !inbound.VerifySignature(appSK, p.Body, p.Header.Get("X-Hub-Signature-256")) {
-			t.Fatal("unsigned status")
-		}
-		batch, err := inbound.Parse(p.Body)
-		if err != nil || len(batch.Items) != 1 || batch.Items[0].Type != inbound.TypeStatus ||
-			batch.Items[0].DedupeKey != "s:"+wamid+":"+want || batch.Items[0].PhoneNumberID != pnid || batch.Items[0].WabaID != waba {
-			t.Fatalf("%s: %+v %v\n%s", want, batch, err, p.Body)
-		}
-		if !strings.Contains(string(p.Body), `"recipient_id":"16505551234"`) {
-			t.Errorf("recipient: %s", p.Body)
-		}
-	}
-	// a refused send reports nothing
-	if r := call(t, "POST", f.base+"/"+pnid+"/messages", tok, `{"messaging_product":"whatsapp","to":"1","type":"text"}`); r.status != 400 {
-		t.Fatalf("refused send: %d", r.status)
-	}
-	r = call(t, "POST", f.base+"/"+pnid+"/messages", tok, textBody)
-	wamid = r.body["messages"].([]any)[0].(map[string]any)["id"].(string)
-	if p := post(t, hook, 3); !strings.Contains(string(p.Body), `"id":"`+strings.ReplaceAll(wamid, "/", `\/`)+`","status":"sent"`) {
-		t.Fatalf("after a refused send, want the next send's status (%s): %s", wamid, p.Body)
-	}
-}

@@ -59,8 +59,9 @@
 // Demo endpoints outside the version segment (demo.go): GET /sdk.js and POST /_fake/signup
 // (WithDemoSDK: a stand-in for Meta's JS SDK whose Embedded Signup connects a number made up for
 // it), POST /_fake/inbound (WithCallback: an incoming message sent signed to the app's callback,
-// also Emit and EmitMessage); with WithCallback every accepted message is followed by its "sent"
-// and "delivered" status webhooks.
+// also Emit and EmitMessage); with WithCallback every accepted message is followed by its "sent",
+// "delivered" and "read" status webhooks, or by a "failed" one (131026) for an undeliverable
+// recipient (statuses.go: WithStatusOrder, WithUndeliverable, WithStatusDelay).
 //
 // Bodies are written like Graph writes them: "/" escaped as "\/", non-ASCII as \uXXXX
 // (WithPlainJSON turns that off), and gzipped when the request accepts gzip (WithoutGzip).
@@ -181,8 +182,12 @@ type Server struct {
 	signupTemplates []Template
 	callback        string
 	signupSeq       atomic.Uint64
-	bg              context.Context // status webhooks; cancelled by Close
-	stopBG          context.CancelFunc
+	// status webhooks (statuses.go)
+	undeliverable func(waID string) bool
+	statusOrder   []string
+	statusDelay   time.Duration
+	bg            context.Context // status webhooks; cancelled by Close
+	stopBG        context.CancelFunc
 
 	mu        sync.RWMutex
 	tokens    map[string]*tokenState
@@ -268,6 +273,8 @@ func New(opts ...Option) *Server {
 		templates:     map[string]*tmpl{},
 		codes:         map[string]*codeState{},
 		media:         map[string]*mediaState{},
+		undeliverable: DefaultUndeliverable,
+		statusOrder:   defaultStatusOrder,
 	}
 	for _, o := range opts {
 		o(s)

@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -144,7 +145,7 @@ func (s *Server) handleMessages(rc *reqCtx, pnid string) {
 	b = append(b, `}]}`...)
 	s.ok(rc, b)
 	if s.callback != "" && s.appSecret != "" && waID != "" {
-		go s.reportStatuses(pnid, wamid, waID, isTemplate)
+		go s.reportStatuses(pnid, wamid, waID, isTemplate, time.Now())
 	}
 }
 

@@ -1,0 +1,249 @@
+package dashboard
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// ---- a channel's page: recent messages and sends per minute ------------------------------
+
+// messagePageSize is how many messages the channel page lists at a time.
+const messagePageSize = 50
+
+// upstreamError is an upstream error as the pages show it: its code, the upstream's title and
+// the one-line explanation of a common code (explainError), "" for others.
+type upstreamError struct {
+	Code        int
+	Title       string
+	Explanation string
+}
+
+func newUpstreamError(code int, title string) *upstreamError {
+	return &upstreamError{Code: code, Title: title, Explanation: explainError(code)}
+}
+
+// messageRow is one outgoing message in a channel's list.
+type messageRow struct {
+	WAMID          string
+	To             string
+	CreatedAt      time.Time
+	Status         string
+	Error          *upstreamError
+	IdempotencyKey string
+}
+
+type messageFilter struct {
+	Status string
+	// Q is the search: an exact wamid, recipient or idempotency key.
+	Q string
+}
+
+type channelData struct {
+	Channel  managementapi.Channel
+	Charts   sendCharts
+	Messages []messageRow
+	Filter   messageFilter
+	Statuses []string
+	NextURL  string
+}
+
+func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
+	p := page{Session: s}
+	cid, err := uuid.Parse(r.PathValue("id"))
+	if err != nil {
+		h.notFound(w, r, s)
+		return
+	}
+	org := s.Key.OrgID
+	c, err := h.opt.Store.GetChannel(r.Context(), org, cid)
+	if errors.Is(err, store.ErrChannelNotFound) {
+		h.notFound(w, r, s)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	q := r.URL.Query()
+	d := channelData{Channel: managementapi.NewChannel(c, h.connectBase(r)), Statuses: store.MessageStatuses,
+		Filter: messageFilter{Status: q.Get("status"), Q: formText(q.Get("q"))}}
+	status := http.StatusOK
+	rows, next, err := h.listMessages(r, s, cid, d.Filter, q.Get("cursor"))
+	if e, ok := errors.AsType[*managementapi.Error](err); ok && e.Status == http.StatusUnprocessableEntity {
+		// A filter (or cursor) the API refuses: say so, and list without it.
+		p.Error, status = e.Message, e.Status
+		d.Filter = messageFilter{}
+		rows, next, err = h.listMessages(r, s, cid, d.Filter, "")
+	}
+	if e, ok := errors.AsType[*managementapi.Error](err); ok {
+		h.apiError(w, r, s, e)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	d.Messages = rows
+	if next != "" {
+		nq := url.Values{"cursor": {next}}
+		if d.Filter.Status != "" {
+			nq.Set("status", d.Filter.Status)
+		}
+		if d.Filter.Q != "" {
+			nq.Set("q", d.Filter.Q)
+		}
+		d.NextURL = h.opt.BasePath + "/channels/" + cid.String() + "?" + nq.Encode()
+	}
+	now := time.Now().UTC()
+	minutes, err := h.sendsPerMinute(r, org, cid, now.Add(-24*time.Hour))
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	d.Charts = renderSendCharts(now, minutes)
+	p.Title, p.Nav, p.Data = "Channel "+c.Name, "channels", d
+	h.render(w, r, status, "channel", p)
+}
+
+// apiError renders the page of an operation's refusal or failure: a 404 as the dashboard's
+// not-found page, others with the API's status and message.
+func (h *Handler) apiError(w http.ResponseWriter, r *http.Request, s *session, e *managementapi.Error) {
+	switch {
+	case e.Status == http.StatusNotFound:
+		h.notFound(w, r, s)
+	case e.Status >= 500:
+		w.Header().Set("Retry-After", "5")
+		h.render(w, r, e.Status, "error", page{Title: "Unavailable", Session: s, Error: e.Message})
+	default:
+		h.render(w, r, e.Status, "error", page{Title: "Refused", Session: s, Error: e.Message})
+	}
+}
+
+// ---- a message's page: its timeline ------------------------------------------------------
+
+// step is one step of a message's timeline.
+type step struct {
+	// Kind is the step's badge: "relay" for the relay call, else the upstream status.
+	Kind  string
+	Label string
+	At    time.Time
+	// Since is the time since the previous step ("" for the first).
+	Since  string
+	Detail string
+	Error  *upstreamError
+}
+
+// deliveryRow is one delivery of the message's events to a webhook.
+type deliveryRow struct {
+	WebhookID   string
+	WebhookName string
+	EventID     string
+	Type        string
+	Status      string
+	Attempts    int
+}
+
+type messageData struct {
+	WAMID       string
+	ChannelID   string
+	ChannelName string
+	Direction   string
+	To, From    string
+	Status      string
+	Error       *upstreamError
+	// IdempotencyKey is the relay call's ("" when none or no relay call).
+	IdempotencyKey string
+	Steps          []step
+	// Total is the time from the first step to the last ("" with fewer than two).
+	Total      string
+	Deliveries []deliveryRow
+}
+
+func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
+	d, err := h.getMessage(r, s, r.PathValue("wamid"))
+	if errors.Is(err, store.ErrMessageNotFound) {
+		h.notFound(w, r, s)
+		return
+	} else if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	org := s.Key.OrgID
+	if cid, err := uuid.Parse(d.ChannelID); err == nil {
+		c, err := h.opt.Store.GetChannel(r.Context(), org, cid)
+		switch {
+		case err == nil:
+			d.ChannelName = c.Name
+		case !errors.Is(err, store.ErrChannelNotFound): // a deleted channel keeps its messages
+			h.serverError(w, r, err)
+			return
+		}
+	}
+	if len(d.Deliveries) > 0 {
+		hooks, err := h.opt.Store.ListWebhooks(r.Context(), org)
+		if err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		names := map[string]string{}
+		for _, wh := range hooks {
+			names[wh.ID.String()] = wh.Name
+		}
+		for i := range d.Deliveries {
+			d.Deliveries[i].WebhookName = names[d.Deliveries[i].WebhookID]
+		}
+	}
+	h.render(w, r, http.StatusOK, "message", page{Session: s, Title: "Message", Nav: "channels", Data: d})
+}
+
+// timeSteps fills in each step's time since the previous one and returns the time from the
+// first to the last ("" with fewer than two steps). Upstream timestamps have whole seconds, so
+// a step may seem to come before the relay call that caused it: such a gap counts as none.
+// A step of unknown time (a status without a timestamp the upstream sent) has none of these
+// and is left out of the total.
+func timeSteps(steps []step) string {
+	var first, last time.Time
+	timed := 0
+	for i := range steps {
+		at := steps[i].At
+		if at.IsZero() {
+			continue
+		}
+		if i > 0 && !steps[i-1].At.IsZero() {
+			steps[i].Since = fmtDuration(at.Sub(steps[i-1].At))
+		}
+		if timed == 0 {
+			first = at
+		}
+		last, timed = at, timed+1
+	}
+	if timed < 2 {
+		return ""
+	}
+	return fmtDuration(last.Sub(first))
+}
+
+// fmtDuration writes a duration for people: "850 ms", "2.4 s", "3 min 5 s", "2 h 10 min",
+// "3 d 4 h". A negative duration is written as none.
+func fmtDuration(d time.Duration) string {
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1f s", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%d min %d s", int(d/time.Minute), int(d%time.Minute/time.Second))
+	case d < 24*time.Hour:
+		return fmt.Sprintf("%d h %d min", int(d/time.Hour), int(d%time.Hour/time.Minute))
+	}
+	return fmt.Sprintf("%d d %d h", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}

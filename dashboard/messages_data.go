@@ -1,0 +1,94 @@
+package dashboard
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/httpx"
+	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// listMessages returns a page of a channel's outgoing messages through the management API's
+// Service (its checks and messages: a status it does not know is its 422), and the cursor of
+// the next page ("" when none follows). The page load was charged already (Handler.allow).
+//
+// A refusal is a *managementapi.Error; other errors are failures.
+func (h *Handler) listMessages(r *http.Request, s *session, channelID uuid.UUID, f messageFilter, cursor string) ([]messageRow, string, error) {
+	p := managementapi.Principal{Key: s.Key, Origin: httpx.Origin(r)}
+	list, next, err := h.opt.API.ListMessages(r.Context(), p, channelID.String(),
+		managementapi.MessageQuery{Limit: messagePageSize, Status: f.Status, Search: f.Q, Cursor: cursor})
+	if err != nil {
+		return nil, "", err
+	}
+	rows := make([]messageRow, len(list))
+	for i, m := range list {
+		rows[i] = messageRow{WAMID: m.WAMID, CreatedAt: time.Time(m.CreatedAt), Status: m.Status}
+		if m.To != nil {
+			rows[i].To = *m.To
+		}
+		if m.IdempotencyKey != nil {
+			rows[i].IdempotencyKey = *m.IdempotencyKey
+		}
+		if m.Error != nil {
+			rows[i].Error = newUpstreamError(m.Error.Code, m.Error.Title)
+		}
+	}
+	return rows, next.Get("cursor"), nil
+}
+
+// sendsPerMinute returns a channel's relay calls per minute by outcome since a time.
+func (h *Handler) sendsPerMinute(r *http.Request, orgID, channelID uuid.UUID, since time.Time) ([]store.SendMinute, error) {
+	return h.opt.Store.SendsPerMinute(r.Context(), orgID, channelID, since)
+}
+
+// getMessage returns a message's timeline as the message page shows it, read from the store
+// like the API's GET /messages/{wamid} (store.MessageTimeline: another org's message is not
+// found), with the time an incoming message was received, which the API's form leaves out.
+func (h *Handler) getMessage(r *http.Request, s *session, wamid string) (messageData, error) {
+	t, err := h.opt.Store.MessageTimeline(r.Context(), s.Key.OrgID, wamid)
+	if err != nil {
+		return messageData{}, err
+	}
+	d := messageData{WAMID: t.WAMID, ChannelID: t.ChannelID.String(), Direction: t.Direction, Status: t.Status}
+	if t.To != nil {
+		d.To = *t.To
+	}
+	if t.From != nil {
+		d.From = *t.From
+	}
+	if t.Error != nil {
+		d.Error = newUpstreamError(t.Error.Code, t.Error.Title)
+	}
+	if t.Direction == store.DirectionIncoming {
+		d.Steps = append(d.Steps, step{Kind: "received", Label: "received", At: t.CreatedAt,
+			Detail: "The upstream's webhook reached the relay and the message was stored."})
+	}
+	if c := t.Relay; c != nil {
+		latency := time.Duration(c.LatencyUS) * time.Microsecond
+		detail := fmt.Sprintf("HTTP %d in %s", c.Status, fmtDuration(latency))
+		if c.Replayed {
+			detail += "; a retry of the call was replayed from the idempotency store"
+		}
+		d.Steps = append(d.Steps, step{Kind: "relay", Label: "relay call", At: c.At, Detail: detail})
+		if c.IdempotencyKey != nil {
+			d.IdempotencyKey = *c.IdempotencyKey
+		}
+	}
+	for _, st := range t.Statuses {
+		sp := step{Kind: st.Status, Label: st.Status, At: st.Timestamp}
+		if st.Error != nil {
+			sp.Error = newUpstreamError(st.Error.Code, st.Error.Title)
+		}
+		d.Steps = append(d.Steps, sp)
+	}
+	d.Total = timeSteps(d.Steps)
+	for _, dl := range t.Deliveries {
+		d.Deliveries = append(d.Deliveries, deliveryRow{WebhookID: dl.WebhookID.String(), EventID: dl.EventID.String(),
+			Type: dl.Type, Status: dl.Status, Attempts: dl.Attempts})
+	}
+	return d, nil
+}

@@ -1,0 +1,245 @@
+// Package relaylog writes the relay log (docs/relay.md, "Relay log"): the relay hands every call
+// on its send path to a [Writer] ([relay.CallLog]), which keeps it in a bounded buffer and
+// writes the buffer to Postgres in batches from a goroutine of its own. The relay never waits
+// for its log: a call that finds the buffer full, or whose batch fails, is dropped and counted.
+package relaylog
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/relay"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// Defaults of Config.
+const (
+	DefaultBuffer   = 16384
+	DefaultBatch    = 1000
+	DefaultInterval = time.Second
+	// DefaultStopTimeout bounds Stop's final flush.
+	DefaultStopTimeout = 5 * time.Second
+	// writeTimeout bounds the write of one batch: a database slower than this loses the batch
+	// (the buffer fills meanwhile, and further calls are dropped).
+	writeTimeout = 10 * time.Second
+	// failureLogEvery spaces the warnings about failed batches.
+	failureLogEvery = 10 * time.Second
+)
+
+// Config sizes a Writer. Zero fields take their defaults.
+type Config struct {
+	// Buffer is the most calls waiting to be written; a call beyond it is dropped. Default:
+	// 16384 (DefaultBuffer).
+	Buffer int
+	// Batch is the most calls written at once. Default: 1000 (DefaultBatch).
+	Batch int
+	// Interval is the longest a call waits before its batch is written. Default: 1s
+	// (DefaultInterval).
+	Interval time.Duration
+	// StopTimeout bounds the final flush of Stop. Default: 5s (DefaultStopTimeout).
+	StopTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Buffer <= 0 {
+		c.Buffer = DefaultBuffer
+	}
+	if c.Batch <= 0 {
+		c.Batch = DefaultBatch
+	}
+	if c.Interval <= 0 {
+		c.Interval = DefaultInterval
+	}
+	if c.StopTimeout <= 0 {
+		c.StopTimeout = DefaultStopTimeout
+	}
+	return c
+}
+
+// Sink is where batches go: [store.Store.WriteRelayLog].
+type Sink interface {
+	WriteRelayLog(ctx context.Context, calls []store.RelayCall) error
+}
+
+// Observer is told what the writer did (metrics). Its methods must not block.
+type Observer interface {
+	// Written counts calls written to the database.
+	Written(n int)
+	// Dropped counts calls lost: the buffer was full, their batch failed, or the writer was
+	// stopped.
+	Dropped(n int)
+}
+
+// Writer is a [relay.CallLog] writing to a Sink in batches. Record never blocks. Start it once;
+// Stop flushes what is buffered (bounded by Config.StopTimeout). It is safe for concurrent use.
+type Writer struct {
+	sink   Sink
+	cfg    Config
+	obs    Observer
+	logger *zap.Logger
+
+	buf      chan relay.Call
+	stopping chan struct{}
+	done     chan struct{}
+	start    sync.Once
+	stop     sync.Once
+	stopped  atomic.Bool
+	running  atomic.Bool // started
+
+	written, dropped atomic.Int64
+	lastWarn         time.Time // the run goroutine's
+}
+
+// New returns a writer to sink sized by cfg. obs and logger may be nil.
+func New(sink Sink, cfg Config, obs Observer, logger *zap.Logger) *Writer {
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	return &Writer{sink: sink, cfg: cfg, obs: obs, logger: logger,
+		buf: make(chan relay.Call, cfg.Buffer), stopping: make(chan struct{}), done: make(chan struct{})}
+}
+
+// Config returns the writer's configuration, defaults applied.
+func (w *Writer) Config() Config { return w.cfg }
+
+// Record takes one call for the log without waiting: when the buffer is full, or the writer is
+// stopped, the call is dropped and counted.
+func (w *Writer) Record(c relay.Call) {
+	if !w.stopped.Load() {
+		select {
+		case w.buf <- c:
+			return
+		default:
+		}
+	}
+	w.drop(1)
+}
+
+// Written returns how many calls were written so far.
+func (w *Writer) Written() int64 { return w.written.Load() }
+
+// Dropped returns how many calls were dropped so far.
+func (w *Writer) Dropped() int64 { return w.dropped.Load() }
+
+// Start starts the flush goroutine (once).
+func (w *Writer) Start() {
+	w.start.Do(func() {
+		w.running.Store(true)
+		go w.run()
+	})
+}
+
+// Stop stops taking calls and writes what is buffered, waiting at most Config.StopTimeout;
+// what is left then is dropped. Calls recorded afterwards are dropped. A writer never started
+// drops its buffer.
+func (w *Writer) Stop() {
+	w.stop.Do(func() {
+		w.stopped.Store(true)
+		w.start.Do(func() {}) // no start after Stop
+		if !w.running.Load() {
+			w.drop(len(w.buf))
+			return
+		}
+		close(w.stopping)
+		select {
+		case <-w.done:
+		case <-time.After(w.cfg.StopTimeout + time.Second):
+			w.logger.Warn("relay log: the final flush did not end in time")
+		}
+	})
+}
+
+func (w *Writer) drop(n int) {
+	if n <= 0 {
+		return
+	}
+	w.dropped.Add(int64(n))
+	if w.obs != nil {
+		w.obs.Dropped(n)
+	}
+}
+
+// run collects calls into batches and writes one when it is full or the interval has passed,
+// until Stop; then it writes what is buffered within the stop timeout.
+func (w *Writer) run() {
+	defer close(w.done)
+	tick := time.NewTicker(w.cfg.Interval)
+	defer tick.Stop()
+	batch := make([]store.RelayCall, 0, w.cfg.Batch)
+	flush := func(ctx context.Context) {
+		if len(batch) > 0 {
+			w.write(ctx, batch)
+			batch = batch[:0]
+		}
+	}
+	for {
+		select {
+		case c := <-w.buf:
+			batch = append(batch, row(c))
+			if len(batch) >= w.cfg.Batch {
+				flush(context.Background())
+			}
+		case <-tick.C:
+			flush(context.Background())
+		case <-w.stopping:
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.StopTimeout)
+			defer cancel()
+			for {
+				select {
+				case c := <-w.buf:
+					batch = append(batch, row(c))
+					if len(batch) < w.cfg.Batch {
+						continue
+					}
+				default:
+				}
+				if ctx.Err() != nil {
+					w.drop(len(batch) + len(w.buf))
+					return
+				}
+				if len(batch) == 0 {
+					return
+				}
+				flush(ctx)
+			}
+		}
+	}
+}
+
+// write writes one batch, counting it written or dropped.
+func (w *Writer) write(ctx context.Context, batch []store.RelayCall) {
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	err := w.sink.WriteRelayLog(ctx, batch)
+	cancel()
+	if err != nil {
+		w.drop(len(batch))
+		if now := time.Now(); now.Sub(w.lastWarn) >= failureLogEvery {
+			w.lastWarn = now
+			w.logger.Warn("relay log: a batch could not be written; its calls are dropped (counted)",
+				zap.Int("calls", len(batch)), zap.Error(err))
+		}
+		return
+	}
+	w.written.Add(int64(len(batch)))
+	if w.obs != nil {
+		w.obs.Written(len(batch))
+	}
+}
+
+// row is c as the store writes it.
+func row(c relay.Call) store.RelayCall {
+	return store.RelayCall{At: c.At, OrgID: c.OrgID, ChannelID: c.ChannelID, Status: c.Status, Outcome: string(c.Outcome),
+		ErrorCode: c.ErrorCode, ErrorSubcode: c.ErrorSubcode, Latency: c.Latency, IdempotencyKey: c.IdempotencyKey,
+		Replayed: c.Replayed, Recipient: c.Recipient, WAMID: c.WAMID}
+}
+
+// Interface guards.
+var (
+	_ relay.CallLog = (*Writer)(nil)
+	_ Sink          = (*store.Store)(nil)
+)

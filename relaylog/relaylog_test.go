@@ -1,0 +1,147 @@
+package relaylog
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/admission"
+	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/relay"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// counts is an Observer.
+type counts struct{ written, dropped atomic.Int64 }
+
+func (c *counts) Written(n int) { c.written.Add(int64(n)) }
+func (c *counts) Dropped(n int) { c.dropped.Add(int64(n)) }
+
+func call(ch uuid.UUID, wamid string) relay.Call {
+	return relay.Call{At: time.Now(), OrgID: uuid.New(), ChannelID: ch, Status: 200, Outcome: relay.OutcomeOK,
+		Latency: time.Millisecond, Recipient: "1555", WAMID: wamid}
+}
+
+// TestWriterBatches: full batches are written at once, a partial one after the interval, and
+// Stop writes what is buffered; every call is a row.
+func TestWriterBatches(t *testing.T) {
+	f := testenv.NewStore(t)
+	obs := &counts{}
+	w := New(f.Store, Config{Batch: 3, Interval: time.Hour}, obs, nil)
+	w.Start()
+	ch := uuid.New()
+	for i := range 7 {
+		w.Record(call(ch, "wamid.b"+string(rune('a'+i))))
+	}
+	testenv.Eventually(t, testenv.Patience, func() bool { return w.Written() == 6 }, "two full batches written")
+	if n := f.Count(t, "relay_log"); n != 6 {
+		t.Fatalf("%d rows after two batches", n)
+	}
+	w.Stop()
+	if w.Written() != 7 || w.Dropped() != 0 || obs.written.Load() != 7 || f.Count(t, "relay_log") != 7 || f.Count(t, "messages") != 7 {
+		t.Fatalf("after Stop: written %d dropped %d (observed %d), %d rows, %d messages",
+			w.Written(), w.Dropped(), obs.written.Load(), f.Count(t, "relay_log"), f.Count(t, "messages"))
+	}
+	w.Record(call(ch, "wamid.late"))
+	if w.Dropped() != 1 || obs.dropped.Load() != 1 {
+		t.Fatalf("a call after Stop: dropped %d", w.Dropped())
+	}
+
+	// A partial batch goes out after the interval.
+	w2 := New(f.Store, Config{Interval: 20 * time.Millisecond}, nil, nil)
+	w2.Start()
+	defer w2.Stop()
+	w2.Record(call(ch, "wamid.tick"))
+	testenv.Eventually(t, testenv.Patience, func() bool { return w2.Written() == 1 }, "the interval's batch written")
+}
+
+// blockingSink holds its first write until release is closed; later writes fail when fail is
+// set.
+type blockingSink struct {
+	store   *store.Store
+	entered chan struct{}
+	release chan struct{}
+	first   atomic.Bool
+	fail    atomic.Bool
+}
+
+func (s *blockingSink) WriteRelayLog(ctx context.Context, calls []store.RelayCall) error {
+	if s.first.CompareAndSwap(false, true) {
+		close(s.entered)
+		<-s.release
+	}
+	if s.fail.Load() {
+		return errors.New("database down")
+	}
+	return s.store.WriteRelayLog(ctx, calls)
+}
+
+// TestWriterDropsWithoutWaiting: while the writer's database write is held, the relay answers
+// every send at once; the calls beyond the buffer are dropped and counted, the buffered ones
+// written once the database is back; a failing batch is dropped and counted.
+func TestWriterDropsWithoutWaiting(t *testing.T) {
+	f := testenv.NewStore(t)
+	ch := f.Channel(t, f.Org(t).ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "1001",
+		WabaID: "2001", DisplayPhoneNumber: "+1 555 0100", UpstreamToken: "EAAGwriterTestUpstreamToken0123"}})
+	fake := fakegraph.New(fakegraph.WithPlainJSON())
+	fake.AddNumber("1001", "2001", "+1 555 0100", "Acme")
+	fake.AddToken("EAAGwriterTestUpstreamToken0123", []string{"1001"}, []string{"2001"})
+	sink := &blockingSink{store: f.Store, entered: make(chan struct{}), release: make(chan struct{})}
+	obs := &counts{}
+	const buffer = 4
+	w := New(sink, Config{Buffer: buffer, Batch: 1, Interval: time.Hour}, obs, nil)
+	w.Start()
+	defer w.Stop()
+	lim := ratelimit.NewMemory(1000, time.Minute)
+	defer lim.Close()
+	mem := idempotency.NewMemory(idempotency.Options{})
+	defer mem.Close()
+	rl := &relay.Relay{Channels: relay.NewCache(f.Store, relay.DefaultTTL), Objects: f.Store,
+		Admission: admission.NewMemory(lim, mem), UpstreamBase: "/" + fake.Version(), CallLog: w}
+	send := func() {
+		t.Helper()
+		r := httptest.NewRequest("POST", "http://relay.example.com/1001/messages",
+			strings.NewReader(`{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"hi"}}`))
+		r.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
+		rec := httptest.NewRecorder()
+		rl.Serve(rec, r, func(w http.ResponseWriter, r *http.Request) error { fake.ServeHTTP(w, r); return nil })
+		if rec.Code != 200 {
+			t.Fatalf("send: %d %s", rec.Code, rec.Body)
+		}
+	}
+
+	send()
+	<-sink.entered // the writer's first batch is held in the database
+	const more = 20
+	for range more {
+		send() // answered: the relay does not wait for its log
+	}
+	if d := w.Dropped(); d != more-buffer || obs.dropped.Load() != d {
+		t.Fatalf("dropped %d (observed %d), want %d: the first call held, %d buffered", d, obs.dropped.Load(), more-buffer, buffer)
+	}
+	close(sink.release)
+	testenv.Eventually(t, testenv.Patience, func() bool { return w.Written() == 1+buffer }, "the held and buffered calls written")
+	if n := f.Count(t, "relay_log"); n != 1+buffer {
+		t.Fatalf("%d relay_log rows, want %d", n, 1+buffer)
+	}
+
+	// A batch the database refuses is dropped and counted.
+	sink.fail.Store(true)
+	send()
+	testenv.Eventually(t, testenv.Patience, func() bool { return w.Dropped() == more-buffer+1 }, "the failed batch counted")
+	if w.Written() != 1+buffer || f.Count(t, "relay_log") != 1+buffer {
+		t.Fatalf("a failed batch written: %d", w.Written())
+	}
+}

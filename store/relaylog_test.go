@@ -1,0 +1,218 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// relayMessage is a messages row's fields the relay writes.
+type relayMessage struct {
+	Recipient, Status string
+	Key               *string
+	Created           time.Time
+	RelayAt           *time.Time
+	RelayStatus       *int
+	Latency           *int
+	Replayed          bool
+}
+
+func readRelayMessage(t *testing.T, f *testenv.Fixture, wamid string) relayMessage {
+	t.Helper()
+	var m relayMessage
+	err := f.Pool.QueryRow(context.Background(), `SELECT recipient, status, idempotency_key, created_at, relay_at, relay_status,
+		relay_latency_us, relay_replayed FROM messages WHERE wamid = $1`, wamid).
+		Scan(&m.Recipient, &m.Status, &m.Key, &m.Created, &m.RelayAt, &m.RelayStatus, &m.Latency, &m.Replayed)
+	if err != nil {
+		t.Fatalf("messages row %s: %v", wamid, err)
+	}
+	return m
+}
+
+// TestWriteRelayLog: a batch goes into relay_log as given (absent values NULL, values that are
+// not text left out); messages gets one row per wamid with the first call's fields, replays
+// marking it, and a row its status created first gets the relay's fields without its status
+// being touched. A missing day partition is created and the batch written.
+func TestWriteRelayLog(t *testing.T) {
+	f := testenv.NewStore(t)
+	s := f.Store
+	ctx := context.Background()
+	org, ch := uuid.New(), uuid.New()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	// Today's partition missing (the partition manager behind): the write makes it.
+	f.Exec(t, `DROP TABLE IF EXISTS relay_log_p`+now.Format("20060102"))
+
+	call := func(at time.Time, status int, outcome, key, to, wamid string, replayed bool) store.RelayCall {
+		return store.RelayCall{At: at, OrgID: org, ChannelID: ch, Status: status, Outcome: outcome, Latency: 1500 * time.Microsecond,
+			IdempotencyKey: key, Recipient: to, WAMID: wamid, Replayed: replayed}
+	}
+	// A status arrived before the relay's batch (the inbound path's row).
+	f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank)
+		VALUES ('wamid.S', $1, $2, '', $3, 'delivered', 2)`, org, ch, now.Add(time.Minute))
+	batch := []store.RelayCall{
+		call(now, 200, "ok", "k1", "1555", "wamid.A", false),
+		call(now.Add(time.Second), 200, "replayed", "k1", "1555", "wamid.A", true), // merged into A's row
+		call(now, 200, "ok", "", "1666", "wamid.S", false),
+		call(now, 400, "upstream_4xx", "k\x00bad", "to\xff", "", false),
+		{At: now, OrgID: org, ChannelID: ch, Status: 400, Outcome: "upstream_4xx", ErrorCode: 131047, ErrorSubcode: 2494010},
+	}
+	if err := s.WriteRelayLog(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if n := f.Count(t, "relay_log"); n != len(batch) {
+		t.Fatalf("%d relay_log rows, want %d", n, len(batch))
+	}
+	type logRow struct {
+		Status         int
+		Outcome        string
+		Code, Subcode  *int
+		Latency        int
+		Key, To, WAMID *string
+		Replayed       bool
+	}
+	rows, err := f.Pool.Query(ctx, `SELECT status, outcome, error_code, error_subcode, latency_us, idempotency_key, recipient, wamid, replayed
+		FROM relay_log WHERE channel_id = $1 AND org_id = $2 ORDER BY at, replayed, wamid NULLS LAST, error_code NULLS FIRST`, ch, org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []logRow
+	for rows.Next() {
+		var r logRow
+		if err := rows.Scan(&r.Status, &r.Outcome, &r.Code, &r.Subcode, &r.Latency, &r.Key, &r.To, &r.WAMID, &r.Replayed); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r)
+	}
+	p := func(s string) *string { return &s }
+	i := func(n int) *int { return &n }
+	want := []logRow{
+		{200, "ok", nil, nil, 1500, p("k1"), p("1555"), p("wamid.A"), false},
+		{200, "ok", nil, nil, 1500, nil, p("1666"), p("wamid.S"), false},
+		{400, "upstream_4xx", nil, nil, 1500, nil, nil, nil, false},
+		{400, "upstream_4xx", i(131047), i(2494010), 0, nil, nil, nil, false},
+		{200, "replayed", nil, nil, 1500, p("k1"), p("1555"), p("wamid.A"), true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		j := func(v any) string { b, _ := json.Marshal(v); return string(b) }
+		t.Fatalf("relay_log rows:\n got %s\nwant %s", j(got), j(want))
+	}
+
+	a := readRelayMessage(t, f, "wamid.A")
+	if a.Recipient != "1555" || a.Key == nil || *a.Key != "k1" || !a.Created.Equal(now) || a.RelayAt == nil || !a.RelayAt.Equal(now) ||
+		*a.RelayStatus != 200 || *a.Latency != 1500 || !a.Replayed || a.Status != "accepted" {
+		t.Fatalf("message A: %+v", a)
+	}
+	st := readRelayMessage(t, f, "wamid.S")
+	if st.Status != "delivered" || st.Recipient != "1666" || !st.Created.Equal(now) || st.RelayAt == nil || st.Replayed {
+		t.Fatalf("message S (its status first): %+v", st)
+	}
+
+	// Later calls of a logged message: the first call's fields stay; a replay marks it.
+	later := now.Add(time.Hour)
+	if err := s.WriteRelayLog(ctx, []store.RelayCall{call(later, 200, "ok", "k9", "1999", "wamid.S", false)}); err != nil {
+		t.Fatal(err)
+	}
+	if again := readRelayMessage(t, f, "wamid.S"); !reflect.DeepEqual(again, st) {
+		t.Fatalf("a later call changed the message:\n got %+v\nwant %+v", again, st)
+	}
+	if err := s.WriteRelayLog(ctx, []store.RelayCall{call(later, 200, "replayed", "", "", "wamid.S", true)}); err != nil {
+		t.Fatal(err)
+	}
+	if again := readRelayMessage(t, f, "wamid.S"); !again.Replayed || !again.RelayAt.Equal(now) {
+		t.Fatalf("after a replay: %+v", again)
+	}
+}
+
+// TestSendsPerMinute: a channel's calls counted per minute by class, minutes with calls only,
+// oldest first, from since on; another org's channel id gives nothing.
+func TestSendsPerMinute(t *testing.T) {
+	f := testenv.NewStore(t)
+	s := f.Store
+	ctx := context.Background()
+	org, ch, other := uuid.New(), uuid.New(), uuid.New()
+	m0 := time.Now().UTC().Truncate(time.Minute).Add(-10 * time.Minute)
+	var calls []store.RelayCall
+	add := func(minute, sec, status int, outcome string, chID uuid.UUID) {
+		calls = append(calls, store.RelayCall{At: m0.Add(time.Duration(minute)*time.Minute + time.Duration(sec)*time.Second),
+			OrgID: org, ChannelID: chID, Status: status, Outcome: outcome})
+	}
+	add(0, 1, 200, "ok", ch)
+	add(0, 59, 200, "replayed", ch)
+	add(0, 5, 429, "rate_limited", ch)
+	add(0, 6, 429, "upstream_4xx", ch)   // the upstream's 429: rate limited too
+	add(0, 7, 400, "upstream_4xx", ch)   // upstream errors
+	add(0, 8, 500, "replayed", ch)       // a replayed upstream error
+	add(0, 9, 504, "upstream_error", ch) //
+	add(0, 10, 403, "inactive", ch)      // refusals
+	add(0, 11, 422, "idempotency_conflict", ch)
+	add(0, 12, 503, "disconnected", ch)
+	add(3, 0, 200, "ok", ch)
+	add(3, 30, 200, "ok", other) // another channel
+	add(-5, 0, 200, "ok", ch)    // before since
+	if err := s.WriteRelayLog(ctx, calls); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.SendsPerMinute(ctx, org, ch, m0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.SendMinute{
+		{Minute: m0, OK: 2, UpstreamError: 3, RateLimited: 2, Refused: 3},
+		{Minute: m0.Add(3 * time.Minute), OK: 1},
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("sends per minute:\n got %+v\nwant %+v", got, want)
+	}
+	if got, err := s.SendsPerMinute(ctx, uuid.New(), ch, m0); err != nil || len(got) != 0 {
+		t.Fatalf("another org: %+v %v", got, err)
+	}
+}
+
+// TestRetentionRelayLog: the retention drops the relay log's old days with the other history
+// and deletes old messages, in batches, keeping the recent ones.
+func TestRetentionRelayLog(t *testing.T) {
+	f := testenv.NewStore(t)
+	s := f.Store
+	ctx := context.Background()
+	org, ch := uuid.New(), uuid.New()
+	now := time.Now().UTC()
+	old := now.AddDate(0, 0, -40)
+	if err := s.EnsurePartitions(ctx, old, old); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteRelayLog(ctx, []store.RelayCall{
+		{At: old, OrgID: org, ChannelID: ch, Status: 200, Outcome: "ok", WAMID: "wamid.old"},
+		{At: now, OrgID: org, ChannelID: ch, Status: 200, Outcome: "ok", WAMID: "wamid.new"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// More old messages than one delete takes (messages sent around the relay, say).
+	f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, created_at)
+		SELECT 'wamid.o' || g, $1, $2, $3 FROM generate_series(1, 12000) g`, org, ch, old)
+	oldPartition := "relay_log_p" + old.Format("20060102")
+	if !testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, oldPartition) {
+		t.Fatalf("no partition %s", oldPartition)
+	}
+	s.Maintain(ctx, store.RetentionPolicy{}, nil)
+	if testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, oldPartition) {
+		t.Fatalf("partition %s kept past the retention", oldPartition)
+	}
+	if n := f.Count(t, "relay_log"); n != 1 {
+		t.Fatalf("%d relay_log rows left, want today's 1", n)
+	}
+	if n := f.Count(t, "messages"); n != 1 || f.CountWhere(t, "messages", "wamid", "wamid.new") != 1 {
+		t.Fatalf("%d messages left, want wamid.new alone", n)
+	}
+	ahead := "relay_log_p" + now.AddDate(0, 0, store.PartitionsAhead).Format("20060102")
+	if !testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, ahead) {
+		t.Fatalf("no partition %s ahead", ahead)
+	}
+}

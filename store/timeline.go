@@ -1,0 +1,380 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The message timeline's reads (DESIGN §5b "Message timeline"): the recent outgoing messages of
+// a channel (messages, written by the relay log's writer and by StoreEvents), and the whole
+// timeline of one message, outgoing or incoming (its relay call, its status events and their
+// deliveries). Every read is scoped to an org.
+
+// ErrMessageNotFound is returned for an unknown message id (or one of another org).
+var ErrMessageNotFound = errors.New("message not found")
+
+// Directions of a message (Timeline.Direction).
+const (
+	DirectionOutgoing = "outgoing"
+	DirectionIncoming = "incoming"
+)
+
+// MessageReceived is the status of an incoming message (Timeline.Status).
+const MessageReceived = "received"
+
+// MessageFilter selects a page of a channel's outgoing messages, newest first (created_at, then
+// wamid, descending).
+type MessageFilter struct {
+	// Status keeps the messages whose latest status it is ("" for all).
+	Status string
+	// To keeps the messages to this recipient (exact; "" for all).
+	To string
+	// Search keeps the messages whose wamid, recipient or idempotency key it is (exact; "" for
+	// all): the dashboard's search box.
+	Search string
+	// After is the cursor: the wamid of the last message of the previous page ("" for the first
+	// page). A wamid that is not one of the channel's messages gives ErrCursorNotFound.
+	After string
+	// Limit caps the page (a caller that wants to know whether another page follows asks for one
+	// more than it shows).
+	Limit int
+}
+
+// ErrCursorNotFound is returned by ListMessages for a cursor that names none of the channel's
+// messages.
+var ErrCursorNotFound = errors.New("cursor names no message of the channel")
+
+// MessageError is the upstream's error of a failed message or status (errors[0]).
+type MessageError struct {
+	Code  int
+	Title string
+}
+
+// MessageSummary is one outgoing message of a channel's list.
+type MessageSummary struct {
+	WAMID     string
+	ChannelID uuid.UUID
+	// To is the recipient ("" when unknown).
+	To        string
+	CreatedAt time.Time
+	// Status is the latest upstream status (MessageStatuses).
+	Status string
+	// Error is the upstream's error of a failed message, nil otherwise.
+	Error          *MessageError
+	IdempotencyKey *string
+}
+
+// Timeline is the whole timeline of one message.
+type Timeline struct {
+	WAMID     string
+	ChannelID uuid.UUID
+	// Direction is DirectionOutgoing or DirectionIncoming.
+	Direction string
+	// To and From are the two ends: the customer's number (an outgoing message's recipient, an
+	// incoming one's sender) and the channel's display phone number. nil when unknown.
+	To, From *string
+	// Status is the latest upstream status of an outgoing message, MessageReceived for an incoming
+	// one.
+	Status string
+	Error  *MessageError
+	// CreatedAt is when the relay sent the message (or first heard of it), or when an incoming
+	// one was stored.
+	CreatedAt time.Time
+	// Relay is the relay call that sent the message; nil when the relay did not see it (sent
+	// around it) or its log row was dropped.
+	Relay *MessageRelayCall
+	// Statuses are the message's status events in upstream timestamp order (empty for an
+	// incoming message).
+	Statuses []StatusEvent
+	// Deliveries are the deliveries of the message's events (its status events, or the incoming
+	// message's event) to the org's webhooks.
+	Deliveries []EventDelivery
+}
+
+// MessageRelayCall is the relay call that sent an outgoing message.
+type MessageRelayCall struct {
+	At time.Time
+	// Status is the HTTP status answered to the caller.
+	Status    int
+	LatencyUS int
+	// IdempotencyKey is the call's Idempotency-Key, nil without one.
+	IdempotencyKey *string
+	// Replayed: the call was answered from the idempotency store.
+	Replayed bool
+}
+
+// StatusEvent is one status event of an outgoing message.
+type StatusEvent struct {
+	EventID uuid.UUID
+	Status  string
+	// Timestamp is the upstream's timestamp (zero: unknown).
+	Timestamp time.Time
+	Error     *MessageError
+}
+
+// EventDelivery is one delivery of a message's event to a webhook.
+type EventDelivery struct {
+	WebhookID uuid.UUID
+	EventID   uuid.UUID
+	// Type is the event's type.
+	Type string
+	// Status is the delivery's status as the delivery log shows it: pending, in_flight,
+	// delivered or failed.
+	Status   string
+	Attempts int
+}
+
+// messageError returns the error of a message or status (nil when it has none).
+func messageError(code *int32, title *string) *MessageError {
+	if code == nil && title == nil {
+		return nil
+	}
+	e := &MessageError{}
+	if code != nil {
+		e.Code = int(*code)
+	}
+	if title != nil {
+		e.Title = *title
+	}
+	return e
+}
+
+// ListMessages returns a page of the outgoing messages of one of the org's channels, newest
+// first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
+func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
+	// The cursor is compared as (created_at, wamid): the index's created_at bound is its first
+	// column, the wamid tie-break a filter (the indexes of migration 020 hold wamid ascending).
+	rows, err := s.pool.Query(ctx, `
+		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.idempotency_key
+		FROM messages m
+		WHERE m.channel_id = $1 AND m.org_id = $2
+		  AND ($3 = '' OR m.status = $3)
+		  AND ($4 = '' OR m.recipient = $4)
+		  AND ($5 = '' OR m.wamid = $5 OR m.recipient = $5 OR m.idempotency_key = $5)
+		  AND ($6 = '' OR (m.created_at, m.wamid) < (SELECT c.created_at, c.wamid FROM messages c WHERE c.wamid = $6 AND c.channel_id = $1))
+		  AND ($6 = '' OR m.created_at <= (SELECT c.created_at FROM messages c WHERE c.wamid = $6 AND c.channel_id = $1))
+		ORDER BY m.created_at DESC, m.wamid DESC
+		LIMIT $7`,
+		// Planned for each call: which filters are set decides the index.
+		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, f.To, f.Search, f.After, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list messages: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
+		m := MessageSummary{ChannelID: channelID}
+		var code *int32
+		var title *string
+		err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.Status, &code, &title, &m.IdempotencyKey)
+		m.Error = messageError(code, title)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list messages: %w", err)
+	}
+	if len(out) > 0 {
+		return out, nil // rows of the org's channel: it exists
+	}
+	// An empty page: say why when it is the channel or the cursor.
+	var channel, cursor bool
+	err = s.pool.QueryRow(ctx, `
+		SELECT EXISTS (SELECT 1 FROM channels WHERE id = $1 AND org_id = $2),
+		       $3 = '' OR EXISTS (SELECT 1 FROM messages WHERE wamid = $3 AND channel_id = $1)`,
+		channelID, orgID, f.After).Scan(&channel, &cursor)
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("list messages: %w", err)
+	case !channel:
+		return nil, ErrChannelNotFound
+	case !cursor:
+		return nil, ErrCursorNotFound
+	}
+	return out, nil
+}
+
+// timelineEvent is one event of a message's timeline as read.
+type timelineEvent struct {
+	id, channel uuid.UUID
+	typ         string
+	createdAt   time.Time
+	payload     []byte
+	display     *string // the channel's display phone number
+}
+
+// MessageTimeline returns the timeline of one of the org's messages: an outgoing one (a row of
+// messages) with its relay call, its status events and their deliveries, else an incoming one
+// (an event of type messages with that id) with its deliveries. Another org's message, or an
+// unknown id, is ErrMessageNotFound.
+func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid string) (*Timeline, error) {
+	if nullText(wamid) == nil {
+		return nil, ErrMessageNotFound // no stored message has such an id
+	}
+	// The message's row and its events in one round trip.
+	b := &pgx.Batch{}
+	t := &Timeline{WAMID: wamid}
+	var found bool
+	b.Queue(`
+		SELECT m.channel_id, m.recipient, c.display_phone_number, m.created_at, m.status, m.error_code, m.error_title,
+		       m.relay_at, m.relay_status, m.relay_latency_us, m.idempotency_key, m.relay_replayed
+		FROM messages m LEFT JOIN channels c ON c.id = m.channel_id
+		WHERE m.wamid = $1 AND m.org_id = $2`, wamid, orgID).QueryRow(func(row pgx.Row) error {
+		var to string
+		var code *int32
+		var title *string
+		var relayAt *time.Time
+		var relayStatus, latency *int32
+		var key *string
+		var replayed bool
+		err := row.Scan(&t.ChannelID, &to, &t.From, &t.CreatedAt, &t.Status, &code, &title,
+			&relayAt, &relayStatus, &latency, &key, &replayed)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		found = true
+		t.Direction, t.Error = DirectionOutgoing, messageError(code, title)
+		if to != "" {
+			t.To = &to
+		}
+		if relayAt != nil {
+			t.Relay = &MessageRelayCall{At: *relayAt, IdempotencyKey: key, Replayed: replayed}
+			if relayStatus != nil {
+				t.Relay.Status = int(*relayStatus)
+			}
+			if latency != nil {
+				t.Relay.LatencyUS = int(*latency)
+			}
+		}
+		return nil
+	})
+	var events []timelineEvent
+	b.Queue(`
+		SELECT e.id, e.channel_id, e.type, e.created_at, e.payload, c.display_phone_number
+		FROM events e LEFT JOIN channels c ON c.id = e.channel_id
+		WHERE e.wamid = $1 AND e.org_id = $2 AND e.type IN ('message_status', 'messages')
+		ORDER BY e.created_at, e.id`, wamid, orgID).Query(func(rows pgx.Rows) error {
+		var err error
+		events, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (timelineEvent, error) {
+			var e timelineEvent
+			err := r.Scan(&e.id, &e.channel, &e.typ, &e.createdAt, &e.payload, &e.display)
+			return e, err
+		})
+		return err
+	})
+	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("message timeline: %w", err)
+	}
+
+	// The message's own events: an outgoing message's statuses in its channel, else an incoming
+	// message's event(s).
+	mine := events[:0:0]
+	for _, e := range events {
+		if found && e.typ == "message_status" && e.channel == t.ChannelID ||
+			!found && e.typ == "messages" && (len(mine) == 0 || e.channel == mine[0].channel) {
+			mine = append(mine, e)
+		}
+	}
+	if !found {
+		if len(mine) == 0 {
+			return nil, ErrMessageNotFound
+		}
+		t.ChannelID, t.Direction, t.Status, t.CreatedAt, t.To = mine[0].channel, DirectionIncoming, MessageReceived, mine[0].createdAt, mine[0].display
+		if from := incomingFrom(mine[0].payload); from != "" {
+			t.From = &from
+		}
+	}
+	t.Statuses = []StatusEvent{}
+	if found {
+		for _, e := range mine {
+			t.Statuses = append(t.Statuses, statusEvent(e))
+		}
+		// Upstream timestamp order; equal timestamps (seconds) in the order of the status's rank,
+		// then of arrival.
+		slices.SortStableFunc(t.Statuses, func(a, b StatusEvent) int {
+			if c := a.Timestamp.Compare(b.Timestamp); c != 0 {
+				return c
+			}
+			ra, oka := StatusRank(a.Status)
+			rb, okb := StatusRank(b.Status)
+			if !oka || !okb {
+				return 0
+			}
+			return cmp.Compare(ra, rb)
+		})
+	}
+	var err error
+	if t.Deliveries, err = s.eventDeliveries(ctx, orgID, mine); err != nil {
+		return nil, fmt.Errorf("message timeline: %w", err)
+	}
+	return t, nil
+}
+
+// statusEvent reads a status event's payload ({..., "data": {"status": {...}}}).
+func statusEvent(e timelineEvent) StatusEvent {
+	var p struct {
+		Data struct {
+			Status json.RawMessage `json:"status"`
+		} `json:"data"`
+	}
+	_ = json.Unmarshal(e.payload, &p) // stored by StoreEvents: valid JSON
+	_, st, _ := ParseMessageStatus(p.Data.Status)
+	out := StatusEvent{EventID: e.id, Status: st.Status, Timestamp: st.Timestamp}
+	if st.ErrorCode != 0 || st.ErrorTitle != "" {
+		out.Error = &MessageError{Code: st.ErrorCode, Title: st.ErrorTitle}
+	}
+	return out
+}
+
+// incomingFrom reads the sender of an incoming message's event ({..., "data": {"message":
+// {"from": ...}}}); "" when it has none.
+func incomingFrom(payload []byte) string {
+	var p struct {
+		Data struct {
+			Message struct {
+				From json.RawMessage `json:"from"`
+			} `json:"message"`
+		} `json:"data"`
+	}
+	_ = json.Unmarshal(payload, &p)
+	return jsonString(p.Data.Message.From)
+}
+
+// eventDeliveries returns the deliveries of events to the org's webhooks, in the events' order.
+// Each event's deliveries are found through its webhooks' index (deliveries_webhook: webhook,
+// then the event's created_at, which its deliveries share) in the event's day partition only.
+func (s *Store) eventDeliveries(ctx context.Context, orgID uuid.UUID, events []timelineEvent) ([]EventDelivery, error) {
+	out := []EventDelivery{}
+	if len(events) == 0 {
+		return out, nil
+	}
+	ids := make([]uuid.UUID, len(events))
+	ats := make([]time.Time, len(events))
+	types := make([]string, len(events))
+	for i, e := range events {
+		ids[i], ats[i], types[i] = e.id, e.createdAt, e.typ
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT d.webhook_id, d.event_id, e.type, `+deliveryStatusSQL+`, d.attempts
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::text[]) WITH ORDINALITY AS e(id, created_at, type, n)
+		JOIN webhooks w ON w.org_id = $4
+		JOIN deliveries d ON d.webhook_id = w.id AND d.created_at = e.created_at AND d.event_id = e.id
+		LEFT JOIN delivery_queue q ON q.delivery_id = d.id
+		ORDER BY e.n, d.id`, ids, ats, types, orgID)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.AppendRows(out, rows, func(r pgx.CollectableRow) (EventDelivery, error) {
+		var d EventDelivery
+		err := r.Scan(&d.WebhookID, &d.EventID, &d.Type, &d.Status, &d.Attempts)
+		return d, err
+	})
+}

@@ -1,0 +1,419 @@
+package store_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// timelineEnv is an org with a connected channel (and its number), for the timeline's tests.
+type timelineEnv struct {
+	f    *testenv.Fixture
+	org  uuid.UUID
+	ch   store.Channel
+	pnid string
+}
+
+func newTimelineEnv(t *testing.T) *timelineEnv {
+	f := testenv.NewStore(t)
+	e := &timelineEnv{f: f, org: f.Org(t).ID}
+	e.ch, e.pnid = e.channel(t, e.org)
+	return e
+}
+
+// channel connects a new channel of org; it returns it with its phone number id.
+func (e *timelineEnv) channel(t *testing.T, org uuid.UUID) (store.Channel, string) {
+	conn := e.f.Connection()
+	conn.DisplayPhoneNumber = "+1 555 " + conn.PhoneNumberID
+	return e.f.Channel(t, org, &testenv.ChannelOpts{Connection: conn}), conn.PhoneNumberID
+}
+
+// post stores, as one upstream post to number pnid, the given statuses and messages (JSON
+// objects), through inbound.Parse as the inbound handler does.
+func (e *timelineEnv) post(t *testing.T, pnid string, statuses, messages []string) store.InboundResult {
+	t.Helper()
+	body := `{"object":"whatsapp_business_account","entry":[{"id":"waba","changes":[{"field":"messages","value":{
+		"metadata":{"phone_number_id":"` + pnid + `"},"statuses":[` + strings.Join(statuses, ",") + `],"messages":[` + strings.Join(messages, ",") + `]}}]}]}`
+	b, err := inbound.Parse([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.f.Store.StoreEvents(context.Background(), b.Items, store.Claim{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// status is an upstream status object.
+func status(wamid, st string, ts int64, recipient string) string {
+	return fmt.Sprintf(`{"id":%q,"status":%q,"timestamp":"%d","recipient_id":%q}`, wamid, st, ts, recipient)
+}
+
+// messageRow reads a message's status, rank and recipient ("", 0, "" when it has no row).
+func (e *timelineEnv) messageRow(t *testing.T, wamid string) (status string, rank int, recipient string) {
+	t.Helper()
+	err := e.f.Pool.QueryRow(context.Background(), `SELECT status, status_rank, recipient FROM messages WHERE wamid = $1`, wamid).
+		Scan(&status, &rank, &recipient)
+	if err != nil && !strings.Contains(err.Error(), "no rows") {
+		t.Fatal(err)
+	}
+	return
+}
+
+// TestMessageStatusForwardOnly: statuses arriving out of order never move a message's latest
+// status backwards (a late delivered leaves read), failed is final, and a status that comes
+// before the relay's row creates it (recipient from the status).
+func TestMessageStatusForwardOnly(t *testing.T) {
+	e := newTimelineEnv(t)
+	const w = "wamid.FORWARD"
+	steps := []struct{ status, want string }{
+		{"sent", "sent"},
+		{"read", "read"},
+		{"delivered", "read"}, // late
+		{"sent", "read"},      // a re-send of an old state is a duplicate anyway
+		{"failed", "failed"},
+		{"accepted", "failed"},
+	}
+	for i, s := range steps {
+		e.post(t, e.pnid, []string{status(w, s.status, int64(1000+i), "15550001111")}, nil)
+		got, rank, recipient := e.messageRow(t, w)
+		if got != s.want {
+			t.Fatalf("after %s: status %q, want %q", s.status, got, s.want)
+		}
+		if r, _ := store.StatusRank(got); r != rank {
+			t.Errorf("after %s: rank %d, want %d", s.status, rank, r)
+		}
+		if recipient != "15550001111" {
+			t.Errorf("recipient %q", recipient)
+		}
+	}
+	// read after failed: still failed (a new state: not a duplicate)
+	e.post(t, e.pnid, []string{status("wamid.F2", "failed", 1, "1"), status("wamid.F2", "read", 2, "1")}, nil)
+	if got, _, _ := e.messageRow(t, "wamid.F2"); got != "failed" {
+		t.Errorf("failed then read in one post: %q", got)
+	}
+	// The row created by the first status: this channel, this org, created at intake.
+	var ch, org uuid.UUID
+	var created time.Time
+	if err := e.f.Pool.QueryRow(context.Background(), `SELECT channel_id, org_id, created_at FROM messages WHERE wamid = $1`, w).
+		Scan(&ch, &org, &created); err != nil {
+		t.Fatal(err)
+	}
+	if ch != e.ch.ID || org != e.org || time.Since(created) > time.Hour || time.Since(created) < 0 {
+		t.Errorf("row: channel %s org %s created %s", ch, org, created)
+	}
+}
+
+// TestMessageStatusOneStatement: a post holding several states of one message (and of others)
+// applies the highest of each, in one statement (no "cannot affect row a second time"), and a
+// failed status carries its error into the row.
+func TestMessageStatusOneStatement(t *testing.T) {
+	e := newTimelineEnv(t)
+	failed := `{"id":"wamid.B2","status":"failed","timestamp":"5","recipient_id":"2","errors":[{"code":131026,"title":"Message undeliverable.","message":"x"}]}`
+	res := e.post(t, e.pnid, []string{
+		status("wamid.B1", "delivered", 2, "1"), status("wamid.B1", "read", 3, "1"), status("wamid.B1", "sent", 1, "1"),
+		failed, status("wamid.B3", "sent", 1, "3"),
+	}, nil)
+	if res.Events != 5 {
+		t.Fatalf("%d events stored", res.Events)
+	}
+	for w, want := range map[string]string{"wamid.B1": "read", "wamid.B2": "failed", "wamid.B3": "sent"} {
+		if got, _, _ := e.messageRow(t, w); got != want {
+			t.Errorf("%s: %q, want %q", w, got, want)
+		}
+	}
+	code := testenv.QueryValue[*int](t, e.f, `SELECT error_code FROM messages WHERE wamid = 'wamid.B2'`)
+	title := testenv.QueryValue[*string](t, e.f, `SELECT error_title FROM messages WHERE wamid = 'wamid.B2'`)
+	at := testenv.QueryValue[time.Time](t, e.f, `SELECT status_at FROM messages WHERE wamid = 'wamid.B2'`)
+	if code == nil || *code != 131026 || title == nil || *title != "Message undeliverable." || at.Unix() != 5 {
+		t.Errorf("failed row: code %v title %v at %s", code, title, at)
+	}
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM messages WHERE error_code IS NOT NULL`); n != 1 {
+		t.Errorf("%d rows with an error, want 1", n)
+	}
+}
+
+// TestMessageStatusDuplicatesDoNotApply: an upstream re-send of a status already stored is a
+// duplicate event and leaves the message alone.
+func TestMessageStatusDuplicatesDoNotApply(t *testing.T) {
+	e := newTimelineEnv(t)
+	s := status("wamid.DUP", "delivered", 10, "1")
+	e.post(t, e.pnid, []string{s}, nil)
+	// The row is put back (as if a later relay write had raced it): a re-send must not apply again.
+	e.f.Exec(t, `UPDATE messages SET status = 'accepted', status_rank = 0 WHERE wamid = 'wamid.DUP'`)
+	if res := e.post(t, e.pnid, []string{s}, nil); res.Duplicates != 1 || res.Events != 0 {
+		t.Fatalf("re-send: %+v", res)
+	}
+	if got, _, _ := e.messageRow(t, "wamid.DUP"); got != "accepted" {
+		t.Errorf("a duplicate moved the status to %q", got)
+	}
+}
+
+// TestMessageStatusOtherChannel: a status for a message id whose row belongs to another channel
+// (of another org) leaves that row alone; the event is stored all the same. Unknown upstream
+// statuses are stored as events and leave messages alone.
+func TestMessageStatusOtherChannel(t *testing.T) {
+	e := newTimelineEnv(t)
+	otherOrg := e.f.Org(t).ID
+	other, _ := e.channel(t, otherOrg)
+	e.f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient) VALUES ('wamid.OTHER', $1, $2, 'theirs')`, otherOrg, other.ID)
+	res := e.post(t, e.pnid, []string{status("wamid.OTHER", "read", 1, "mine"), status("wamid.NEW", "deleted", 1, "1"),
+		status("wamid.NEW2", "warning", 1, "1")}, nil)
+	if res.Events != 3 {
+		t.Fatalf("%d events", res.Events)
+	}
+	if got, _, recipient := e.messageRow(t, "wamid.OTHER"); got != "accepted" || recipient != "theirs" {
+		t.Errorf("other channel's row: %q %q", got, recipient)
+	}
+	if n := e.f.Count(t, "messages"); n != 1 {
+		t.Errorf("%d messages rows, want 1 (unknown statuses make none)", n)
+	}
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM events WHERE wamid IN ('wamid.OTHER', 'wamid.NEW', 'wamid.NEW2')`); n != 3 {
+		t.Errorf("%d events with their wamid, want 3", n)
+	}
+}
+
+// insertMessages adds n outgoing messages to a channel as the relay log's writer would:
+// "wamid.<prefix><i>", to recipient "r<i%3>", created a second apart (pairs of them at the
+// same time, so that the wamid breaks ties), status by i%5, idempotency key "k<i>".
+func (e *timelineEnv) insertMessages(t *testing.T, ch store.Channel, prefix string, n int) {
+	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	e.f.Exec(t, `
+		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank, idempotency_key)
+		SELECT 'wamid.' || $3 || i, $1, $2, 'r' || (i % 3), $4::timestamptz + (i / 2) * interval '1 second',
+		       (ARRAY['accepted','sent','delivered','read','failed'])[i % 5 + 1], i % 5, 'k' || i
+		FROM generate_series(0, $5 - 1) i`, e.org, ch.ID, prefix, base, n)
+}
+
+// TestListMessages: a channel's messages newest first (created_at, then wamid, descending), by
+// pages that cover every message once, filtered by status, recipient and search; another org's
+// channel is not found, and a cursor naming no message of the channel is refused.
+func TestListMessages(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	e.insertMessages(t, e.ch, "A", 23)
+	other, _ := e.channel(t, e.org)
+	e.insertMessages(t, other, "B", 5)
+
+	all, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 23 {
+		t.Fatalf("%d messages, want 23", len(all))
+	}
+	for i := 1; i < len(all); i++ {
+		a, b := all[i-1], all[i]
+		if a.CreatedAt.Before(b.CreatedAt) || a.CreatedAt.Equal(b.CreatedAt) && a.WAMID < b.WAMID {
+			t.Errorf("order: %s (%s) before %s (%s)", a.WAMID, a.CreatedAt, b.WAMID, b.CreatedAt)
+		}
+	}
+	if all[0].WAMID != "wamid.A22" || all[1].WAMID != "wamid.A21" || all[2].WAMID != "wamid.A20" || all[0].ChannelID != e.ch.ID {
+		t.Errorf("first: %+v %s %s", all[0], all[1].WAMID, all[2].WAMID)
+	}
+	if all[0].To != "r1" || all[0].Status != "delivered" || all[0].IdempotencyKey == nil || *all[0].IdempotencyKey != "k22" || all[0].Error != nil {
+		t.Errorf("fields: %+v", all[0])
+	}
+
+	// pages of 4 (the pairs sharing a time are split across pages too)
+	var paged []string
+	f := store.MessageFilter{Limit: 4}
+	for {
+		page, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range page {
+			paged = append(paged, m.WAMID)
+		}
+		if len(page) < f.Limit {
+			break
+		}
+		f.After = page[len(page)-1].WAMID
+	}
+	var want []string
+	for _, m := range all {
+		want = append(want, m.WAMID)
+	}
+	if strings.Join(paged, " ") != strings.Join(want, " ") {
+		t.Errorf("pages:\n%v\nwant\n%v", paged, want)
+	}
+
+	count := func(f store.MessageFilter) []string {
+		t.Helper()
+		f.Limit = 100
+		ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.WAMID)
+		}
+		return out
+	}
+	if got := count(store.MessageFilter{Status: "failed"}); strings.Join(got, " ") != "wamid.A19 wamid.A14 wamid.A9 wamid.A4" {
+		t.Errorf("failed: %v", got)
+	}
+	if got := count(store.MessageFilter{To: "r2"}); len(got) != 7 || got[0] != "wamid.A20" {
+		t.Errorf("to r2: %v", got)
+	}
+	if got := count(store.MessageFilter{To: "r2", Status: "delivered"}); strings.Join(got, " ") != "wamid.A17 wamid.A2" {
+		t.Errorf("to r2, delivered: %v", got)
+	}
+	for search, want := range map[string]string{"wamid.A7": "wamid.A7", "k8": "wamid.A8", "wamid.B1": "", "nothing": ""} {
+		if got := count(store.MessageFilter{Search: search}); strings.Join(got, " ") != want {
+			t.Errorf("search %q: %v, want %q", search, got, want)
+		}
+	}
+	if got := count(store.MessageFilter{Search: "r0"}); len(got) != 8 {
+		t.Errorf("search by recipient: %d messages, want 8", len(got))
+	}
+	// the other channel's message is no cursor here; an unknown one neither
+	for _, c := range []string{"wamid.B1", "wamid.NONE"} {
+		if _, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{After: c, Limit: 5}); !errors.Is(err, store.ErrCursorNotFound) {
+			t.Errorf("cursor %s: %v", c, err)
+		}
+	}
+	// the last message as cursor: an empty page, no error
+	if ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{After: "wamid.A0", Limit: 5}); err != nil || len(ms) != 0 {
+		t.Errorf("after the last: %v %v", ms, err)
+	}
+	otherOrg := e.f.Org(t).ID
+	for _, org := range []uuid.UUID{otherOrg} {
+		if _, err := e.f.Store.ListMessages(ctx, org, e.ch.ID, store.MessageFilter{Limit: 5}); !errors.Is(err, store.ErrChannelNotFound) {
+			t.Errorf("other org: %v", err)
+		}
+	}
+	if _, err := e.f.Store.ListMessages(ctx, e.org, uuid.New(), store.MessageFilter{Limit: 5}); !errors.Is(err, store.ErrChannelNotFound) {
+		t.Errorf("unknown channel: %v", err)
+	}
+	// a channel without messages: an empty page
+	empty, _ := e.channel(t, e.org)
+	if ms, err := e.f.Store.ListMessages(ctx, e.org, empty.ID, store.MessageFilter{Limit: 5}); err != nil || len(ms) != 0 {
+		t.Errorf("empty channel: %v %v", ms, err)
+	}
+}
+
+// TestMessageTimelineOutgoing: a message's relay call, its statuses in upstream timestamp order
+// (whatever their arrival order), its error, and the deliveries of its status events to each
+// of the org's webhooks that take them; another org never sees it.
+func TestMessageTimelineOutgoing(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	ws := map[uuid.UUID]bool{}
+	for range 2 {
+		w, _ := e.f.Webhook(t, e.org, "https://h.example.com", &testenv.WebhookOpts{Events: []string{"message_status"}})
+		ws[w.ID] = true
+	}
+	e.f.Webhook(t, e.org, "https://m.example.com", &testenv.WebhookOpts{Events: []string{"messages"}}) // takes none
+	const w = "wamid.OUT/+="
+	relayAt := time.Date(2030, 5, 1, 10, 0, 0, 123456000, time.UTC)
+	e.f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, idempotency_key, relay_at, relay_status, relay_latency_us, relay_replayed)
+		VALUES ($1, $2, $3, '15551234567', $4, 'key-1', $4, 200, 123456, true)`, w, e.org, e.ch.ID, relayAt)
+	// read (t=300) arrives before delivered (t=200), sent (t=100) last
+	e.post(t, e.pnid, []string{status(w, "read", 300, "15551234567")}, nil)
+	e.post(t, e.pnid, []string{status(w, "delivered", 200, "15551234567")}, nil)
+	e.post(t, e.pnid, []string{status(w, "sent", 100, "15551234567")}, nil)
+
+	tl, err := e.f.Store.MessageTimeline(ctx, e.org, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl.WAMID != w || tl.ChannelID != e.ch.ID || tl.Direction != store.DirectionOutgoing || tl.Status != "read" || tl.Error != nil ||
+		tl.To == nil || *tl.To != "15551234567" || tl.From == nil || *tl.From != "+1 555 "+e.pnid || !tl.CreatedAt.Equal(relayAt) {
+		t.Errorf("timeline: %+v", tl)
+	}
+	if r := tl.Relay; r == nil || !r.At.Equal(relayAt) || r.Status != 200 || r.LatencyUS != 123456 || r.IdempotencyKey == nil || *r.IdempotencyKey != "key-1" || !r.Replayed {
+		t.Errorf("relay call: %+v", tl.Relay)
+	}
+	var got []string
+	for _, s := range tl.Statuses {
+		got = append(got, fmt.Sprintf("%s@%d", s.Status, s.Timestamp.Unix()))
+	}
+	if strings.Join(got, " ") != "sent@100 delivered@200 read@300" {
+		t.Errorf("statuses: %v", got)
+	}
+	if len(tl.Deliveries) != 6 {
+		t.Fatalf("%d deliveries, want 6: %+v", len(tl.Deliveries), tl.Deliveries)
+	}
+	events := map[uuid.UUID]bool{}
+	for _, s := range tl.Statuses {
+		events[s.EventID] = true
+	}
+	for _, d := range tl.Deliveries {
+		if !ws[d.WebhookID] || !events[d.EventID] || d.Type != "message_status" || d.Status != "pending" || d.Attempts != 0 {
+			t.Errorf("delivery %+v", d)
+		}
+	}
+	// a delivered one shows as delivered, with its attempts
+	e.f.Exec(t, `UPDATE deliveries SET status = 'delivered', attempts = 2 WHERE id = (SELECT delivery_id FROM delivery_queue LIMIT 1)`)
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE delivery_id = (SELECT id FROM deliveries WHERE status = 'delivered')`)
+	tl, _ = e.f.Store.MessageTimeline(ctx, e.org, w)
+	n := 0
+	for _, d := range tl.Deliveries {
+		if d.Status == "delivered" && d.Attempts == 2 {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Errorf("%d delivered deliveries, want 1", n)
+	}
+
+	// a failed message: its error; no relay call
+	e.post(t, e.pnid, []string{`{"id":"wamid.FAIL","status":"failed","timestamp":"7","recipient_id":"9","errors":[{"code":131047,"title":"Re-engagement message"}]}`}, nil)
+	tl, err = e.f.Store.MessageTimeline(ctx, e.org, "wamid.FAIL")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl.Relay != nil || tl.Status != "failed" || tl.Error == nil || tl.Error.Code != 131047 || tl.Error.Title != "Re-engagement message" ||
+		len(tl.Statuses) != 1 || tl.Statuses[0].Error == nil || tl.Statuses[0].Error.Code != 131047 {
+		t.Errorf("failed: %+v %+v", tl, tl.Statuses)
+	}
+
+	for _, c := range []struct {
+		org   uuid.UUID
+		wamid string
+	}{{e.f.Org(t).ID, w}, {e.org, "wamid.UNKNOWN"}, {e.org, ""}, {e.org, "bad\x00id"}, {e.org, strings.Repeat("x", 300)}} {
+		if _, err := e.f.Store.MessageTimeline(ctx, c.org, c.wamid); !errors.Is(err, store.ErrMessageNotFound) {
+			t.Errorf("%s in org %s: %v", c.wamid, c.org, err)
+		}
+	}
+}
+
+// TestMessageTimelineIncoming: an incoming message's timeline is its event: direction incoming,
+// status received, the sender, no relay call and no statuses, and its deliveries.
+func TestMessageTimelineIncoming(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	hook, _ := e.f.Webhook(t, e.org, "https://h.example.com", &testenv.WebhookOpts{Events: []string{"messages"}})
+	e.f.Webhook(t, e.org, "https://s.example.com", &testenv.WebhookOpts{Events: []string{"message_status"}}) // takes none
+	e.post(t, e.pnid, nil, []string{`{"from":"15557654321","id":"wamid.IN","timestamp":"1749416383","type":"text","text":{"body":"hi"}}`})
+	if n := e.f.Count(t, "messages"); n != 0 {
+		t.Errorf("an incoming message made %d messages rows", n)
+	}
+	tl, err := e.f.Store.MessageTimeline(ctx, e.org, "wamid.IN")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl.Direction != store.DirectionIncoming || tl.Status != store.MessageReceived || tl.ChannelID != e.ch.ID || tl.Relay != nil ||
+		tl.From == nil || *tl.From != "15557654321" || tl.To == nil || *tl.To != "+1 555 "+e.pnid || len(tl.Statuses) != 0 || tl.Error != nil {
+		t.Errorf("timeline: %+v", tl)
+	}
+	if len(tl.Deliveries) != 1 || tl.Deliveries[0].WebhookID != hook.ID || tl.Deliveries[0].Type != "messages" || tl.Deliveries[0].Status != "pending" {
+		t.Errorf("deliveries: %+v", tl.Deliveries)
+	}
+	if _, err := e.f.Store.MessageTimeline(ctx, e.f.Org(t).ID, "wamid.IN"); !errors.Is(err, store.ErrMessageNotFound) {
+		t.Errorf("other org: %v", err)
+	}
+}
