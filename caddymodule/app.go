@@ -593,7 +593,7 @@ func (a *App) startDispatcher(ctx context.Context) error {
 		a.logger.Info("delivery workers 0: this instance runs no dispatcher; deliveries it stores are left to the dispatchers of other instances")
 		return nil
 	}
-	cfg := dispatcher.Config{InstanceID: caddyInstanceID(), Observer: deliveryObserver{a.metrics}}
+	cfg := dispatcher.Config{InstanceID: caddyInstanceID(), Observer: deliveryObserver{a.metrics}, Traces: &tracerProvider}
 	if d := a.Delivery; d != nil {
 		for _, r := range d.RetryDelays {
 			cfg.RetryDelays = append(cfg.RetryDelays, time.Duration(r))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/traces"
 )
 
 func init() {
@@ -64,8 +65,14 @@ func (a *App) newInbound() (*inbound.Handler, error) {
 		Concurrency: max(1, int(a.pool.Config().MaxConns)/2),
 		Observer:    inboundObserver{a.metrics},
 		Logger:      a.logger,
+		Traces:      &tracerProvider,
 	})
 }
+
+// tracerProvider remembers Caddy's TracerProvider from the posts traced by its `tracing`
+// directive, for the dispatcher's spans. Process-wide like Caddy's provider: it outlives
+// config reloads (a reload that keeps a `tracing` directive keeps Caddy's provider).
+var tracerProvider traces.Provider
 
 // inboundObserver feeds the inbound metrics.
 type inboundObserver struct{ m *metrics }

@@ -37,6 +37,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/traces"
 )
 
 // NotifyChannel is the Postgres channel that announces new due deliveries; the store, which
@@ -135,6 +136,13 @@ type Config struct {
 	// DisableAfter is how long a webhook may stay failing before it is paused (paused_reason
 	// "failing"). Default DefaultDisableAfter.
 	DisableAfter time.Duration
+
+	// Traces, if set, holds the TracerProvider the spans of traced attempts go to (Caddy's,
+	// remembered by the inbound handler from a traced post). An attempt of an event stored
+	// with a traceparent carries a traceparent header, and with a provider remembered a
+	// "wabarelay.delivery.claim" and a "wabarelay.delivery.attempt" span continue the event's
+	// trace. Default (nil): no spans; the header carries the event's own traceparent.
+	Traces *traces.Provider
 
 	// secretRetry is how long a delivery whose secret could not be read waits (tests).
 	secretRetry time.Duration
@@ -375,7 +383,7 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 		d.results <- result{job: j, release: true}
 	}
 	for _, j := range run {
-		d.launch(ctx, j)
+		d.launch(ctx, j, j.CreatedAt) // (claimed by the inbound transaction, at its time)
 	}
 	for range unused {
 		d.attempts.Done()

@@ -133,7 +133,7 @@ func (d *Dispatcher) claimProbes(ctx, attemptCtx context.Context) {
 		d.log.Info("probing failing webhook", zap.Stringer("webhook_id", p.WebhookID), zap.Stringer("org_id", p.OrgID),
 			zap.Stringer("delivery_id", p.ID), zap.Int("attempt", p.Attempt))
 	}
-	d.start(attemptCtx, probes)
+	d.start(attemptCtx, probes, now)
 }
 
 // recordHealth sums up the attempts of batch per webhook, records them

@@ -105,6 +105,7 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 		more := false
 		if free > 0 {
 			limit := min(free, d.cfg.BatchSize)
+			claimed := time.Now()
 			jobs, drained, err := d.claim(ctx, limit)
 			d.mu.Lock()
 			d.caughtUp = err == nil && drained
@@ -123,7 +124,7 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 				continue
 			}
 			backoff = 0
-			d.start(attemptCtx, jobs)
+			d.start(attemptCtx, jobs, claimed)
 			// A claim shares its limit among the webhooks with due work, so one that took less
 			// than its limit may still leave due rows: claim again until it drains the queue.
 			more = !drained
@@ -188,9 +189,9 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 	return c.Deliveries, c.Drained, nil
 }
 
-// start runs the claimed jobs within the per-webhook and per-org caps; the others are handed
-// back at once.
-func (d *Dispatcher) start(ctx context.Context, jobs []job) {
+// start runs the jobs claimed at claimed within the per-webhook and per-org caps; the others
+// are handed back at once.
+func (d *Dispatcher) start(ctx context.Context, jobs []job, claimed time.Time) {
 	now := time.Now()
 	for _, j := range jobs {
 		d.mu.Lock()
@@ -209,14 +210,14 @@ func (d *Dispatcher) start(ctx context.Context, jobs []job) {
 			continue
 		}
 		d.attempts.Add(1)
-		d.launch(ctx, j)
+		d.launch(ctx, j, claimed)
 	}
 }
 
-// launch makes the attempt of j in its own goroutine (counted in d.attempts by the caller) and
-// hands its result to the writer. A panic in the attempt is logged and the delivery handed back
-// for later, instead of taking the process down.
-func (d *Dispatcher) launch(ctx context.Context, j job) {
+// launch makes the attempt of j, claimed at claimed, in its own goroutine (counted in
+// d.attempts by the caller) and hands its result to the writer. A panic in the attempt is
+// logged and the delivery handed back for later, instead of taking the process down.
+func (d *Dispatcher) launch(ctx context.Context, j job, claimed time.Time) {
 	go func() {
 		defer d.attempts.Done()
 		r := result{job: j, release: true, releaseIn: d.cfg.secretRetry}
@@ -226,7 +227,7 @@ func (d *Dispatcher) launch(ctx context.Context, j job) {
 					d.log.Error("delivery attempt panicked; delivery handed back", zap.Stringer("delivery_id", j.ID), zap.Any("panic", v))
 				}
 			}()
-			r = d.attempt(ctx, j)
+			r = d.attempt(ctx, j, claimed)
 		}()
 		d.noteAttempt(r)
 		// The slots are freed once the result is queued for the writer: a writer that falls
@@ -314,8 +315,9 @@ func (d *Dispatcher) secretUnusable(j job, err error) result {
 		errMsg: "webhook signing secret cannot be decrypted (was the encryption key changed?)"}
 }
 
-// attempt makes one HTTP attempt.
-func (d *Dispatcher) attempt(ctx context.Context, j job) result {
+// attempt makes one HTTP attempt of j, claimed at claimed. For an event stored with a
+// traceparent it is traced (traceAttempt); otherwise nothing of tracing is done.
+func (d *Dispatcher) attempt(ctx context.Context, j job, claimed time.Time) result {
 	secrets, err := d.secrets(ctx, j)
 	if err != nil {
 		if errors.Is(err, ErrSecretUnusable) {
@@ -338,6 +340,11 @@ func (d *Dispatcher) attempt(ctx context.Context, j job) result {
 	req.Header["webhook-id"] = []string{id}
 	req.Header["webhook-timestamp"] = []string{ts}
 	req.Header["webhook-signature"] = []string{sig}
+	if j.Traceparent != "" {
+		if span := d.traceAttempt(req, j, claimed, r.started); span != nil {
+			defer endAttempt(span, &r)
+		}
+	}
 
 	resp, err := d.client.Do(req)
 	if err != nil {

@@ -9,10 +9,14 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/traces"
 )
 
 // MaxBody is the largest webhook body accepted (413 beyond): the upstream batches up to 3 MB.
@@ -116,6 +120,11 @@ type Config struct {
 	// Logger logs what the operator should know: posts dropped, storing failures, account
 	// changes. Default (nil): nothing is logged.
 	Logger *zap.Logger
+	// Traces, if set, remembers the TracerProvider of traced posts (Caddy's `tracing`
+	// directive) for the dispatcher's spans. A traced post stores its events in a
+	// "wabarelay.inbound.store" span, whose traceparent its events keep; that happens whether
+	// or not Traces is set. Default (nil): nothing remembered.
+	Traces *traces.Provider
 }
 
 // Handler is the endpoint of the upstream's webhooks (an http.Handler): GET answers the
@@ -230,9 +239,31 @@ func unavailable(w http.ResponseWriter) {
 	httpx.WriteError(w, http.StatusServiceUnavailable, httpx.MsgUnavailable)
 }
 
+// storeSpan is the span of a traced post's storing.
+const storeSpan = "wabarelay.inbound.store"
+
 // store stores items, handing what it can to the dispatcher (HandOff), and has the relay
-// reload the scope of channels handed new objects.
-func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (store.InboundResult, error) {
+// reload the scope of channels handed new objects. In a traced request (Caddy's `tracing`) it
+// runs in a child span of the request's, and every item keeps that span's traceparent (the
+// request's own when it is not sampled), which the items' delivery attempts continue.
+func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (res store.InboundResult, err error) {
+	ctx, span := traces.Child(ctx, storeSpan)
+	if span != nil {
+		h.cfg.Traces.Remember(span)
+		defer func() {
+			span.SetAttributes(attribute.Int("wabarelay.events", res.Events), attribute.Int("wabarelay.duplicates", res.Duplicates),
+				attribute.Int("wabarelay.deliveries", res.Deliveries))
+			if err != nil {
+				span.SetStatus(codes.Error, "storing events failed")
+			}
+			span.End()
+		}()
+	}
+	if tp := traces.Format(trace.SpanContextFromContext(ctx)); tp != "" {
+		for i := range items {
+			items[i].Traceparent = tp
+		}
+	}
 	var disp HandOff
 	if h.cfg.HandOff != nil {
 		disp = h.cfg.HandOff()
@@ -243,7 +274,7 @@ func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (store.
 	if disp != nil {
 		claim = store.Claim{Instance: disp.InstanceID(), Lease: disp.Lease(), Max: disp.Reserve(maxHandOff * len(items))}
 	}
-	res, err := h.cfg.Store.StoreEvents(ctx, items, claim)
+	res, err = h.cfg.Store.StoreEvents(ctx, items, claim)
 	if h.cfg.Invalidate != nil {
 		for _, id := range res.ObjectChannels {
 			h.cfg.Invalidate(id)

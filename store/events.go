@@ -142,6 +142,9 @@ type ClaimedDelivery struct {
 	// it changes with every rotation, so the dispatcher re-reads the webhook's secrets when it
 	// differs from theirs.
 	PreviousSecretExpiresAt *time.Time
+	// Traceparent is the W3C traceparent stored with the event (IncomingItem.Traceparent): its
+	// attempts continue that trace. Empty when the event was stored without tracing.
+	Traceparent string
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -390,8 +393,12 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	}
 	payloadOf := make(map[uuid.UUID][]byte, len(in.ids))
 	convOf := make(map[uuid.UUID]int64, len(in.ids))
+	traceOf := map[uuid.UUID]string{} // (only traced items: none without tracing)
 	for i, id := range in.ids {
 		payloadOf[id], convOf[id] = in.payloads[i], in.convs[i]
+		if i < len(in.traces) && in.traces[i] != nil { // (channel events have none)
+			traceOf[id] = *in.traces[i]
+		}
 	}
 	storedConv := make([]int64, len(stored))
 	for i, id := range stored {
@@ -454,7 +461,7 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 		res.Deliveries++
 		switch {
 		case claimed:
-			d.Payload = payloadOf[d.EventID]
+			d.Payload, d.Traceparent = payloadOf[d.EventID], traceOf[d.EventID]
 			res.Claimed = append(res.Claimed, d)
 		case active:
 			res.Queued++

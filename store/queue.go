@@ -256,8 +256,8 @@ func byDay(n int, created func(i int) time.Time) map[time.Time][]int {
 	return days
 }
 
-// payloads fills in the claimed deliveries' event payloads: one look-up per day (almost
-// always one).
+// payloads fills in the claimed deliveries' event payloads and traceparents: one look-up per
+// day (almost always one).
 func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
 	if len(ds) == 0 {
 		return nil
@@ -269,7 +269,7 @@ func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
 			ids[k] = ds[i].EventID
 			index[ds[i].EventID] = append(index[ds[i].EventID], i)
 		}
-		rows, err := q.pool.Query(ctx, `SELECT id, payload FROM events WHERE created_at >= $1 AND created_at < $2 AND id = ANY($3)`,
+		rows, err := q.pool.Query(ctx, `SELECT id, payload, coalesce(traceparent, '') FROM events WHERE created_at >= $1 AND created_at < $2 AND id = ANY($3)`,
 			pgx.QueryExecModeCacheDescribe, d, d.AddDate(0, 0, 1), ids)
 		if err != nil {
 			return fmt.Errorf("event payloads: %w", err)
@@ -277,12 +277,13 @@ func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
 		for rows.Next() {
 			var id uuid.UUID
 			var payload []byte
-			if err := rows.Scan(&id, &payload); err != nil {
+			var trace string
+			if err := rows.Scan(&id, &payload, &trace); err != nil {
 				rows.Close()
 				return fmt.Errorf("event payloads: %w", err)
 			}
 			for _, i := range index[id] {
-				ds[i].Payload = payload
+				ds[i].Payload, ds[i].Traceparent = payload, trace
 			}
 		}
 		rows.Close()
