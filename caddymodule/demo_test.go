@@ -46,17 +46,17 @@ type demoWorld struct {
 }
 
 // startDemo runs the repo's Caddyfile (only its port changed) with the environment
-// scripts/dev.sh exports in demo mode.
-func startDemo(t *testing.T) *demoWorld {
+// scripts/dev.sh exports in demo mode; opts are added to the fake upstream's.
+func startDemo(t *testing.T, opts ...fakegraph.Option) *demoWorld {
 	t.Helper()
 	w := &demoWorld{relayEnv: newRelayEnv(t, "")}
 	port := testenv.FreePort(t)
 	w.origin = "http://localhost:" + strconv.Itoa(port) // repoCaddy's, known to the fake before Caddy starts
 
 	// the fake upstream as scripts/dev.sh starts it (cmd/fakegraph -app-id -app-secret -callback)
-	w.fake = fakegraph.New(fakegraph.WithAppID(demoAppID), fakegraph.WithAppSecret(demoAppSecret),
+	w.fake = fakegraph.New(append([]fakegraph.Option{fakegraph.WithAppID(demoAppID), fakegraph.WithAppSecret(demoAppSecret),
 		fakegraph.WithDemoSDK(0, fakegraph.Template{Name: "hello_world", Language: "en_US", Status: "APPROVED", Category: "UTILITY"}),
-		fakegraph.WithCallback(w.origin+"/webhooks/upstream"))
+		fakegraph.WithCallback(w.origin + "/webhooks/upstream")}, opts...)...)
 	w.fake.Start()
 	t.Cleanup(w.fake.Close)
 
