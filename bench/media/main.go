@@ -9,6 +9,7 @@
 //	go run ./bench/media                 # 16 MB, 20 concurrent streams, 3 rounds each
 //	go run ./bench/media -short          # a quick look: 4 MB, 4 streams, 2 rounds, downloads only
 //	go run ./bench/media -cpuprofile b.pprof -proxy-cpuprofile p.pprof   # also CPU profiles
+//	go run ./bench/media -before bin/caddy-main   # another build's relay, (o), in the same rounds
 //
 // It starts everything itself and removes it at the end: a database wabarelay_bench_<rand> on
 // the Postgres named by -pg (dropped at the end), the fake upstream in this process, and two
@@ -77,6 +78,7 @@ type config struct {
 	cpuProfile      string // Caddy (b)
 	proxyProfile    string // Caddy (p)
 	profileSecs     int
+	beforeBin       string // another build's relay, (o), side by side
 }
 
 func main() {
@@ -92,6 +94,7 @@ func main() {
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of Caddy (b) over a phase of concurrent downloads through it to this file")
 	flag.StringVar(&c.proxyProfile, "proxy-cpuprofile", "", "write a CPU profile of Caddy (p) over a phase of concurrent downloads through it to this file")
 	flag.IntVar(&c.profileSecs, "profile-seconds", 10, "length of each profiled phase")
+	flag.StringVar(&c.beforeBin, "before", "", "another Caddy build (e.g. of main) whose relay runs as a fourth target, (o), in the same rounds")
 	flag.Parse()
 	if short {
 		set := map[string]bool{}
@@ -123,12 +126,11 @@ const (
 	direct target = 'a'
 	proxy  target = 'p'
 	relay  target = 'b'
+	before target = 'o' // the relay of another build (-before)
 )
 
-var targets = []target{direct, proxy, relay}
-
 func (t target) String() string {
-	return map[target]string{direct: "direct", proxy: "reverse_proxy", relay: "relay"}[t]
+	return map[target]string{direct: "direct", proxy: "reverse_proxy", relay: "relay", before: "relay (-before)"}[t]
 }
 
 // bench is one run's fixtures.
@@ -137,7 +139,8 @@ type bench struct {
 	data         []byte
 	fakeURL      string // origin of the fake
 	proxyURL     string // origin of Caddy (p)
-	relay        string // {proxy_url}
+	relay        string // {proxy_url} of (b)
+	relayBefore  string // {proxy_url} of (o)
 	channelToken string
 	client       *http.Client
 }
@@ -284,6 +287,24 @@ http://127.0.0.1:%d {
 	b.relay = fmt.Sprintf("http://127.0.0.1:%d%s", portB, proxyPrefix)
 	ps := procs{names: []string{"bench (client, fake)", "Caddy (p)", "Caddy (b)"},
 		pids: []int{os.Getpid(), caddyP.PID(), caddy.PID()}}
+	targets := []target{direct, proxy, relay}
+	if c.beforeBin != "" {
+		binO, err := benchkit.CaddyBinary(c.beforeBin)
+		if err != nil {
+			return err
+		}
+		portO := benchkit.FreePort()
+		cfgO := strings.Replace(strings.Replace(cfgB, adminB, "admin off", 1), fmt.Sprintf("http://127.0.0.1:%d {", portB), fmt.Sprintf("http://127.0.0.1:%d {", portO), 1)
+		caddyO, err := benchkit.StartCaddy(ctx, binO, filepath.Join(tmp, "caddy-o"), cfgO,
+			[]string{"WBR_BENCH_DATABASE=" + dsn, "WBR_BENCH_KEY=" + base64.StdEncoding.EncodeToString(key)}, portO)
+		if err != nil {
+			return err
+		}
+		cl.Add(caddyO.Stop)
+		b.relayBefore = fmt.Sprintf("http://127.0.0.1:%d%s", portO, proxyPrefix)
+		ps.names, ps.pids = append(ps.names, "Caddy (o)"), append(ps.pids, caddyO.PID())
+		targets = []target{direct, proxy, before, relay}
+	}
 
 	// ---- rounds ----
 	type result struct {
@@ -354,7 +375,11 @@ http://127.0.0.1:%d {
 		"(p) through plain `reverse_proxy` with the upstream token and (b) through `wabarelay_proxy` with a channel token; "+
 		"load average %s at start, %s at the end; everything on this machine.\n\n",
 		float64(c.size)/(1<<20), c.rounds, loadAvg, benchkit.LoadAvg())
-	p("| mode | (a) direct MB/s | (p) reverse_proxy MB/s | (b) relay MB/s | b/p | b/a | Caddy (b) peak RSS growth |\n|---|--:|--:|--:|--:|--:|--:|\n")
+	colO, sepO := "", ""
+	if c.beforeBin != "" {
+		colO, sepO = " (o) relay (-before) MB/s | o/p |", "--:|--:|"
+	}
+	p("| mode | (a) direct MB/s | (p) reverse_proxy MB/s |%s (b) relay MB/s | b/p | b/a | Caddy (b) peak RSS growth |\n|---|--:|--:|%s--:|--:|--:|--:|\n", colO, sepO)
 	ratio := 0.0
 	for _, r := range results {
 		growth := "—"
@@ -365,7 +390,11 @@ http://127.0.0.1:%d {
 		if strings.HasPrefix(r.name, "download") && (ratio == 0 || bp < ratio) {
 			ratio = bp
 		}
-		p("| %s | %.0f | %.0f | %.0f | %.2f× | %.2f× | %s |\n", r.name, mbs(r, direct), mbs(r, proxy), mbs(r, relay),
+		cellO := ""
+		if c.beforeBin != "" {
+			cellO = fmt.Sprintf(" %.0f | %.2f× |", mbs(r, before), mbs(r, before)/mbs(r, proxy))
+		}
+		p("| %s | %.0f | %.0f |%s %.0f | %.2f× | %.2f× | %s |\n", r.name, mbs(r, direct), mbs(r, proxy), cellO, mbs(r, relay),
 			bp, mbs(r, relay)/mbs(r, direct), growth)
 	}
 	p("\nCPU µs per MB, per process, over each target's own rounds:\n\n| mode | target | %s | total |\n|---|---|%s--:|\n",
@@ -471,7 +500,10 @@ func (b *bench) round(ctx context.Context, op string, streams int, t target) (in
 // upstream token would (media object, then its url), directly at the fake or through (p).
 func (b *bench) download(ctx context.Context, t target) (int64, error) {
 	url, token := b.relay+"/"+mediaID+"/download", b.channelToken
-	if t != relay {
+	if t == before {
+		url = b.relayBefore + "/" + mediaID + "/download"
+	}
+	if t != relay && t != before {
 		origin := b.fakeURL
 		if t == proxy {
 			origin = b.proxyURL
@@ -503,6 +535,8 @@ func (b *bench) download(ctx context.Context, t target) (int64, error) {
 func (b *bench) upload(ctx context.Context, t target) (int64, error) {
 	url, token := b.relay+"/"+pnid+"/media", b.channelToken
 	switch t {
+	case before:
+		url = b.relayBefore + "/" + pnid + "/media"
 	case direct:
 		url, token = b.fakeURL+"/v26.0/"+pnid+"/media", upstreamToken
 	case proxy:
