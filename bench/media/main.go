@@ -29,7 +29,7 @@
 // the lower of the two download modes' (b)/(p) throughput ratios.
 //
 // -cpuprofile and -proxy-cpuprofile add a phase after the rounds: -profile-seconds of concurrent
-// downloads through (b), then through (p), each profiled by its Caddy's admin API
+// downloads (or uploads: -profile-mode upload) through (b), then through (p), each profiled by its Caddy's admin API
 // (/debug/pprof/profile): go tool pprof -top bin/caddy b.pprof.
 package main
 
@@ -78,6 +78,7 @@ type config struct {
 	cpuProfile      string // Caddy (b)
 	proxyProfile    string // Caddy (p)
 	profileSecs     int
+	profileMode     string
 	beforeBin       string // another build's relay, (o), side by side
 }
 
@@ -94,6 +95,7 @@ func main() {
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of Caddy (b) over a phase of concurrent downloads through it to this file")
 	flag.StringVar(&c.proxyProfile, "proxy-cpuprofile", "", "write a CPU profile of Caddy (p) over a phase of concurrent downloads through it to this file")
 	flag.IntVar(&c.profileSecs, "profile-seconds", 10, "length of each profiled phase")
+	flag.StringVar(&c.profileMode, "profile-mode", "download", "what the profiled phases do: download or upload")
 	flag.StringVar(&c.beforeBin, "before", "", "another Caddy build (e.g. of main) whose relay runs as a fourth target, (o), in the same rounds")
 	flag.Parse()
 	if short {
@@ -155,6 +157,22 @@ func (ps procs) cpu() []time.Duration {
 	out := make([]time.Duration, len(ps.pids))
 	for i, pid := range ps.pids {
 		out[i] = procCPU(pid)
+	}
+	return out
+}
+
+// syscalls returns each process's read and write system calls so far (/proc/<pid>/io: syscr +
+// syscw; 0 when not readable): the count noise does not move.
+func (ps procs) syscalls() []int64 {
+	out := make([]int64, len(ps.pids))
+	for i, pid := range ps.pids {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ": "); ok && (k == "syscr" || k == "syscw") {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				out[i] += n
+			}
+		}
 	}
 	return out
 }
@@ -312,15 +330,17 @@ http://127.0.0.1:%d {
 		bytes  map[target]int64
 		time   map[target]time.Duration
 		cpu    map[target][]time.Duration // per process of ps
+		sys    map[target][]int64         // read and write system calls, per process of ps
 		growth int64                      // peak RSS growth of Caddy (b) during (b), concurrent rounds only
 	}
 	var results []*result
 	for _, op := range modes {
 		for _, streams := range []int{1, c.concurrency} {
 			r := &result{name: fmt.Sprintf("%s, %d stream(s)", op, streams), bytes: map[target]int64{},
-				time: map[target]time.Duration{}, cpu: map[target][]time.Duration{}}
+				time: map[target]time.Duration{}, cpu: map[target][]time.Duration{}, sys: map[target][]int64{}}
 			for _, t := range targets {
 				r.cpu[t] = make([]time.Duration, len(ps.pids))
+				r.sys[t] = make([]int64, len(ps.pids))
 			}
 			for round := 0; round < c.rounds; round++ {
 				for _, t := range targets {
@@ -329,17 +349,18 @@ http://127.0.0.1:%d {
 					}
 					before, _ := rss(caddy.PID())
 					resetPeak(caddy.PID())
-					cpu0 := ps.cpu()
+					cpu0, sys0 := ps.cpu(), ps.syscalls()
 					n, d, err := b.round(ctx, op, streams, t)
 					if err != nil {
 						return fmt.Errorf("%s via %s: %w", r.name, t, err)
 					}
-					cpu1 := ps.cpu()
+					cpu1, sys1 := ps.cpu(), ps.syscalls()
 					_, peak := rss(caddy.PID())
 					r.bytes[t] += n
 					r.time[t] += d
 					for i := range cpu1 {
 						r.cpu[t][i] += cpu1[i] - cpu0[i]
+						r.sys[t][i] += sys1[i] - sys0[i]
 					}
 					if t == relay && streams > 1 {
 						r.growth = max(r.growth, peak-before)
@@ -397,7 +418,8 @@ http://127.0.0.1:%d {
 		p("| %s | %.0f | %.0f |%s %.0f | %.2f× | %.2f× | %s |\n", r.name, mbs(r, direct), mbs(r, proxy), cellO, mbs(r, relay),
 			bp, mbs(r, relay)/mbs(r, direct), growth)
 	}
-	p("\nCPU µs per MB, per process, over each target's own rounds:\n\n| mode | target | %s | total |\n|---|---|%s--:|\n",
+	p("\nCPU µs per MB, per process, over each target's own rounds (and the read and write system calls per MB of the "+
+		"target's Caddy):\n\n| mode | target | %s | total | Caddy syscalls/MB |\n|---|---|%s--:|--:|\n",
 		strings.Join(ps.names, " | "), strings.Repeat("--:|", len(ps.names)))
 	for _, r := range results {
 		for _, t := range targets {
@@ -408,7 +430,11 @@ http://127.0.0.1:%d {
 				cells = append(cells, fmt.Sprintf("%.0f", float64(d.Microseconds())/mb))
 				total += d
 			}
-			p("| %s | (%c) %s | %s | %.0f |\n", r.name, t, t, strings.Join(cells, " | "), float64(total.Microseconds())/mb)
+			sys := "—"
+			if i := map[target]int{proxy: 1, relay: 2, before: 3}[t]; i > 0 {
+				sys = fmt.Sprintf("%.0f", float64(r.sys[t][i])/mb)
+			}
+			p("| %s | (%c) %s | %s | %.0f | %s |\n", r.name, t, t, strings.Join(cells, " | "), float64(total.Microseconds())/mb, sys)
 		}
 	}
 	p("\nTargets: (b) ≥ 0.9× (p); Caddy (b)'s peak RSS growth < 30 MB during %d concurrent %.1f MB transfers.\n",
@@ -420,7 +446,7 @@ http://127.0.0.1:%d {
 	return nil
 }
 
-// profile runs concurrent downloads through t for -profile-seconds while Caddy's admin API at
+// profile runs concurrent transfers (-profile-mode) through t for -profile-seconds while Caddy's admin API at
 // adminPort takes a CPU profile, written to file.
 func (b *bench) profile(ctx context.Context, t target, file string, adminPort int) error {
 	pctx, cancel := context.WithCancel(ctx)
@@ -431,7 +457,11 @@ func (b *bench) profile(ctx context.Context, t target, file string, adminPort in
 		go func() {
 			defer wg.Done()
 			for pctx.Err() == nil {
-				if _, err := b.download(pctx, t); err != nil && pctx.Err() == nil {
+				transfer := b.download
+				if b.c.profileMode == "upload" {
+					transfer = b.upload
+				}
+				if _, err := transfer(pctx, t); err != nil && pctx.Err() == nil {
 					benchkit.Logf("profile phase: %v", err)
 					return
 				}
