@@ -22,17 +22,37 @@ var errUnredactable = errors.New("relay: the upstream token cannot be masked")
 // secret ending the bytes seen so far, at most len(secret)-1 bytes), held back until the next
 // write or [redactor.flush] tells. An empty secret passes everything through.
 //
-// Occurrences are looked for with bytes.Index in small writes, and in large ones (media bytes,
-// large answers) by sampling: see [redactor.index].
+// Occurrences are looked for by a [finder]: quickly in large writes (media bytes).
 type redactor struct {
 	w      io.Writer
 	secret []byte // read only: it shares the token string's bytes
 	held   []byte // bytes not yet passed on: a proper prefix of secret
 	work   []byte // held + the current write, when something was held
 	mask   []byte // len(secret) mask bytes, made at the first occurrence
+	find   finder // of secret
+}
 
-	pairs    *pairSet // the byte pairs of pairsFor, made at the first large write
-	pairsFor []byte   // the secret pairs was made for (nil: none yet)
+// reset makes r a redactor of secret onto w, keeping its buffers.
+func (r *redactor) reset(w io.Writer, secret string) {
+	r.w, r.secret, r.held, r.work, r.mask = w, unsafe.Slice(unsafe.StringData(secret), len(secret)), r.held[:0], r.work[:0], r.mask[:0]
+	r.find.pat = r.secret
+}
+
+// finder looks for a byte string (pat) in data as bytes.Index does, in fewer steps on large
+// data of any kind: an occurrence at s (len(pat) = m) holds the byte pairs starting at s …
+// s+m-2, m-1 consecutive positions, one of which is a multiple of m-1; so only the pairs at
+// multiples of m-1 are looked up in the set of pat's pairs, and around a pair that is one of
+// them (at p) the window data[p-m+2 : p+m], which holds every occurrence holding that pair
+// there, is searched with bytes.Index. An earlier occurrence would have held an earlier sampled
+// pair, so the first found is the first. In bytes that are not text (media), a sampled pair is
+// one of pat's about once in 65,536/m: the search reads two bytes in m-1, where bytes.Index
+// stops at every byte equal to pat's first (one in 256). Small data and short patterns go to
+// bytes.Index. The zero finder is ready: its pair set is made at the first large search and
+// kept (remade only for another pattern).
+type finder struct {
+	pat      []byte   // read only
+	pairs    *pairSet // the byte pairs of pairsFor
+	pairsFor []byte   // the pattern pairs was made for (nil: none yet)
 }
 
 // pairSet is a set of byte pairs (a<<8 | b): 65,536 bits.
@@ -43,64 +63,52 @@ func (t *pairSet) has(a, b byte) bool {
 	return t[v>>6]&(1<<(v&63)) != 0
 }
 
-// Sampled search thresholds: writes shorter than minSampledData, and secrets shorter than
-// minSampledSecret, are searched with bytes.Index (sampling would not pay for itself there).
+// Sampled search thresholds: data shorter than minSampledData, and patterns shorter than
+// minSampledPattern, are searched with bytes.Index (sampling would not pay for itself there).
 const (
-	minSampledData   = 4 << 10
-	minSampledSecret = 8
+	minSampledData    = 4 << 10
+	minSampledPattern = 8
 )
 
-// reset makes r a redactor of secret onto w, keeping its buffers.
-func (r *redactor) reset(w io.Writer, secret string) {
-	r.w, r.secret, r.held, r.work, r.mask = w, unsafe.Slice(unsafe.StringData(secret), len(secret)), r.held[:0], r.work[:0], r.mask[:0]
-}
-
-// index returns the index of the first occurrence of r.secret in data, or -1: bytes.Index, in
-// fewer steps on large data. An occurrence at s (len(secret) = m) holds the byte pairs starting
-// at s … s+m-2, m-1 consecutive positions, one of which is a multiple of m-1; so only the pairs
-// at multiples of m-1 are looked up in the set of the secret's pairs, and around a pair that is
-// one of them (at p) the window data[p-m+2 : p+m], which holds every occurrence holding that
-// pair there, is searched with bytes.Index. An earlier occurrence would have held an earlier
-// sampled pair, so the first found is the first. In bytes that are not text (media), a sampled
-// pair is one of the secret's about once in 65,536/m: the search reads one pair in m-1 bytes.
-func (r *redactor) index(data []byte) int {
-	m := len(r.secret)
-	if m < minSampledSecret || len(data) < minSampledData {
-		return bytes.Index(data, r.secret)
+// index returns the index of the first occurrence of f.pat in data, or -1.
+func (f *finder) index(data []byte) int {
+	m := len(f.pat)
+	if m < minSampledPattern || len(data) < minSampledData {
+		return bytes.Index(data, f.pat)
 	}
-	t := r.pairSet()
+	t := f.pairSet()
 	for p := 0; p < len(data)-1; p += m - 1 {
 		if !t.has(data[p], data[p+1]) {
 			continue
 		}
 		lo, hi := max(0, p-m+2), min(len(data), p+m)
-		if i := bytes.Index(data[lo:hi], r.secret); i >= 0 {
+		if i := bytes.Index(data[lo:hi], f.pat); i >= 0 {
 			return lo + i
 		}
 	}
 	return -1
 }
 
-// pairSet returns the set of the byte pairs of r.secret, made (or remade, for another secret)
-// on first use.
-func (r *redactor) pairSet() *pairSet {
-	if r.pairs != nil && bytes.Equal(r.pairsFor, r.secret) {
-		return r.pairs
+// pairSet returns the set of the byte pairs of f.pat, made (or remade, for another pattern) on
+// first use.
+func (f *finder) pairSet() *pairSet {
+	if f.pairs != nil && bytes.Equal(f.pairsFor, f.pat) {
+		return f.pairs
 	}
-	if r.pairs == nil {
-		r.pairs = new(pairSet)
+	if f.pairs == nil {
+		f.pairs = new(pairSet)
 	} else {
-		for i := 0; i+1 < len(r.pairsFor); i++ { // only the words the last secret set
-			v := uint(r.pairsFor[i])<<8 | uint(r.pairsFor[i+1])
-			r.pairs[v>>6] = 0
+		for i := 0; i+1 < len(f.pairsFor); i++ { // only the words the last pattern set
+			v := uint(f.pairsFor[i])<<8 | uint(f.pairsFor[i+1])
+			f.pairs[v>>6] = 0
 		}
 	}
-	for i := 0; i+1 < len(r.secret); i++ {
-		v := uint(r.secret[i])<<8 | uint(r.secret[i+1])
-		r.pairs[v>>6] |= 1 << (v & 63)
+	for i := 0; i+1 < len(f.pat); i++ {
+		v := uint(f.pat[i])<<8 | uint(f.pat[i+1])
+		f.pairs[v>>6] |= 1 << (v & 63)
 	}
-	r.pairsFor = r.secret
-	return r.pairs
+	f.pairsFor = f.pat
+	return f.pairs
 }
 
 // Write passes p on with the secret masked. It reports len(p) written unless w failed.
@@ -125,7 +133,7 @@ func (r *redactor) Write(p []byte) (int, error) {
 func (r *redactor) pass(data []byte) error {
 	pos := 0
 	for {
-		i := r.index(data[pos:])
+		i := r.find.index(data[pos:])
 		if i < 0 {
 			break
 		}
