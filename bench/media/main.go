@@ -7,7 +7,7 @@
 //
 //	go build -o bin/caddy ./cmd/caddy
 //	go run ./bench/media                 # 16 MB, 20 concurrent streams, 3 rounds each
-//	go run ./bench/media -short          # a quick look: 8 MB, 4 streams, 5 rounds, downloads only
+//	go run ./bench/media -short          # a quick look: 16 MB, 4 streams, 7 rounds, downloads only
 //	go run ./bench/media -cpuprofile b.pprof -proxy-cpuprofile p.pprof   # also CPU profiles
 //	go run ./bench/media -before bin/caddy-main   # another build's relay, (o), in the same rounds
 //
@@ -94,7 +94,7 @@ func main() {
 	flag.IntVar(&c.concurrency, "concurrency", 20, "streams at once in the concurrent rounds")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds per target and mode, alternating a/p/b")
 	flag.StringVar(&c.modes, "modes", "download,upload", "comma-separated: download, upload")
-	flag.BoolVar(&short, "short", false, "a quick run (smoke tests): -size 8 MB -concurrency 4 -rounds 5 -modes download, unless given")
+	flag.BoolVar(&short, "short", false, "a quick run (smoke tests): -size 16 MB -concurrency 4 -rounds 7 -modes download, unless given")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of Caddy (b) over a phase of concurrent downloads through it to this file")
 	flag.StringVar(&c.proxyProfile, "proxy-cpuprofile", "", "write a CPU profile of Caddy (p) over a phase of concurrent downloads through it to this file")
 	flag.IntVar(&c.profileSecs, "profile-seconds", 10, "length of each profiled phase")
@@ -105,13 +105,13 @@ func main() {
 		set := map[string]bool{}
 		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["size"] {
-			c.size = 8 << 20
+			c.size = 16 << 20
 		}
 		if !set["concurrency"] {
 			c.concurrency = 4
 		}
 		if !set["rounds"] {
-			c.rounds = 5
+			c.rounds = 7
 		}
 		if !set["modes"] {
 			c.modes = "download"
