@@ -3,7 +3,9 @@
 // Redis rate limit → Redis idempotency → token swap → reverse_proxy), in the same run.
 //
 //	go build -o bin/caddy ./cmd/caddy
-//	go run ./bench/relay                      # defaults: 10,000 channels, concurrency 32, ~60 s
+//	go run ./bench/relay                      # defaults: 10,000 channels, 64 connections, wrk, ~60 s
+//	go run ./bench/relay -latency             # concurrency 1, 1,000 channels: the added p50
+//	go run ./bench/relay -generator go        # the Go load generator (the default without wrk on PATH)
 //	go run ./bench/relay -cpuprofile b.pprof  # also a CPU profile of Caddy (b) over the measured phases
 //	go run ./bench/relay -no-idempotency-key  # (b) sends without keys
 //	go run ./bench/relay -redis-cluster 3      # (b) on a throwaway 3-master Redis Cluster
@@ -12,8 +14,13 @@
 // It starts everything itself and removes everything at the end (also on Ctrl-C): a fresh
 // database wabarelay_bench_<rand> on the Postgres named by -pg (dropped at the end), a throwaway
 // redis-server (unless -redis is given; the idempotency keys of the run are then deleted from it
-// at the end), the fake upstream (internal/fakegraph) in this process, and two bin/caddy
-// processes with `admin off` on free loopback ports.
+// at the end), the fake upstream (internal/fakegraph) in a process of its own (this binary run
+// again, see fake.go), and two bin/caddy processes with `admin off` on free loopback ports.
+//
+// Load generator (-generator): wrk when it is on PATH (issue 21), driven by a Lua script and a
+// data file written into the run's temp dir (wrk.go), -wrk-threads threads (1 by default: it
+// disturbed the machine less than 2, see bench/README.md), one wrk run per slice; otherwise the
+// Go closed loop in this process. Both make the same requests.
 //
 // Data: one org and -channels active channels, each on its own phone number id, all allowed for
 // one upstream token in the fake. Both targets get the same request mix: text sends
@@ -23,7 +30,7 @@
 // idempotency_key (the fake, like the real API, rejects unknown top-level keys), which is the
 // body (b) forwards after removing the key.
 //
-// Load: -concurrency workers in a closed loop, a warm-up on each target, then measured slices
+// Load: -concurrency workers in a closed loop (wrk: connections), a warm-up on each target, then measured slices
 // alternating a, b, a, b, ... so that machine noise hits both alike. Every latency of the
 // measured slices is kept. Each target gets at most -max-requests in all (warm-up included),
 // which must stay at or below 60 per channel so that no channel comes near the relay's 100 per
@@ -32,9 +39,13 @@
 // Checks: every response is 2xx (non-2xx are counted and printed), no 429, no replay, and the
 // fake received exactly one upstream send for each (b) request (each body carries a sequence
 // number the fake's wrapper counts), with the real upstream token and without idempotency_key.
+// wrk gives no status per request: there every answer must be 2xx, no sequence number may reach
+// the fake twice or unsent, and every sent one must reach it except at most those in flight when
+// a wrk run stopped (sent, never answered).
 //
-// Diagnosis, printed with the results: CPU time per request of each process (bench, both Caddy,
-// redis-server, the bench database's Postgres backends) over each target's own slices, Redis'
+// Diagnosis, printed with the results: CPU time per request of each process (bench, wrk, both
+// Caddy, redis-server, the bench database's Postgres backends, the fake upstream) over each
+// target's own slices, Redis'
 // command statistics, Postgres channel lookups (relay cache misses), upstream connections opened.
 // -cpuprofile profiles Caddy (b); -no-idempotency-key leaves the key out of (b)'s bodies to
 // separate the idempotency cost from the rest of the chain (not the issue's benchmark).
