@@ -218,6 +218,15 @@ func (t *target) wrkPhase(ctx context.Context, d time.Duration, budget int, meas
 			t.fail(0, name+" error")
 		}
 	}
+	if measured {
+		// wrk reports the whole -d as the duration even when its threads stopped earlier.
+		for _, th := range r.threads {
+			if th[2] >= int64(per-margin) {
+				return 0, 0, fmt.Errorf("(%c) a slice used its whole budget of %d requests before its end, so its req/s would be wrong: "+
+					"shorten -slice or -slices, or raise -max-requests (at most 60 × -channels)", t.name, budget)
+			}
+		}
+	}
 	t.replayed.Add(r.replayed)
 	for _, th := range r.threads {
 		for i := int64(0); i < th[2]; i++ {
