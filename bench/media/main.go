@@ -58,6 +58,7 @@ type config struct {
 	size            int
 	concurrency     int
 	rounds          int
+	ops             []string
 }
 
 func main() {
@@ -67,7 +68,9 @@ func main() {
 	flag.IntVar(&c.size, "size", 16<<20, "medium size in bytes")
 	flag.IntVar(&c.concurrency, "concurrency", 20, "streams at once in the concurrent rounds")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds per target and mode, alternating a/b")
+	ops := flag.String("ops", "download,upload", "what to measure, comma-separated (bench/smoke: download)")
 	flag.Parse()
+	c.ops = strings.Split(*ops, ",")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, c); err != nil {
@@ -160,7 +163,10 @@ http://127.0.0.1:%d {
 		growth         int64 // peak RSS growth of Caddy during (b), concurrent rounds only
 	}
 	var results []result
-	for _, op := range []string{"download", "upload"} {
+	for _, op := range c.ops {
+		if op != "download" && op != "upload" {
+			return fmt.Errorf("-ops: download or upload, not %q", op)
+		}
 		for _, streams := range []int{1, c.concurrency} {
 			r := result{name: fmt.Sprintf("%s, %d stream(s)", op, streams)}
 			for round := 0; round < c.rounds; round++ {
@@ -212,6 +218,11 @@ http://127.0.0.1:%d {
 	}
 	p("\nTargets: throughput ≥ 0.9× direct; Caddy's peak RSS growth < 30 MB during %d concurrent %d MB transfers.\n", c.concurrency, c.size>>20)
 	fmt.Print(sb.String())
+	// One machine-readable line per mode (bench/smoke reads them): media-<op>-<streams> b/a.
+	for _, r := range results {
+		op, streams, _ := strings.Cut(strings.TrimSuffix(r.name, " stream(s)"), ", ")
+		fmt.Printf("RATIO media-%s-%s %.3f\n", op, streams, (float64(r.bytesB)/r.timeB.Seconds())/(float64(r.bytesA)/r.timeA.Seconds()))
+	}
 	return nil
 }
 
