@@ -101,16 +101,18 @@ local function sliding_log(key, limit, window, ttl)
   local stamp = math.max(now, newest)
   local oldest = stamp
   if count > 0 then oldest = at(f) end
-  if f > 0 and (2 * f < cap or cap <= 16) then
+  local whole = 16 + 8 * cap <= #head
+  if not whole and f > 0 and 2 * f < cap then
     redis.call('SETRANGE', key, 16 + 8 * h, struct.pack('>I8', stamp))
     redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', (h + 1) % cap, cap, stamp))
     redis.call('PEXPIRE', key, ttl)
-  elseif f == 0 and h == 0 then
+  elseif not whole and f == 0 and h == 0 then
     redis.call('SETRANGE', key, 16 + 8 * cap, struct.pack('>I8', stamp))
     redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', 0, cap + 1, stamp))
     redis.call('PEXPIRE', key, ttl)
   else
-    local v = redis.call('GET', key)
+    local v = head
+    if not whole then v = redis.call('GET', key) end
     local a, b = 17 + 8 * ((h + f) % cap), 16 + 8 * h
     local live
     if count == 0 then live = ''
