@@ -145,7 +145,8 @@ func TestRedisRollingWindow(t *testing.T) {
 	}
 	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
-	const window, gap = 2 * time.Second, time.Second
+	// Margins of a second or more between the steps: the calls run on a loaded machine.
+	const window, gap = 4 * time.Second, 2 * time.Second
 	l := NewRedis(c, 5, window, uniquePrefix(t, c))
 	const key = "k"
 	// call is one decision and the local times around it.
