@@ -100,10 +100,14 @@ func (g *grouper) withdraw(p *pending) bool {
 	return true
 }
 
-// run runs groups on a runner slot until own is stored, then leaves the slot to a goroutine
+// run runs groups on a runner slot until own (nil: none) is stored, then leaves the slot to a goroutine
 // when posts are still waiting (or frees it).
 func (h *Handler) run(own *pending) {
 	g := h.group
+	var ownDone chan struct{} // (nil, never ready, without own: run until nothing waits)
+	if own != nil {
+		ownDone = own.done
+	}
 	for {
 		group := g.next()
 		if group == nil {
@@ -111,7 +115,7 @@ func (h *Handler) run(own *pending) {
 		}
 		h.storeGroup(group)
 		select {
-		case <-own.done:
+		case <-ownDone:
 			g.mu.Lock()
 			if len(g.queue) == 0 {
 				g.running--
