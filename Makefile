@@ -2,7 +2,7 @@
 GO ?= go
 BIN ?= bin/caddy
 
-.PHONY: build run test fuzz bench vet fmt clean
+.PHONY: build run test fuzz bench bench-smoke vet fmt clean
 
 build: ## Build the Caddy binary with every wabarelay module
 	$(GO) build -trimpath -o $(BIN) ./cmd/caddy
@@ -26,6 +26,9 @@ bench: build ## Go micro-benchmarks, then the relay and events benchmark program
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 	$(GO) run ./bench/relay
 	$(GO) run ./bench/events
+
+bench-smoke: build ## Short relay (wrk), events and media runs; fails if a ratio drops >10% below bench/smoke-baseline.json (< 2 min)
+	$(GO) run ./bench/smoke -caddy $(BIN)
 
 vet:
 	$(GO) vet ./...

@@ -112,14 +112,14 @@ func (a *Admission) Release(ctx context.Context, channel uuid.UUID, key, token s
 }
 
 // limitedClaimScript counts a request against a rate limit and, if the limit lets it through,
-// claims the key, in one round trip: KEYS[1] the limit log, KEYS[2] the claim; ARGV[1..4] the
-// limiter's arguments (ratelimit.Call.Args), ARGV[5] the in-flight record, ARGV[6] the lease in
+// claims the key, in one round trip: KEYS[1] the limit's ring, KEYS[2] the claim; ARGV[1..3] the
+// limiter's arguments (ratelimit.Call.Args), ARGV[4] the in-flight record, ARGV[5] the lease in
 // milliseconds (idempotency.Claim). It returns {limit decision, previous record or nil};
 // nothing is claimed when the decision refuses.
 var limitedClaimScript = redis.NewScript(ratelimit.SlidingLogLua + idempotency.ClaimLua + `
-local d = sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+local d = sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])
 if d[1] == 0 then return {d, false} end
-return {d, claim(KEYS[2], ARGV[5], ARGV[6])}
+return {d, claim(KEYS[2], ARGV[4], ARGV[5])}
 `)
 
 // claim is Claim in one round trip: the limit log of limitKey counts the request exactly as

@@ -131,7 +131,8 @@ type Config struct {
 // verification, POST verifies, parses, stores and hands off. It is safe for concurrent use.
 type Handler struct {
 	cfg   Config
-	slots chan struct{} // a post holds one while it stores (Config.Concurrency)
+	slots chan struct{} // a post holds one while it stores (Config.Concurrency), without group
+	group *grouper      // group commit, when the Store is a GroupStore
 }
 
 // New returns a Handler for cfg, its defaults filled in (see the fields of Config).
@@ -151,7 +152,11 @@ func New(cfg Config) (*Handler, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
-	return &Handler{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency)}, nil
+	h := &Handler{cfg: cfg, slots: make(chan struct{}, cfg.Concurrency)}
+	if gs, ok := cfg.Store.(GroupStore); ok {
+		h.group = &grouper{st: gs, limit: cfg.Concurrency}
+	}
+	return h, nil
 }
 
 // ServeHTTP answers GET (verification), POST (a batch) and refuses other methods (405).
@@ -205,13 +210,11 @@ func (h *Handler) receive(w http.ResponseWriter, r *http.Request) {
 		httpx.WriteJSON(w, http.StatusOK, map[string]int{"events": 0, "duplicates": 0})
 		return
 	}
-	release, ok := h.turn(r.Context())
+	res, ok, err := h.store(r.Context(), batch.Items)
 	if !ok {
 		httpx.WriteError(w, http.StatusServiceUnavailable, "Service unavailable")
 		return
 	}
-	defer release()
-	res, err := h.store(r.Context(), batch.Items)
 	if err != nil {
 		h.cfg.Logger.Warn("inbound: storing events failed; the upstream will retry", zap.Error(err))
 		unavailable(w)
@@ -242,11 +245,13 @@ func unavailable(w http.ResponseWriter) {
 // storeSpan is the span of a traced post's storing.
 const storeSpan = "wabarelay.inbound.store"
 
-// store stores items, handing what it can to the dispatcher (HandOff), and has the relay
-// reload the scope of channels handed new objects. In a traced request (Caddy's `tracing`) it
+// store stores items when their turn comes (grouped with other posts' when the Store is a
+// GroupStore), handing what it can to the dispatcher (HandOff), and has the relay reload the
+// scope of channels handed new objects; ok is false when ctx ended while the post waited for
+// its turn (nothing stored). In a traced request (Caddy's `tracing`) it
 // runs in a child span of the request's, and every item keeps that span's traceparent (the
 // request's own when it is not sampled), which the items' delivery attempts continue.
-func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (res store.InboundResult, err error) {
+func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (res store.InboundResult, ok bool, err error) {
 	ctx, span := traces.Child(ctx, storeSpan)
 	if span != nil {
 		h.cfg.Traces.Remember(span)
@@ -268,6 +273,14 @@ func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (res st
 	if h.cfg.HandOff != nil {
 		disp = h.cfg.HandOff()
 	}
+	if h.group != nil {
+		return h.storeGrouped(ctx, items, disp)
+	}
+	release, ok := h.turn(ctx)
+	if !ok {
+		return res, false, nil
+	}
+	defer release()
 	// Without a dispatcher the zero Claim leaves every delivery pending, and StoreEvents
 	// announces them to the dispatchers of other instances.
 	var claim store.Claim
@@ -283,7 +296,7 @@ func (h *Handler) store(ctx context.Context, items []store.IncomingItem) (res st
 	if disp != nil {
 		disp.Deliver(claim.Max, res.Claimed, res.Queued > 0)
 	}
-	return res, err
+	return res, true, err
 }
 
 // turn waits for a slot (Config.Concurrency), at most Config.MaxWait, and returns the function

@@ -2,10 +2,7 @@ package ratelimit
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -14,65 +11,142 @@ import (
 
 // SlidingLogLua defines the whole decision as a Lua function, run atomically inside Redis:
 //
-//	sliding_log(key, limit, window_us, ttl_ms, member) -> {allowed (0/1), count after this call, retry_after_us, reset_us}
+//	sliding_log(key, limit, window_us, ttl_ms) -> {allowed (0/1), count after this call, retry_after_us, reset_us}
 //
 // A script that embeds it decides for a [Call] c with sliding_log(KEYS[1], ARGV[1], ARGV[2],
-// ARGV[3], ARGV[4]), KEYS[1] being c.Key and ARGV[1..4] c.Args; its own keys and arguments
-// follow. (The arguments may be strings, as ARGV are.)
+// ARGV[3]), KEYS[1] being c.Key and ARGV[1..3] c.Args; its own keys and arguments follow. (The
+// arguments may be strings, as ARGV are.)
 //
-// key is a sorted set of accepted requests: score = Redis TIME in microseconds, member =
-// "<sec>.<usec>-<member>" (unique per call). An entry with score s is inside the window at time
-// now iff now - s < window, so entries with s <= now - window are removed first. The request is
-// accepted iff fewer than limit (>= 1) entries remain; the key's TTL is then ttl_ms (>= window).
+// key is a ring of the latest accepted requests in one Redis string (see the ring layout below):
+// their Redis TIME in microseconds, oldest first from the head slot. An entry t is inside the
+// window at time now iff now - t < window. The request is accepted iff fewer than limit (>= 1)
+// entries are inside; it then takes the slot of the oldest entry if that one has left the window,
+// or a new slot, and the key's TTL becomes ttl_ms (>= window), so a key idle for a window is gone.
+// A rejected request writes nothing.
 //
-// On reject, the slot frees when the entry at index count-limit (0-based, oldest first) leaves
-// the window; normally count == limit and that is the oldest entry, but after the limit was
-// lowered more entries may be present.
+// Ring layout: a 16-byte header — head slot (uint32), slot count (uint32), newest entry (uint64) —
+// then the slots, 8 bytes each (uint64 microseconds), all big-endian. Starting at the head slot
+// and wrapping, the entries ascend: the leading ones may have left the window, the rest are inside.
+// A call reads the header and the first slots in one GETRANGE (a second GETRANGE when the head
+// lies further on, more only when many entries left the window at once) and writes only what
+// changes (SETRANGE of a slot and of the header, PEXPIRE): its cost does not grow with the limit.
+// Entries that left the window are not cleared; when at least half of a ring larger than the
+// first read has left it, the ring is rewritten with the live entries only, so a channel that
+// slowed down does not keep a large ring. The ring grows by one slot when every entry is inside
+// the window and the limit allows more (after a restart of the head, by rewriting it).
+//
+// On reject, the slot frees when the entry at index count-limit of the live ones (oldest first)
+// leaves the window; normally count == limit and that is the oldest entry, but after the limit
+// was lowered more entries may be inside.
+//
+// A new entry is stamped with Redis TIME, or with the newest entry if TIME went back (a clock step,
+// a failover), so the ring stays in order. A key that is not a string (a type error) or not a
+// ring counts as empty and is replaced by the next accepted request; no error reaches the caller.
 //
 // TIME is called before any write; on Redis < 5 this needs script effects replication, which
 // SlidingLogLua enables first (redis.replicate_commands; a no-op on Redis >= 7).
 const SlidingLogLua = `
 if redis.replicate_commands ~= nil then pcall(redis.replicate_commands) end
-local function sliding_log(key, limit, window, ttl, member)
+local function sliding_log(key, limit, window, ttl)
   limit, window = tonumber(limit), tonumber(window)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
-  local count = redis.call('ZCARD', key)
-  if count < limit then
-    redis.call('ZADD', key, now, t[1] .. '.' .. t[2] .. '-' .. member)
+  local cut = now - window
+  local head = redis.pcall('GETRANGE', key, 0, 143)
+  local h, cap, newest = 0, 0, 0
+  if type(head) == 'string' and #head >= 24 then
+    h, cap, newest = struct.unpack('>I4I4I8', head)
+    if cap < 1 or h >= cap or cap > 67108864 or #head < math.min(16 + 8 * cap, 144) then cap = 0 end
+  end
+  if cap == 0 then
+    redis.call('SET', key, struct.pack('>I4I4I8I8', 0, 1, now, now), 'PX', ttl)
+    return {1, 1, 0, window}
+  end
+  local extra, from = '', 0
+  local function slot(s)
+    local off = 16 + 8 * s
+    if off + 8 <= #head then return (struct.unpack('>I8', head, off + 1)) end
+    if off >= from and off + 8 <= from + #extra then return (struct.unpack('>I8', extra, off - from + 1)) end
+    local b = redis.call('GETRANGE', key, off, off + 7)
+    if #b < 8 then return 0 end
+    return (struct.unpack('>I8', b))
+  end
+  local function cached(i)
+    local off = 16 + 8 * ((h + i) % cap)
+    return off + 8 <= #head or (off >= from and off + 8 <= from + #extra)
+  end
+  local function at(i) return slot((h + i) % cap) end
+  if 16 + 8 * (h + math.min(8, cap - h)) > #head then
+    from = 16 + 8 * h
+    extra = redis.call('GETRANGE', key, from, from + 8 * math.min(16, cap - h) - 1)
+  end
+  local f = 0
+  if newest <= cut then
+    f = cap
+  elseif at(0) <= cut then
+    f = 1
+    while f < cap - 1 and cached(f) and at(f) <= cut do f = f + 1 end
+    if f < cap - 1 and not cached(f) then
+      local hi = cap - 1
+      while f < hi do
+        local mid = math.floor((f + hi) / 2)
+        if at(mid) <= cut then f = mid + 1 else hi = mid end
+      end
+    end
+  end
+  local count = cap - f
+  if count >= limit then
+    return {0, count, at(cap - limit) + window - now, at(f) + window - now}
+  end
+  local stamp = math.max(now, newest)
+  local oldest = stamp
+  if count > 0 then oldest = at(f) end
+  local whole = 16 + 8 * cap <= #head
+  if not whole and f > 0 and 2 * f < cap then
+    redis.call('SETRANGE', key, 16 + 8 * h, struct.pack('>I8', stamp))
+    redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', (h + 1) % cap, cap, stamp))
     redis.call('PEXPIRE', key, ttl)
-    local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-    return {1, count + 1, 0, tonumber(oldest[2]) + window - now}
+  elseif not whole and f == 0 and h == 0 then
+    redis.call('SETRANGE', key, 16 + 8 * cap, struct.pack('>I8', stamp))
+    redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', 0, cap + 1, stamp))
+    redis.call('PEXPIRE', key, ttl)
+  else
+    local v = head
+    if not whole then v = redis.call('GET', key) end
+    local a, b = 17 + 8 * ((h + f) % cap), 16 + 8 * h
+    local live
+    if count == 0 then live = ''
+    elseif a <= b then live = string.sub(v, a, b)
+    else live = string.sub(v, a, 16 + 8 * cap) .. string.sub(v, 17, b) end
+    redis.call('SET', key, struct.pack('>I4I4I8', 0, count + 1, stamp) .. live .. struct.pack('>I8', stamp), 'PX', ttl)
   end
-  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
-  local freeing = oldest
-  if count > limit then
-    freeing = redis.call('ZRANGE', key, count - limit, count - limit, 'WITHSCORES')
-  end
-  return {0, count, tonumber(freeing[2]) + window - now, tonumber(oldest[2]) + window - now}
+  return {1, count + 1, 0, oldest + window - now}
 end
 `
 
 // script is one decision, for a Call: KEYS[1] = Call.Key, ARGV = Call.Args.
-var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])`)
+var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`)
 
 // RedisLimiter is an exact sliding-window limiter whose state lives in Redis,
 // shared by every process that uses the same Redis and prefix.
 //
-// Each Allow is one atomic round trip (EVALSHA of a Lua sliding-log script over
-// a sorted set; EVAL once after a SCRIPT FLUSH or failover). The script uses
-// the Redis server clock (TIME), never the caller's, so instances with skewed
-// clocks still agree. Keys are single Redis keys, so Redis Cluster works too.
+// Each Allow is one atomic round trip (EVALSHA of a Lua script over a ring of the
+// latest accepted times, [SlidingLogLua]; EVAL once after a SCRIPT FLUSH or
+// failover). The script uses the Redis server clock (TIME), never the caller's,
+// so instances with skewed clocks still agree. Each key is one Redis key,
+// prefix + key + [RingSuffix], so Redis Cluster works too (a hash tag in key
+// stays the key's).
 type RedisLimiter struct {
 	client redis.UniversalClient
 	prefix string
 	cfg    atomic.Pointer[config]
-
-	// id makes sorted-set members unique across processes; seq across calls.
-	id  string
-	seq atomic.Uint64
 }
+
+// RingSuffix ends the Redis key of every ring (prefix + key + RingSuffix). Releases before
+// the ring kept a sorted set under prefix + key: a new name, so that during a rolling upgrade
+// old and new instances never read each other's keys as the wrong type (each version then
+// counts on its own for at most a window, and the old sorted sets expire within a window).
+const RingSuffix = ":ring"
 
 var _ Limiter = (*RedisLimiter)(nil)
 
@@ -82,7 +156,7 @@ var _ Limiter = (*RedisLimiter)(nil)
 // positive (NewRedis panics otherwise). Windows are counted in microseconds
 // (rounded up), TTLs in milliseconds.
 func NewRedis(client redis.UniversalClient, limit int, window time.Duration, prefix string) *RedisLimiter {
-	l := &RedisLimiter{client: client, prefix: prefix, id: randomID()}
+	l := &RedisLimiter{client: client, prefix: prefix}
 	l.cfg.Store(newConfig(limit, window))
 	return l
 }
@@ -112,13 +186,13 @@ func (l *RedisLimiter) Allow(ctx context.Context, key string) (Decision, error) 
 
 // Call is one decision of a [RedisLimiter], prepared by [RedisLimiter.Prepare] for a script
 // that embeds [SlidingLogLua] (so that a caller can decide more in the same round trip): the
-// script calls sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) with Key as KEYS[1]
-// and Args as ARGV[1..4], and [Call.Decision] turns that call's reply into a Decision.
+// script calls sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) with Key as KEYS[1] and Args as
+// ARGV[1..3], and [Call.Decision] turns that call's reply into a Decision.
 type Call struct {
-	// Key is the Redis key of the limit log (the limiter's prefix + the caller's key).
+	// Key is the Redis key of the ring (the limiter's prefix + the caller's key + RingSuffix).
 	Key string
-	// Args are the limit, the window in microseconds, the log's TTL in milliseconds and a member
-	// suffix unique to this call. The slice has no spare capacity: appending to it copies it.
+	// Args are the limit, the window in microseconds and the ring's TTL in milliseconds. The
+	// slice has no spare capacity: appending to it copies it.
 	Args []any
 
 	cfg *config
@@ -129,13 +203,13 @@ type Call struct {
 // of Redis then, and [Call.Deny] is the decision.
 func (l *RedisLimiter) Prepare(key string) (c Call, ok bool) {
 	cfg := l.cfg.Load()
-	c = Call{Key: l.prefix + key, cfg: cfg}
+	c = Call{Key: l.prefix + key + RingSuffix, cfg: cfg}
 	if cfg.limit <= 0 {
 		return c, false
 	}
 	windowUS := int64((cfg.window + time.Microsecond - 1) / time.Microsecond)
 	ttlMS := int64((cfg.window + time.Millisecond - 1) / time.Millisecond)
-	c.Args = []any{cfg.limit, windowUS, ttlMS, l.id + strconv.FormatUint(l.seq.Add(1), 36)}
+	c.Args = []any{cfg.limit, windowUS, ttlMS}
 	return c, true
 }
 
@@ -165,12 +239,4 @@ func (c Call) Decision(reply any) (Decision, error) {
 		d.RetryAfter = max(time.Duration(res[2])*time.Microsecond, time.Microsecond)
 	}
 	return d, nil
-}
-
-// randomID returns 16 random hex digits and a separator. (crypto/rand.Read
-// never returns an error since Go 1.24.)
-func randomID() string {
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:]) + ":"
 }

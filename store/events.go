@@ -192,23 +192,58 @@ type Event struct {
 // or the channel assigned), in one transaction, and announces the deliveries left pending.
 // Up to claim.Max deliveries to active webhooks are created already claimed (see Claim).
 // Items for unknown numbers are counted and dropped; items already stored are counted as
-// duplicates.
+// duplicates. It is StoreEventsGroup for one post.
 func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Claim) (InboundResult, error) {
-	res := InboundResult{ByType: map[string]int{}}
-	if len(items) == 0 {
-		return res, nil
+	res, err := s.StoreEventsGroup(ctx, []Post{{Items: items, Claim: claim}})
+	if err != nil {
+		return InboundResult{}, err
 	}
-	numbers := make([]string, 0, len(items))
-	var wabas []string
-	for _, it := range items {
-		switch {
-		case it.PhoneNumberID == "":
-			if IsText(it.WabaID) {
-				wabas = append(wabas, it.WabaID)
+	return res[0], nil
+}
+
+// Post is one intake post's share of a StoreEventsGroup: its items and its hand-off claim.
+type Post struct {
+	Items []IncomingItem
+	Claim Claim
+}
+
+// StoreEventsGroup stores the items of several posts in one transaction (group commit): one
+// commit and one statement of each kind for all of them, each post's result as if it had been
+// stored alone by StoreEvents, in the order of posts. Every claim with Max > 0 must name the
+// same Instance and Lease (one dispatcher's hand-off); each post gets at most its own Max
+// deliveries claimed, from its own events. An item of one post that another post of the
+// group also carries is stored once, and counted as a duplicate by the other post, as it
+// would be had the posts been stored one after the other. On an error nothing is stored, for any post.
+func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundResult, error) {
+	results := make([]InboundResult, len(posts))
+	for i := range results {
+		results[i].ByType = map[string]int{}
+	}
+	var numbers, wabas []string
+	var claim Claim
+	for _, p := range posts {
+		if p.Claim.Max > 0 {
+			if claim.Max > 0 && (p.Claim.Instance != claim.Instance || p.Claim.Lease != claim.Lease) {
+				return nil, errors.New("store events: the posts of a group claim for different instances or leases")
 			}
-		case IsText(it.PhoneNumberID): // an id that is not text is no channel's number
-			numbers = append(numbers, it.PhoneNumberID)
+			claim.Instance, claim.Lease, claim.Max = p.Claim.Instance, p.Claim.Lease, claim.Max+p.Claim.Max
 		}
+		for _, it := range p.Items {
+			switch {
+			case it.PhoneNumberID == "":
+				if IsText(it.WabaID) {
+					wabas = append(wabas, it.WabaID)
+				}
+			case IsText(it.PhoneNumberID): // an id that is not text is no channel's number
+				numbers = append(numbers, it.PhoneNumberID)
+			}
+		}
+	}
+	if len(numbers) == 0 && len(wabas) == 0 {
+		for i, p := range posts {
+			results[i].Unknown = len(p.Items)
+		}
+		return results, nil
 	}
 	type channelRef struct {
 		id, org uuid.UUID
@@ -221,14 +256,14 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 		WHERE phone_number_id = ANY($1) OR (waba_id = ANY($2) AND phone_number_id IS NOT NULL)
 		ORDER BY created_at, id`, numbers, wabas)
 	if err != nil {
-		return res, fmt.Errorf("store events: channels: %w", err)
+		return nil, fmt.Errorf("store events: channels: %w", err)
 	}
 	for rows.Next() {
 		var c channelRef
 		var waba *string
 		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba); err != nil {
 			rows.Close()
-			return res, fmt.Errorf("store events: channels: %w", err)
+			return nil, fmt.Errorf("store events: channels: %w", err)
 		}
 		channels[c.pn] = c
 		if waba != nil && slices.Contains(wabas, *waba) {
@@ -237,81 +272,84 @@ func (s *Store) StoreEvents(ctx context.Context, items []IncomingItem, claim Cla
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return res, fmt.Errorf("store events: channels: %w", err)
+		return nil, fmt.Errorf("store events: channels: %w", err)
 	}
 
 	now := s.now().UTC()
 	created := now.Format(eventTimeFormat)
-	var ids, chIDs, orgIDs []uuid.UUID
-	var types, keys []string
-	var convs []int64
-	var wamids, traces []*string
-	var statuses []*MessageStatus // parallel to ids, only when the batch holds statuses
-	var payloads [][]byte
-	var objChannels []uuid.UUID
-	var objIDs []string
+	in := inboundBatch{now: now, claim: claim, maxes: make([]int32, len(posts))}
 	today := day(now)
-	lookback := today // the first day a copy of some item could have been stored on
-	for _, it := range items {
-		targets := byWaba[it.WabaID]
-		if it.PhoneNumberID != "" {
-			c, ok := channels[it.PhoneNumberID]
-			targets = []channelRef{c}
-			if !ok {
-				targets = nil
-			}
-		}
-		if len(targets) == 0 {
-			res.Unknown++
-			continue
-		}
-		// (an hour's margin for the upstream's clock)
-		from := day(it.Sent.Add(-time.Hour))
-		if earliest := today.Add(-DedupeWindow); from.Before(earliest) {
-			from = earliest // (also an unknown Sent: the whole window)
-		}
-		if from.Before(lookback) {
-			lookback = from
-		}
-		for _, c := range targets {
-			id := newID()
-			ids, chIDs, orgIDs = append(ids, id), append(chIDs, c.id), append(orgIDs, c.org)
-			types, keys = append(types, it.Type), append(keys, dedupeKey(it.DedupeKey))
-			convs = append(convs, ConversationKey(c.pn, it.Customer))
-			wamids, traces = append(wamids, nullText(it.WAMID)), append(traces, nullText(it.Traceparent))
-			if it.Status != nil && statuses == nil {
-				statuses = make([]*MessageStatus, len(ids)-1, cap(ids))
-			}
-			if statuses != nil {
-				statuses = append(statuses, it.Status)
-			}
-			payloads = append(payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
-			for _, o := range it.ObjectIDs {
-				if !recordableObjectID(o) {
-					res.SkippedObjectIDs++
-					continue
+	in.lookback = today // the first day a copy of some item could have been stored on
+	for pi, p := range posts {
+		in.maxes[pi] = int32(max(p.Claim.Max, 0))
+		res := &results[pi]
+		for _, it := range p.Items {
+			targets := byWaba[it.WabaID]
+			if it.PhoneNumberID != "" {
+				c, ok := channels[it.PhoneNumberID]
+				targets = []channelRef{c}
+				if !ok {
+					targets = nil
 				}
-				objChannels, objIDs = append(objChannels, c.id), append(objIDs, o)
+			}
+			if len(targets) == 0 {
+				res.Unknown++
+				continue
+			}
+			// (an hour's margin for the upstream's clock)
+			from := day(it.Sent.Add(-time.Hour))
+			if earliest := today.Add(-DedupeWindow); from.Before(earliest) {
+				from = earliest // (also an unknown Sent: the whole window)
+			}
+			if from.Before(in.lookback) {
+				in.lookback = from
+			}
+			for _, c := range targets {
+				id := newID()
+				in.ids, in.chIDs, in.orgIDs = append(in.ids, id), append(in.chIDs, c.id), append(in.orgIDs, c.org)
+				in.posts = append(in.posts, int32(pi))
+				in.types, in.keys = append(in.types, it.Type), append(in.keys, dedupeKey(it.DedupeKey))
+				in.convs = append(in.convs, ConversationKey(c.pn, it.Customer))
+				in.wamids, in.traces = append(in.wamids, nullText(it.WAMID)), append(in.traces, nullText(it.Traceparent))
+				if it.Status != nil && in.statuses == nil {
+					in.statuses = make([]*MessageStatus, len(in.ids)-1, cap(in.ids))
+				}
+				if in.statuses != nil {
+					in.statuses = append(in.statuses, it.Status)
+				}
+				in.payloads = append(in.payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
+				for _, o := range it.ObjectIDs {
+					if !recordableObjectID(o) {
+						res.SkippedObjectIDs++
+						continue
+					}
+					in.objChannels, in.objIDs = append(in.objChannels, c.id), append(in.objIDs, o)
+					in.objPosts = append(in.objPosts, int32(pi))
+				}
 			}
 		}
 	}
-	if len(ids) == 0 {
-		return res, nil
+	if len(in.ids) == 0 {
+		return results, nil
 	}
-	in := inboundBatch{ids: ids, chIDs: chIDs, orgIDs: orgIDs, types: types, keys: keys, convs: convs, wamids: wamids, traces: traces, statuses: statuses, payloads: payloads,
-		objChannels: objChannels, objIDs: objIDs, now: now, lookback: lookback, claim: claim}
-	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
+	ptrs := make([]*InboundResult, len(results))
+	for i := range results {
+		ptrs[i] = &results[i]
+	}
+	err = s.inTx(ctx, func(tx pgx.Tx) error { return in.storeGroup(ctx, tx, ptrs) })
 	if isMissingPartition(err) {
 		// The partition manager is behind (or the clock jumped): make today's and retry once.
 		if err = s.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead)); err == nil {
-			res = InboundResult{ByType: map[string]int{}, Unknown: res.Unknown, SkippedObjectIDs: res.SkippedObjectIDs}
-			err = s.inTx(ctx, func(tx pgx.Tx) error { return in.store(ctx, tx, &res) })
+			for i := range results {
+				results[i] = InboundResult{ByType: map[string]int{}, Unknown: results[i].Unknown, SkippedObjectIDs: results[i].SkippedObjectIDs}
+			}
+			err = s.inTx(ctx, func(tx pgx.Tx) error { return in.storeGroup(ctx, tx, ptrs) })
 		}
 	}
 	if err != nil {
-		return InboundResult{}, fmt.Errorf("store events: %w", err)
+		return nil, fmt.Errorf("store events: %w", err)
 	}
-	return res, nil
+	return results, nil
 }
 
 // DedupeWindow is how long an upstream item is recognised as a duplicate at least (the
@@ -331,12 +369,30 @@ type inboundBatch struct {
 	objIDs             []string
 	now                time.Time
 	lookback           time.Time // the first day to look for duplicates in (see IncomingItem.Sent)
-	claim              Claim
+	// claim is the hand-off of the whole batch: Instance and Lease, Max the sum of maxes.
+	claim Claim
+	// posts is the post (index into the results, see StoreEventsGroup) of each item, objPosts
+	// of each object id; maxes the claim's Max of each post. Nil: one post, claim.Max.
+	posts, objPosts, maxes []int32
 }
 
-// store inserts the batch in tx: the events that are not duplicates, the objects they hand
-// their channels, one delivery log row and one queue row per matching webhook.
+// store is storeGroup for a batch of one post.
 func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult) error {
+	return in.storeGroup(ctx, tx, []*InboundResult{res})
+}
+
+// post returns the post of item i (0 without posts).
+func (in *inboundBatch) post(i int) int {
+	if in.posts == nil {
+		return 0
+	}
+	return int(in.posts[i])
+}
+
+// storeGroup inserts the batch in tx: the events that are not duplicates, the objects they hand
+// their channels, one delivery log row and one queue row per matching webhook; each post's
+// counts go to its own result (res, by post index).
+func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*InboundResult) error {
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
 	// days before (from the lookback day: none for items sent today) is looked up in their
 	// partitions (pruned to them by created_at when the statement is planned).
@@ -354,8 +410,13 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	if err != nil {
 		return err
 	}
+	index := make(map[uuid.UUID]int, len(in.ids)) // event id → item
+	for i, id := range in.ids {
+		index[id] = i
+	}
 	var stored, storedOrg, storedCh []uuid.UUID
 	var storedType []string
+	var storedPost []int32 // 1-based, for the SQL arrays
 	for rows.Next() {
 		var id, org, ch uuid.UUID
 		var typ string
@@ -364,14 +425,21 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			return err
 		}
 		stored, storedOrg, storedCh, storedType = append(stored, id), append(storedOrg, org), append(storedCh, ch), append(storedType, typ)
-		res.ByType[typ]++
+		p := in.post(index[id])
+		storedPost = append(storedPost, int32(p+1))
+		res[p].ByType[typ]++
+		res[p].Events++
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	res.Events = len(stored)
-	res.Duplicates = len(in.ids) - len(stored)
+	for i := range in.ids {
+		res[in.post(i)].Duplicates++
+	}
+	for _, r := range res {
+		r.Duplicates -= r.Events
+	}
 	if len(stored) == 0 {
 		return nil
 	}
@@ -387,9 +455,22 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING`, in.objChannels, in.objIDs); err != nil {
 			return err
 		}
-		res.ObjectChannels = slices.Compact(slices.SortedFunc(slices.Values(in.objChannels), func(a, b uuid.UUID) int {
-			return bytes.Compare(a[:], b[:])
-		}))
+		// each post that stored an event reloads the channels of its objects
+		objs := make([][]uuid.UUID, len(res))
+		for i, ch := range in.objChannels {
+			p := 0
+			if in.objPosts != nil {
+				p = int(in.objPosts[i])
+			}
+			objs[p] = append(objs[p], ch)
+		}
+		for p, chs := range objs {
+			if len(chs) > 0 && res[p].Events > 0 {
+				res[p].ObjectChannels = slices.Compact(slices.SortedFunc(slices.Values(chs), func(a, b uuid.UUID) int {
+					return bytes.Compare(a[:], b[:])
+				}))
+			}
+		}
 	}
 	payloadOf := make(map[uuid.UUID][]byte, len(in.ids))
 	convOf := make(map[uuid.UUID]int64, len(in.ids))
@@ -404,8 +485,12 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	for i, id := range stored {
 		storedConv[i] = convOf[id]
 	}
+	maxes := in.maxes
+	if maxes == nil {
+		maxes = []int32{int32(max(in.claim.Max, 0))}
+	}
 	// One delivery per matching webhook: a log row, and a queue row — claimed for this
-	// instance (up to claim.Max, active webhooks), pending (active) or held (paused). A
+	// instance (up to its post's claim Max, active webhooks), pending (active) or held (paused). A
 	// webhook with ordering "conversation" gets the item's conversation on both rows, and no
 	// hand-off (its claims keep the order, see claimableSQL); its delivery is due no sooner than
 	// the latest of its conversation already queued (one index probe), so that it does not
@@ -413,8 +498,9 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 	rows, err = tx.Query(ctx, `
 		WITH m AS (
 			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
-			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv, w.previous_secret_expires_at
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[]) AS e(id, org_id, channel_id, type, conv)
+			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv, w.previous_secret_expires_at,
+			       e.post
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[], $10::int[]) AS e(id, org_id, channel_id, type, conv, post)
 			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
 		), h AS (
@@ -422,13 +508,13 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			-- queue (one probe of delivery_queue_due): new events never overtake its older due
 			-- deliveries, while other webhooks' and other orgs' backlogs do not matter
 			-- (nor a failing one: only its probe goes out, migration 017)
-			SELECT m.*, m.active AND $6 > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
+			SELECT m.*, m.active AND ($6::int[])[m.post] > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
 				SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
 			) AS free
 			FROM m
 		), n AS (
 			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, `+newDeliveryIDSQL("$5")+` AS id,
-			       h.free AND row_number() OVER (PARTITION BY h.free ORDER BY h.event_id, h.webhook_id) <= $6 AS claimed
+			       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed
 			FROM h
 		), log AS (
 			`+insertDeliveryLog+`
@@ -446,11 +532,12 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`,
 		// Planned for each call: a cached generic plan made while the tables were small or
 		// unanalysed keeps scanning them whole.
-		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, in.claim.Max, in.claim.Instance,
-		in.claim.Lease.Milliseconds(), storedConv)
+		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, maxes, in.claim.Instance,
+		in.claim.Lease.Milliseconds(), storedConv, storedPost)
 	if err != nil {
 		return err
 	}
+	queued := false
 	for rows.Next() {
 		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
 		var claimed, active bool
@@ -458,20 +545,22 @@ func (in *inboundBatch) store(ctx context.Context, tx pgx.Tx, res *InboundResult
 			rows.Close()
 			return err
 		}
-		res.Deliveries++
+		r := res[in.post(index[d.EventID])]
+		r.Deliveries++
 		switch {
 		case claimed:
 			d.Payload, d.Traceparent = payloadOf[d.EventID], traceOf[d.EventID]
-			res.Claimed = append(res.Claimed, d)
+			r.Claimed = append(r.Claimed, d)
 		case active:
-			res.Queued++
+			r.Queued++
+			queued = true
 		}
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if res.Queued > 0 {
+	if queued {
 		return notifyDeliveries(ctx, tx)
 	}
 	return nil

@@ -150,8 +150,8 @@ func messageError(code *int32, title *string) *MessageError {
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
 // first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
 func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
-	// The cursor is compared as (created_at, wamid): the index's created_at bound is its first
-	// column, the wamid tie-break a filter (the indexes of migration 020 hold wamid ascending).
+	// The cursor is compared as (created_at, wamid), the order the channel indexes of migration
+	// 020 hold (created_at DESC, wamid DESC): a page is an index range read in order.
 	rows, err := s.pool.Query(ctx, `
 		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.idempotency_key
 		FROM messages m

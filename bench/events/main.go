@@ -1564,6 +1564,13 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, ord []
 		ok = false
 	}
 	fmt.Print(sb.String())
+	// One machine-readable line per -rate step (bench/smoke reads them): deliveries/s during the
+	// load ÷ offered deliveries/s.
+	for _, r := range rs {
+		if _, err := strconv.Atoi(r.name); err == nil && r.kind == kindRate { // not the ordering steps
+			fmt.Printf("RATIO events-%d %.3f\n", r.rate, r.runRate()/float64(max(r.rate*r.webhooks, 1)))
+		}
+	}
 	return ok
 }
 

@@ -22,17 +22,18 @@
 // the fake; Caddy (p); Caddy (b)), and the growth of Caddy (b)'s resident set during the
 // concurrent rounds (peak VmHWM, reset before each round through /proc/<pid>/clear_refs, minus
 // VmRSS before it): streaming shows as a few MB whatever the medium's size; buffering would show
-// as the medium's size times the streams. Its last line is machine-readable:
+// as the medium's size times the streams. Its last lines are machine-readable (bench/smoke):
 //
+//	RATIO media-<op>-<streams> <relay ÷ direct>   one per mode
 //	RATIO media <relay ÷ proxy>
 //
-// the lower of the two download modes' (b)/(p) throughput ratios, each the median over the
-// rounds of the ratio within a round (a round's targets run one right after the other: the
+// the last the lower of the two download modes' (b)/(p) throughput ratios, each the median over
+// the rounds of the ratio within a round (a round's targets run one right after the other: the
 // machine's swings between rounds cancel out).
 //
 // -cpuprofile and -proxy-cpuprofile add a phase after the rounds: -profile-seconds of concurrent
-// downloads (or uploads: -profile-mode upload) through (b), then through (p), each profiled by its Caddy's admin API
-// (/debug/pprof/profile): go tool pprof -top bin/caddy b.pprof.
+// downloads (or uploads: -profile-mode upload) through (b), then through (p), each profiled by
+// its Caddy's admin API (/debug/pprof/profile): go tool pprof -top bin/caddy b.pprof.
 package main
 
 import (
@@ -77,7 +78,7 @@ type config struct {
 	size            int
 	concurrency     int
 	rounds          int
-	modes           string
+	ops             string // comma-separated: download, upload
 	cpuProfile      string // Caddy (b)
 	proxyProfile    string // Caddy (p)
 	profileSecs     int
@@ -93,8 +94,8 @@ func main() {
 	flag.IntVar(&c.size, "size", 16<<20, "medium size in bytes")
 	flag.IntVar(&c.concurrency, "concurrency", 20, "streams at once in the concurrent rounds")
 	flag.IntVar(&c.rounds, "rounds", 3, "rounds per target and mode, alternating a/p/b")
-	flag.StringVar(&c.modes, "modes", "download,upload", "comma-separated: download, upload")
-	flag.BoolVar(&short, "short", false, "a quick run (smoke tests): -size 16 MB -concurrency 4 -rounds 7 -modes download, unless given")
+	flag.StringVar(&c.ops, "ops", "download,upload", "what to measure, comma-separated: download, upload (bench/smoke: download)")
+	flag.BoolVar(&short, "short", false, "a quick run: -size 16 MB -concurrency 4 -rounds 7 -ops download, unless given")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of Caddy (b) over a phase of concurrent downloads through it to this file")
 	flag.StringVar(&c.proxyProfile, "proxy-cpuprofile", "", "write a CPU profile of Caddy (p) over a phase of concurrent downloads through it to this file")
 	flag.IntVar(&c.profileSecs, "profile-seconds", 10, "length of each profiled phase")
@@ -113,8 +114,8 @@ func main() {
 		if !set["rounds"] {
 			c.rounds = 7
 		}
-		if !set["modes"] {
-			c.modes = "download"
+		if !set["ops"] {
+			c.ops = "download"
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -215,13 +216,13 @@ func run(ctx context.Context, c config) (err error) {
 		return err
 	}
 	var modes []string
-	for _, m := range strings.Split(c.modes, ",") {
+	for _, m := range strings.Split(c.ops, ",") {
 		switch m = strings.TrimSpace(m); m {
 		case "download", "upload":
 			modes = append(modes, m)
 		case "":
 		default:
-			return fmt.Errorf("-modes: unknown mode %q", m)
+			return fmt.Errorf("-ops: download or upload, not %q", m)
 		}
 	}
 	loadAvg := benchkit.LoadAvg()
@@ -452,6 +453,12 @@ http://127.0.0.1:%d {
 	p("\nTargets: (b) ≥ 0.9× (p); Caddy (b)'s peak RSS growth < 30 MB during %d concurrent %.1f MB transfers.\n",
 		c.concurrency, float64(c.size)/(1<<20))
 	fmt.Print(sb.String())
+	// Machine-readable lines (bench/smoke reads them): per mode, media-<op>-<streams> b/a (as
+	// before the (p) target); then media, the lower download mode's b/p median of rounds.
+	for _, r := range results {
+		op, streams, _ := strings.Cut(strings.TrimSuffix(r.name, " stream(s)"), ", ")
+		fmt.Printf("RATIO media-%s-%s %.3f\n", op, streams, mbs(r, relay)/mbs(r, direct))
+	}
 	if ratio > 0 {
 		fmt.Printf("RATIO media %.3f\n", ratio)
 	}

@@ -58,9 +58,11 @@ CREATE TABLE messages (
 	-- a retry of the call was answered from the idempotency store
 	relay_replayed   boolean NOT NULL DEFAULT false
 );
-CREATE INDEX messages_channel ON messages (channel_id, created_at DESC, wamid);
-CREATE INDEX messages_channel_status ON messages (channel_id, status, created_at DESC, wamid);
-CREATE INDEX messages_channel_recipient ON messages (channel_id, recipient, created_at DESC, wamid);
+-- The list's order is (created_at DESC, wamid DESC): each index holds it whole, so a page of any
+-- channel, filtered or not, is read in order and stops at its limit (no sort of the channel).
+CREATE INDEX messages_channel ON messages (channel_id, created_at DESC, wamid DESC);
+CREATE INDEX messages_channel_status ON messages (channel_id, status, created_at DESC, wamid DESC);
+CREATE INDEX messages_channel_recipient ON messages (channel_id, recipient, created_at DESC, wamid DESC);
 CREATE INDEX messages_channel_key ON messages (channel_id, idempotency_key) WHERE idempotency_key IS NOT NULL;
 CREATE INDEX messages_created ON messages (created_at);
 

@@ -1,0 +1,145 @@
+package ratelimit
+
+import (
+	"context"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+)
+
+// clockedScript is SlidingLogLua deciding at a time the test gives (ARGV[4] seconds, ARGV[5]
+// microseconds) instead of Redis TIME, so that every path of the ring can be driven exactly.
+func clockedScript(t testing.TB) *redis.Script {
+	t.Helper()
+	const time = "redis.call('TIME')"
+	if strings.Count(SlidingLogLua, time) != 1 {
+		t.Fatalf("SlidingLogLua should call TIME once")
+	}
+	lua := strings.Replace(SlidingLogLua, time, "{ARGV[4], ARGV[5]}", 1)
+	return redis.NewScript(lua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`)
+}
+
+// slidingLog is the reference: every accepted time of one key, in microseconds.
+type slidingLog struct{ times []int64 }
+
+// allow decides like sliding_log: its reply {allowed, count, retry_after_us, reset_us}.
+func (l *slidingLog) allow(now int64, limit int, window int64) [4]int64 {
+	var live []int64
+	for _, t := range l.times {
+		if now-t < window {
+			live = append(live, t)
+		}
+	}
+	l.times = live
+	if len(live) >= limit {
+		return [4]int64{0, int64(len(live)), live[len(live)-limit] + window - now, live[0] + window - now}
+	}
+	l.times = append(l.times, now)
+	return [4]int64{1, int64(len(l.times)), 0, l.times[0] + window - now}
+}
+
+// TestRingMatchesSlidingLog drives the ring and the reference through the same random calls
+// (bursts, gaps shorter and longer than the window, the limit raised and lowered) on a clock
+// the test controls, and compares every decision: the ring's head wraps, the ring grows (by a
+// slot, and by a rewrite when its head is not at the start), shrinks when most of a large ring
+// left the window, and is searched beyond its first read.
+func TestRingMatchesSlidingLog(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.RedisClient(t, testenv.Redis(t))
+	prefix := uniquePrefix(t, c)
+	script := clockedScript(t)
+	rng := rand.New(rand.NewPCG(21, 1))
+	const window = int64(60_000_000) // µs
+	limits := []int{1, 2, 5, 17, 100, 250}
+	for k := range 6 {
+		key := prefix + "k" + strconv.Itoa(k) + RingSuffix
+		var ref slidingLog
+		now := int64(1_760_000_000_000_000) + rng.Int64N(1_000_000)
+		limit := limits[k]
+		accepted := 0
+		for i := range 4000 {
+			switch r := rng.IntN(1000); {
+			case r < 5: // the limit changes
+				limit = limits[rng.IntN(len(limits))]
+			case r < 15: // a pause: part of the window, or all of it
+				now += rng.Int64N(2 * window)
+			}
+			// Bursts of calls a few µs apart, or calls spread over the window.
+			if rng.IntN(4) == 0 {
+				now += rng.Int64N(window / int64(limit+1))
+			} else {
+				now += 1 + rng.Int64N(20)
+			}
+			if now-ref.newest() >= window {
+				// The ring would have expired by its TTL (the window): do what Redis does.
+				c.Del(ctx, key)
+			}
+			want := ref.allow(now, limit, window)
+			reply, err := script.Run(ctx, c, []string{key}, limit, window, window/1000,
+				now/1_000_000, now%1_000_000).Int64Slice()
+			if err != nil {
+				t.Fatalf("key %d call %d: %v", k, i, err)
+			}
+			if [4]int64(reply) != want {
+				t.Fatalf("key %d call %d (limit %d, %d stored): ring %v, sliding log %v", k, i, limit, len(ref.times), reply, want)
+			}
+			if want[0] == 1 {
+				accepted++
+			}
+			if n := ringEntries(t, c, key); n > 250 || n < len(ref.times) {
+				t.Fatalf("key %d call %d: ring of %d slots for %d live entries", k, i, n, len(ref.times))
+			}
+		}
+		t.Logf("key %d: %d of 4000 accepted", k, accepted)
+	}
+}
+
+// newest is the latest accepted time (0 if none).
+func (l *slidingLog) newest() int64 {
+	if len(l.times) == 0 {
+		return 0
+	}
+	return l.times[len(l.times)-1]
+}
+
+// TestRingReplacesForeignKeys: a key of another type (a sorted set of an older release, say) or
+// a string that is not a ring counts as empty; no error reaches the caller, and the first
+// accepted call replaces it with a ring.
+func TestRingReplacesForeignKeys(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.RedisClient(t, testenv.Redis(t))
+	prefix := uniquePrefix(t, c)
+	l := NewRedis(c, 3, time.Minute, prefix)
+	for name, put := range map[string]func(key string) error{
+		"zset":      func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 1, Member: "m"}).Err() },
+		"list":      func(key string) error { return c.RPush(ctx, key, "x").Err() },
+		"short":     func(key string) error { return c.Set(ctx, key, "abc", 0).Err() },
+		"bad-count": func(key string) error { return c.Set(ctx, key, strings.Repeat("\xff", 40), 0).Err() },
+		"truncated": func(key string) error {
+			return c.Set(ctx, key, "\x00\x00\x00\x00\x00\x00\x00\x09"+strings.Repeat("\x00", 24), 0).Err()
+		},
+	} {
+		call, _ := l.Prepare(name)
+		if err := put(call.Key); err != nil {
+			t.Fatal(err)
+		}
+		for i := range 4 {
+			d, err := l.Allow(ctx, name)
+			if err != nil {
+				t.Fatalf("%s, call %d: %v", name, i, err)
+			}
+			if d.Allowed != (i < 3) || (d.Allowed && d.Remaining != 2-i) {
+				t.Fatalf("%s, call %d: %+v", name, i, d)
+			}
+		}
+		if n := ringEntries(t, c, call.Key); n != 3 {
+			t.Fatalf("%s: the ring holds %d entries, want 3", name, n)
+		}
+	}
+}
