@@ -108,6 +108,40 @@ func TestRelayMediaRoundTrip(t *testing.T) {
 	}
 }
 
+// TestRelayMediaMasksTheToken: a medium that holds the upstream token — at its start, its end
+// and across the copy buffer's boundaries — is downloaded with every occurrence masked and
+// its length kept (Content-Length holds); the other bytes are the medium's.
+func TestRelayMediaMasksTheToken(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	at := []int{0, 5, 128<<10 - 1, 128<<10 - len(tUpstream)/2, 256 << 10, 300001, len(data) - len(tUpstream)}
+	for _, i := range at {
+		copy(data[i:], tUpstream)
+	}
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	mw.WriteField("messaging_product", "whatsapp")
+	part, _ := mw.CreateFormFile("file", "clip.mp4")
+	part.Write(data)
+	mw.WriteField("type", "video/mp4")
+	mw.Close()
+	r := httptest.NewRequest("POST", "http://relay.example.com/"+tPNID+"/media", bytes.NewReader(form.Bytes()))
+	r.Header.Set("Content-Type", mw.FormDataContentType())
+	w := f.serveReq(r)
+	var up struct{ ID string }
+	if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &up) != nil || up.ID == "" {
+		t.Fatalf("upload: %d %s", w.Code, w.Body)
+	}
+	masked := bytes.ReplaceAll(data, []byte(tUpstream), bytes.Repeat([]byte("*"), len(tUpstream)))
+	w = f.serve("GET", "/"+up.ID+"/download", "", nil)
+	if w.Code != 200 || w.Header().Get("Content-Length") != "1048576" || bytes.Contains(w.Body.Bytes(), []byte(tUpstream)) ||
+		!bytes.Equal(w.Body.Bytes(), masked) {
+		t.Fatalf("download: %d, %d bytes, token there: %v, as masked: %v", w.Code, w.Body.Len(),
+			bytes.Contains(w.Body.Bytes(), []byte(tUpstream)), bytes.Equal(w.Body.Bytes(), masked))
+	}
+}
+
 // TestRelayMediaScope: a medium that is not the channel's is refused — object and download
 // alike — without asking the upstream; a deleted one answers the upstream's own error.
 func TestRelayMediaScope(t *testing.T) {

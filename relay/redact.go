@@ -21,17 +21,94 @@ var errUnredactable = errors.New("relay: the upstream token cannot be masked")
 // its bytes but the shortest tail that could still start an occurrence (a proper prefix of
 // secret ending the bytes seen so far, at most len(secret)-1 bytes), held back until the next
 // write or [redactor.flush] tells. An empty secret passes everything through.
+//
+// Occurrences are looked for by a [finder]: quickly in large writes (media bytes).
 type redactor struct {
 	w      io.Writer
 	secret []byte // read only: it shares the token string's bytes
 	held   []byte // bytes not yet passed on: a proper prefix of secret
 	work   []byte // held + the current write, when something was held
 	mask   []byte // len(secret) mask bytes, made at the first occurrence
+	find   finder // of secret
 }
 
 // reset makes r a redactor of secret onto w, keeping its buffers.
 func (r *redactor) reset(w io.Writer, secret string) {
 	r.w, r.secret, r.held, r.work, r.mask = w, unsafe.Slice(unsafe.StringData(secret), len(secret)), r.held[:0], r.work[:0], r.mask[:0]
+	r.find.pat = r.secret
+}
+
+// finder looks for a byte string (pat) in data as bytes.Index does, in fewer steps on large
+// data of any kind: an occurrence at s (len(pat) = m) holds the byte pairs starting at s …
+// s+m-2, m-1 consecutive positions, one of which is a multiple of m-1; so only the pairs at
+// multiples of m-1 are looked up in the set of pat's pairs, and around a pair that is one of
+// them (at p) the window data[p-m+2 : p+m], which holds every occurrence holding that pair
+// there, is searched with bytes.Index. An earlier occurrence would have held an earlier sampled
+// pair, so the first found is the first. In bytes that are not text (media), a sampled pair is
+// one of pat's about once in 65,536/m: the search reads two bytes in m-1, where bytes.Index
+// stops at every byte equal to pat's first (one in 256). Small data and short patterns go to
+// bytes.Index. The zero finder is ready: its pair set is made at the first large search and
+// kept (remade only for another pattern).
+type finder struct {
+	pat      []byte   // read only
+	pairs    *pairSet // the byte pairs of pairsFor
+	pairsFor []byte   // the pattern pairs was made for (nil: none yet)
+}
+
+// pairSet is a set of byte pairs (a<<8 | b): 65,536 bits.
+type pairSet [1 << 10]uint64
+
+func (t *pairSet) has(a, b byte) bool {
+	v := uint(a)<<8 | uint(b)
+	return t[v>>6]&(1<<(v&63)) != 0
+}
+
+// Sampled search thresholds: data shorter than minSampledData, and patterns shorter than
+// minSampledPattern, are searched with bytes.Index (sampling would not pay for itself there).
+const (
+	minSampledData    = 4 << 10
+	minSampledPattern = 8
+)
+
+// index returns the index of the first occurrence of f.pat in data, or -1.
+func (f *finder) index(data []byte) int {
+	m := len(f.pat)
+	if m < minSampledPattern || len(data) < minSampledData {
+		return bytes.Index(data, f.pat)
+	}
+	t := f.pairSet()
+	for p := 0; p < len(data)-1; p += m - 1 {
+		if !t.has(data[p], data[p+1]) {
+			continue
+		}
+		lo, hi := max(0, p-m+2), min(len(data), p+m)
+		if i := bytes.Index(data[lo:hi], f.pat); i >= 0 {
+			return lo + i
+		}
+	}
+	return -1
+}
+
+// pairSet returns the set of the byte pairs of f.pat, made (or remade, for another pattern) on
+// first use.
+func (f *finder) pairSet() *pairSet {
+	if f.pairs != nil && bytes.Equal(f.pairsFor, f.pat) {
+		return f.pairs
+	}
+	if f.pairs == nil {
+		f.pairs = new(pairSet)
+	} else {
+		for i := 0; i+1 < len(f.pairsFor); i++ { // only the words the last pattern set
+			v := uint(f.pairsFor[i])<<8 | uint(f.pairsFor[i+1])
+			f.pairs[v>>6] = 0
+		}
+	}
+	for i := 0; i+1 < len(f.pat); i++ {
+		v := uint(f.pat[i])<<8 | uint(f.pat[i+1])
+		f.pairs[v>>6] |= 1 << (v & 63)
+	}
+	f.pairsFor = f.pat
+	return f.pairs
 }
 
 // Write passes p on with the secret masked. It reports len(p) written unless w failed.
@@ -56,7 +133,7 @@ func (r *redactor) Write(p []byte) (int, error) {
 func (r *redactor) pass(data []byte) error {
 	pos := 0
 	for {
-		i := bytes.Index(data[pos:], r.secret)
+		i := r.find.index(data[pos:])
 		if i < 0 {
 			break
 		}

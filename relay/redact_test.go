@@ -2,6 +2,9 @@ package relay
 
 import (
 	"bytes"
+	"fmt"
+	"io"
+	"math/rand"
 	"strings"
 	"testing"
 )
@@ -147,4 +150,152 @@ func TestRedactString(t *testing.T) {
 	if h["Link"][0] != "<https://x/?access_token=*****>" || h["Link"][1] != "b" || orig[0] != "<https://x/?access_token=EAAGx>" {
 		t.Fatalf("headers %v (original %v)", h, orig)
 	}
+}
+
+// BenchmarkRedactorBinary passes random bytes (a medium) through a redactor in 32 KiB writes,
+// as the media download does, for a short secret (the bench's) and a real token's length.
+func BenchmarkRedactorBinary(b *testing.B) {
+	data := make([]byte, 1<<20)
+	rand.New(rand.NewSource(1)).Read(data)
+	for _, secret := range []string{
+		"EAAGbenchMediaUpstreamToken0123456789",
+		"EAAG" + strings.Repeat("ZCZBq0aXb1Yc2Wd3Ve4Uf5Tg6Sh7Ri8Qj9PkOlNmMnLoKpJqIrHsGtFuEvDwCxByAz", 3),
+	} {
+		b.Run(fmt.Sprintf("secret%d", len(secret)), func(b *testing.B) {
+			var r redactor
+			b.SetBytes(int64(len(data)))
+			for b.Loop() {
+				r.reset(io.Discard, secret)
+				for p := data; len(p) > 0; p = p[min(len(p), 32<<10):] {
+					if _, err := r.Write(p[:min(len(p), 32<<10)]); err != nil {
+						b.Fatal(err)
+					}
+				}
+				r.flush()
+			}
+		})
+	}
+}
+
+// TestFinderMatchesBytesIndex: the sampled search finds what bytes.Index finds — the first
+// occurrence or none — in large data: binary bytes and text of a few letters (many partial
+// matches), with the pattern at every offset around the sampled positions, at the start and at
+// the end, overlapping itself, and cut short by the end of the data.
+func TestFinderMatchesBytesIndex(t *testing.T) {
+	rng := rand.New(rand.NewSource(7))
+	random := func(n int, alphabet string) []byte {
+		b := make([]byte, n)
+		rng.Read(b)
+		if alphabet != "" {
+			for i := range b {
+				b[i] = alphabet[int(b[i])%len(alphabet)]
+			}
+		}
+		return b
+	}
+	pats := []string{
+		"EAAGbenchMediaUpstreamToken0123456789",
+		"EAAG" + strings.Repeat("ZCZBq0aXb1Yc2Wd3Ve4Uf5Tg6Sh7Ri8Qj9PkOlNmMnLoKpJqIrHsGtFuEvDwCxByAz", 3),
+		"abababab", // overlaps itself
+		"aaaaaaaaab",
+		"--boundary4a6b0c",
+		"1234567", // below minSampledPattern: bytes.Index
+	}
+	var f finder
+	check := func(data []byte, pat string) {
+		t.Helper()
+		f.pat = []byte(pat)
+		if got, want := f.index(data), bytes.Index(data, f.pat); got != want {
+			t.Fatalf("index(%d bytes, %q) = %d, want %d", len(data), pat, got, want)
+		}
+	}
+	for _, pat := range pats {
+		m := len(pat)
+		for _, alphabet := range []string{"", "ab", "abE", pat[:3]} {
+			for _, n := range []int{minSampledData - 1, minSampledData, minSampledData + 1, 3*minSampledData + 17} {
+				base := random(n, alphabet)
+				check(base, pat)
+				// every offset in the first few sample periods, and the last ones
+				offsets := []int{}
+				for s := 0; s < 3*m && s+m <= n; s++ {
+					offsets = append(offsets, s)
+				}
+				for s := max(0, n-3*m); s+m <= n; s++ {
+					offsets = append(offsets, s)
+				}
+				for _, s := range offsets {
+					data := append([]byte(nil), base...)
+					copy(data[s:], pat)
+					check(data, pat)
+					// a second occurrence later, and the pattern cut short at the end
+					if s+2*m+5 <= n {
+						copy(data[s+m+5:], pat)
+						check(data, pat)
+					}
+					cut := append([]byte(nil), base...)
+					copy(cut[n-m+1:], pat)
+					check(cut, pat)
+				}
+			}
+		}
+	}
+	// A finder moved to another pattern forgets the first one's pairs.
+	data := random(2*minSampledData, "")
+	copy(data[1000:], "EAAGfirstTokenXYZ")
+	f.pat = []byte("EAAGfirstTokenXYZ")
+	if f.index(data) != 1000 {
+		t.Fatal("first pattern not found")
+	}
+	f.pat = []byte("QQQQsecondToken12")
+	if f.index(data) != -1 {
+		t.Fatal("found a pattern that is not there")
+	}
+	copy(data[5000:], f.pat)
+	if f.index(data) != 5000 {
+		t.Fatal("second pattern not found")
+	}
+}
+
+// TestRedactorLargeWrites: media-sized writes (the sampled search) mask every occurrence —
+// however the writes cut it — and keep the length.
+func TestRedactorLargeWrites(t *testing.T) {
+	secret := "EAAGbenchMediaUpstreamToken0123456789"
+	rng := rand.New(rand.NewSource(3))
+	data := make([]byte, 256<<10)
+	rng.Read(data)
+	for _, s := range []int{0, 1, 35, 36, 37, 4095, 4096 - 20, 32<<10 - 1, 32<<10 - 36, 32 << 10, 100000, len(data) - len(secret)} {
+		copy(data[s:], secret)
+	}
+	w := want(string(data), secret)
+	for _, size := range []int{32 << 10, 128 << 10, 5000, 4096, 4095} {
+		sizes := make([]int, len(data)/size)
+		for i := range sizes {
+			sizes[i] = size
+		}
+		if got := redactAll(t, string(data), secret, sizes...); got != w {
+			t.Fatalf("writes of %d: output differs", size)
+		}
+	}
+}
+
+// FuzzFinder: whatever the data and the pattern, the sampled search of large data finds what
+// bytes.Index finds (the data is repeated past the sampling threshold; the pattern is planted
+// at an offset the fuzzer picks).
+func FuzzFinder(f *testing.F) {
+	f.Add([]byte("xyz"), "EAAGsecretToken", uint16(100))
+	f.Add([]byte("ab"), "abababab", uint16(4095))
+	f.Add([]byte{0, 1, 2, 3}, "\x00\x01\x02\x03\x00\x01\x02\x04", uint16(9))
+	f.Fuzz(func(t *testing.T, unit []byte, pat string, at uint16) {
+		if len(unit) == 0 || pat == "" {
+			return
+		}
+		data := bytes.Repeat(unit, minSampledData/len(unit)+1)
+		if int(at)+len(pat) <= len(data) {
+			copy(data[at:], pat)
+		}
+		fd := finder{pat: []byte(pat)}
+		if got, want := fd.index(data), bytes.Index(data, []byte(pat)); got != want {
+			t.Fatalf("index(%q × %d, %q) = %d, want %d", unit, len(data)/len(unit), pat, got, want)
+		}
+	})
 }
