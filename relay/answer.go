@@ -111,7 +111,8 @@ func (a *answer) passHeader() {
 }
 
 func (a *answer) Write(p []byte) (int, error) {
-	if a.state == undecided && !a.refused {
+	// (a.dec first: while a decoder runs, a.state is its goroutine's; a decoder means decided.)
+	if a.dec == nil && a.state == undecided && !a.refused {
 		a.WriteHeader(http.StatusOK)
 	}
 	switch {
@@ -203,16 +204,17 @@ func (a *answer) ReadFrom(r io.Reader) (int64, error) {
 }
 
 // Flush passes a flush on once the answer streams (reverse_proxy flushes streamed answers).
-// A decoded answer is written by its decoder's goroutine: it is flushed when it ends.
+// A decoded answer is written by its decoder's goroutine: it is flushed when it ends. (a.dec is
+// tested first: while a decoder runs, a.state is its goroutine's to change.)
 func (a *answer) Flush() {
-	if a.state == passing && a.dec == nil {
+	if a.dec == nil && a.state == passing {
 		http.NewResponseController(a.w).Flush()
 	}
 }
 
 // FlushError is Flush for http.ResponseController.
 func (a *answer) FlushError() error {
-	if a.state == passing && a.dec == nil {
+	if a.dec == nil && a.state == passing {
 		return http.NewResponseController(a.w).Flush()
 	}
 	return nil
