@@ -87,7 +87,7 @@ func TestProxyPassesEveryLine(t *testing.T) {
 	}
 	s := string(cfg)
 	for _, want := range []string{`"flush_interval":-1`, `"X-A":["b"]`, `"read_timeout":5000000000`,
-		`"requests":50`, `"response_header_timeout":30000000000`, `"tls":{}`} {
+		`"requests":50`, `"response_header_timeout":30000000000`, `"tls":{}`, `"max_idle_conns_per_host":1024`} {
 		if !strings.Contains(s, want) {
 			t.Errorf("adapted config lacks %s:\n%s", want, s)
 		}

@@ -24,6 +24,13 @@ func init() {
 // upstreamTimeout bounds the wait for the upstream's response headers.
 const upstreamTimeout = 30 * time.Second
 
+// upstreamIdleConns is the most idle connections kept to the upstream. The relay sends every
+// channel's calls to that one host, so over HTTP/1.1 it needs about as many connections as
+// calls in flight; with Caddy's default (32 per host) every call beyond 32 at once opened a
+// connection and closed it after (bench/README "Issue 21: the relay's CPU in Caddy"). Idle
+// connections still close after the transport's idle timeout (2 min).
+const upstreamIdleConns = 1024
+
 // upstreamVar is the request variable holding the upstream's dial address, set by
 // wabarelay_relay from the app's resolved `upstream` option.
 const upstreamVar = "wabarelay_upstream"
@@ -106,7 +113,8 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 	}
 	rp.Upstreams = reverseproxy.UpstreamPool{{Dial: "{http.vars." + upstreamVar + "}"}}
 	if rp.TransportRaw == nil {
-		transport := &reverseproxy.HTTPTransport{ResponseHeaderTimeout: caddy.Duration(upstreamTimeout)}
+		transport := &reverseproxy.HTTPTransport{ResponseHeaderTimeout: caddy.Duration(upstreamTimeout),
+			KeepAlive: &reverseproxy.KeepAlive{MaxIdleConnsPerHost: upstreamIdleConns}}
 		if useTLS {
 			transport.TLS = new(reverseproxy.TLSConfig)
 		}
@@ -140,8 +148,9 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 }
 
 // withRelayTransportDefaults completes a `transport http { ... }` given in wabarelay_proxy with
-// what the relay needs and the lines do not say: TLS to an https upstream, and the upstream
-// response header timeout. Every setting given is kept; other transports are left as they are.
+// what the relay needs and the lines do not say: TLS to an https upstream, the upstream
+// response header timeout and the idle connections kept (upstreamIdleConns). Every setting
+// given is kept; other transports are left as they are.
 func withRelayTransportDefaults(raw json.RawMessage, useTLS bool) (json.RawMessage, error) {
 	var m map[string]any
 	if err := json.Unmarshal(raw, &m); err != nil {
@@ -155,6 +164,14 @@ func withRelayTransportDefaults(raw json.RawMessage, useTLS bool) (json.RawMessa
 	}
 	if _, ok := m["response_header_timeout"]; !ok {
 		m["response_header_timeout"] = upstreamTimeout
+	}
+	keepAlive, _ := m["keep_alive"].(map[string]any)
+	if keepAlive == nil {
+		keepAlive = map[string]any{}
+	}
+	if _, ok := keepAlive["max_idle_conns_per_host"]; !ok {
+		keepAlive["max_idle_conns_per_host"] = upstreamIdleConns
+		m["keep_alive"] = keepAlive
 	}
 	return json.Marshal(m)
 }

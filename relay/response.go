@@ -4,19 +4,38 @@ import (
 	"bytes"
 	"encoding/json"
 	"net/url"
-	"regexp"
 	"strings"
 )
 
-// versionSegment matches an upstream version path segment such as "v26.0".
-var versionSegment = regexp.MustCompile(`^v\d+(\.\d+)?$`)
+// isVersionSegment reports an upstream version path segment such as "v26.0": "v", digits, and
+// optionally "." and digits (the regular expression `^v\d+(\.\d+)?$`, without its cost on
+// every call).
+func isVersionSegment(seg string) bool {
+	if len(seg) < 2 || seg[0] != 'v' {
+		return false
+	}
+	major, minor, dotted := strings.Cut(seg[1:], ".")
+	return allDigits(major) && (!dotted || allDigits(minor))
+}
+
+// allDigits reports a non-empty string of ASCII digits.
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
+}
 
 // UpstreamPath turns a relay path (relative to {proxy_url}) into the path under the upstream
 // base: a leading version segment the caller included anyway is dropped, so the upstream never
 // sees the version twice.
 func UpstreamPath(p string) string {
-	p = "/" + strings.TrimLeft(p, "/")
-	if seg, rest, _ := strings.Cut(p[1:], "/"); versionSegment.MatchString(seg) {
+	if len(p) < 2 || p[0] != '/' || p[1] == '/' {
+		p = "/" + strings.TrimLeft(p, "/") // else p is that already, without a copy
+	}
+	if seg, rest, _ := strings.Cut(p[1:], "/"); isVersionSegment(seg) {
 		return "/" + rest
 	}
 	return p

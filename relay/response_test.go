@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -13,6 +14,39 @@ func TestUpstreamPath(t *testing.T) {
 	} {
 		if got := UpstreamPath(in); got != want {
 			t.Errorf("UpstreamPath(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestIsVersionSegment: the hand-written check says what the regular expression it replaced
+// says, on every segment built from the characters that matter (up to 5 of them), and
+// UpstreamPath is unchanged for paths with extra, missing or doubled slashes.
+func TestIsVersionSegment(t *testing.T) {
+	re := regexp.MustCompile(`^v\d+(\.\d+)?$`)
+	alphabet := []string{"v", "V", "0", "9", ".", "a", "/", "\u0660"}
+	var walk func(seg string, depth int)
+	walk = func(seg string, depth int) {
+		if got, want := isVersionSegment(seg), re.MatchString(seg); got != want {
+			t.Errorf("isVersionSegment(%q) = %v, the regexp says %v", seg, got, want)
+		}
+		if depth == 5 {
+			return
+		}
+		for _, c := range alphabet {
+			walk(seg+c, depth+1)
+		}
+	}
+	walk("", 0)
+	old := func(p string) string {
+		p = "/" + strings.TrimLeft(p, "/")
+		if seg, rest, _ := strings.Cut(p[1:], "/"); re.MatchString(seg) {
+			return "/" + rest
+		}
+		return p
+	}
+	for _, p := range []string{"", "/", "//", "///x", "x", "//v1/x", "/v1", "/v1/", "v2.0/a/b", "/a//b", "/v1.2.3/x"} {
+		if got, want := UpstreamPath(p), old(p); got != want {
+			t.Errorf("UpstreamPath(%q) = %q, was %q", p, got, want)
 		}
 	}
 }

@@ -24,7 +24,7 @@ func CheckPath(path, rawPath string) error {
 	if !strings.HasPrefix(path, "/") || strings.Contains(path, `\`) {
 		return ErrBadPath
 	}
-	for _, seg := range strings.Split(path[1:], "/") {
+	for seg := range strings.SplitSeq(path[1:], "/") {
 		if seg == "" || seg == "." || seg == ".." {
 			return ErrBadPath
 		}
@@ -35,11 +35,6 @@ func CheckPath(path, rawPath string) error {
 	return nil
 }
 
-// segments splits an upstream path (as returned by [UpstreamPath]) into its segments.
-func segments(upstreamPath string) []string {
-	return strings.Split(strings.TrimPrefix(upstreamPath, "/"), "/")
-}
-
 // InScope reports whether a channel may call upstreamPath (see [UpstreamPath]) with its token,
 // deciding from memory only (docs/relay.md, "Scope rule"): the first segment must be the
 // channel's phone number id, its business account id, or an object handed to it (ch.Objects:
@@ -47,12 +42,11 @@ func segments(upstreamPath string) []string {
 // subscribed_apps edge is the service's own business: refused for every channel token, since
 // several channels may share a business account.
 func InScope(ch *store.RelayChannel, upstreamPath string) bool {
-	segs := segments(upstreamPath)
-	first := segs[0]
+	first, rest, more := strings.Cut(strings.TrimPrefix(upstreamPath, "/"), "/")
 	if first == "" {
 		return false
 	}
-	if len(segs) > 1 && segs[1] == "subscribed_apps" {
+	if second, _, _ := strings.Cut(rest, "/"); more && second == "subscribed_apps" {
 		return false
 	}
 	if first == ch.PhoneNumberID || first == ch.WabaID {

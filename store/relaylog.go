@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // The relay log (migration 020): relay_log holds one row per relay call on the send path and
@@ -43,17 +44,16 @@ var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome"
 // COPY) and, for every call that carries a wamid, its message's relay fields into messages (one
 // multi-row upsert; see upsertRelayMessages). A day without a partition has it created, and
 // the batch is tried once more.
+//
+// Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
+// per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
+// string, its parse and an error per value; bench/README "Issue 21: the relay's CPU in Caddy").
 func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	if len(calls) == 0 {
 		return nil
 	}
-	rows := make([][]any, len(calls))
-	for i, c := range calls {
-		rows[i] = []any{c.At, c.OrgID, c.ChannelID, c.Status, c.Outcome, nullInt(c.ErrorCode), nullInt(c.ErrorSubcode),
-			latencyUS(c.Latency), nullText(c.IdempotencyKey), c.Replayed, nullText(c.Recipient), nullText(c.WAMID)}
-	}
 	write := func(tx pgx.Tx) error {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, pgx.CopyFromRows(rows)); err != nil {
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls)); err != nil {
 			return err
 		}
 		return upsertRelayMessages(ctx, tx, calls)
@@ -72,6 +72,54 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	return nil
 }
 
+// relayLogRows is a pgx.CopyFromSource of calls as relay_log rows, in relayLogColumns' order.
+// Values returns the same slice for every row: pointers to the current row's fields, which pgx
+// encodes before it asks for the next row.
+type relayLogRows struct {
+	calls []RelayCall
+	i     int
+	row   struct {
+		at                             pgtype.Timestamptz
+		org, channel                   pgtype.UUID
+		status, code, subcode, latency pgtype.Int4
+		outcome, key, recipient, wamid pgtype.Text
+		replayed                       pgtype.Bool
+	}
+	values []any
+}
+
+func newRelayLogRows(calls []RelayCall) *relayLogRows {
+	r := &relayLogRows{calls: calls, i: -1}
+	w := &r.row
+	r.values = []any{&w.at, &w.org, &w.channel, &w.status, &w.outcome, &w.code, &w.subcode,
+		&w.latency, &w.key, &w.replayed, &w.recipient, &w.wamid}
+	return r
+}
+
+// Next implements pgx.CopyFromSource.
+func (r *relayLogRows) Next() bool {
+	r.i++
+	if r.i >= len(r.calls) {
+		return false
+	}
+	c, w := &r.calls[r.i], &r.row
+	w.at = pgtype.Timestamptz{Time: c.At, Valid: true}
+	w.org, w.channel = pgUUID(c.OrgID), pgUUID(c.ChannelID)
+	w.status = pgtype.Int4{Int32: int32(c.Status), Valid: true}
+	w.outcome = pgtype.Text{String: c.Outcome, Valid: true}
+	w.code, w.subcode = pgNullInt(c.ErrorCode), pgNullInt(c.ErrorSubcode)
+	w.latency = pgtype.Int4{Int32: latencyUS(c.Latency), Valid: true}
+	w.key, w.recipient, w.wamid = pgNullText(c.IdempotencyKey), pgNullText(c.Recipient), pgNullText(c.WAMID)
+	w.replayed = pgtype.Bool{Bool: c.Replayed, Valid: true}
+	return true
+}
+
+// Values implements pgx.CopyFromSource.
+func (r *relayLogRows) Values() ([]any, error) { return r.values, nil }
+
+// Err implements pgx.CopyFromSource.
+func (r *relayLogRows) Err() error { return nil }
+
 // upsertRelayMessages records the relay's side of the messages the calls sent: a message's row
 // is created by its first call (or by its first status, through the inbound path, which owns
 // status, status_rank and error_*); the call's time, status, latency, recipient and key are set
@@ -80,35 +128,42 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 // once per statement): the first one's fields, replayed if any was.
 func upsertRelayMessages(ctx context.Context, tx pgx.Tx, calls []RelayCall) error {
 	var (
-		wamids, keys        []*string
-		recipients          []string
-		orgs, channels      []uuid.UUID
-		ats                 []time.Time
-		statuses, latencies []int32
-		replayed            []bool
-		seen                map[string]int
+		wamids, keys, recipients pgArray[pgtype.Text]
+		orgs, channels           pgArray[pgtype.UUID]
+		ats                      pgArray[pgtype.Timestamptz]
+		statuses, latencies      pgArray[pgtype.Int4]
+		replayed                 pgArray[pgtype.Bool]
+		seen                     map[string]int
 	)
-	for _, c := range calls {
-		w := nullText(c.WAMID)
-		if w == nil {
+	for i := range calls {
+		c := &calls[i]
+		w := pgNullText(c.WAMID)
+		if !w.Valid {
 			continue
 		}
-		if i, ok := seen[*w]; ok {
-			replayed[i] = replayed[i] || c.Replayed
+		if i, ok := seen[w.String]; ok {
+			replayed[i].Bool = replayed[i].Bool || c.Replayed
 			continue
 		}
 		if seen == nil {
-			seen = map[string]int{}
+			n := len(calls) - i // at most this many wamids
+			seen = make(map[string]int, n)
+			wamids, keys, recipients = make(pgArray[pgtype.Text], 0, n), make(pgArray[pgtype.Text], 0, n), make(pgArray[pgtype.Text], 0, n)
+			orgs, channels, ats = make(pgArray[pgtype.UUID], 0, n), make(pgArray[pgtype.UUID], 0, n), make(pgArray[pgtype.Timestamptz], 0, n)
+			statuses, latencies, replayed = make(pgArray[pgtype.Int4], 0, n), make(pgArray[pgtype.Int4], 0, n), make(pgArray[pgtype.Bool], 0, n)
 		}
-		seen[*w] = len(wamids)
+		seen[w.String] = len(wamids)
 		recipient := ""
 		if IsText(c.Recipient) {
 			recipient = c.Recipient
 		}
-		wamids, recipients, keys = append(wamids, w), append(recipients, recipient), append(keys, nullText(c.IdempotencyKey))
-		orgs, channels, ats = append(orgs, c.OrgID), append(channels, c.ChannelID), append(ats, c.At)
-		statuses, latencies = append(statuses, int32(c.Status)), append(latencies, latencyUS(c.Latency))
-		replayed = append(replayed, c.Replayed)
+		wamids, keys = append(wamids, w), append(keys, pgNullText(c.IdempotencyKey))
+		recipients = append(recipients, pgtype.Text{String: recipient, Valid: true})
+		orgs, channels = append(orgs, pgUUID(c.OrgID)), append(channels, pgUUID(c.ChannelID))
+		ats = append(ats, pgtype.Timestamptz{Time: c.At, Valid: true})
+		statuses = append(statuses, pgtype.Int4{Int32: int32(c.Status), Valid: true})
+		latencies = append(latencies, pgtype.Int4{Int32: latencyUS(c.Latency), Valid: true})
+		replayed = append(replayed, pgtype.Bool{Bool: c.Replayed, Valid: true})
 	}
 	if len(wamids) == 0 {
 		return nil
@@ -132,6 +187,34 @@ func upsertRelayMessages(ctx context.Context, tx pgx.Tx, calls []RelayCall) erro
 		return fmt.Errorf("messages: %w", err)
 	}
 	return nil
+}
+
+// pgArray is a one-dimensional array parameter whose elements pgx encodes through pointers
+// (T is a pgtype value: *T implements its codec's valuer), so that no element is boxed.
+type pgArray[T any] []T
+
+// Dimensions implements pgtype.ArrayGetter.
+func (a pgArray[T]) Dimensions() []pgtype.ArrayDimension {
+	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
+}
+
+// Index implements pgtype.ArrayGetter.
+func (a pgArray[T]) Index(i int) any { return &a[i] }
+
+// IndexType implements pgtype.ArrayGetter.
+func (a pgArray[T]) IndexType() any { return new(T) }
+
+func pgUUID(id uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }
+
+// pgNullInt is NULL for 0, else n: an optional int column's value.
+func pgNullInt(n int) pgtype.Int4 { return pgtype.Int4{Int32: int32(n), Valid: n != 0} }
+
+// pgNullText is nullText as a pgtype value (NULL where nullText is nil).
+func pgNullText(s string) pgtype.Text {
+	if p := nullText(s); p != nil {
+		return pgtype.Text{String: *p, Valid: true}
+	}
+	return pgtype.Text{}
 }
 
 // SendMinute is one minute of a channel's relay calls by outcome class (SendsPerMinute).
@@ -201,15 +284,6 @@ func (s *Store) PruneMessages(ctx context.Context, cutoff time.Time) (int64, err
 			return total, nil
 		}
 	}
-}
-
-// nullInt is nil for 0, else n: an optional int column's parameter.
-func nullInt(n int) *int32 {
-	if n == 0 {
-		return nil
-	}
-	v := int32(n)
-	return &v
 }
 
 // latencyUS is d in whole microseconds, capped to the int column.
