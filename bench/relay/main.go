@@ -117,9 +117,12 @@ type config struct {
 	noIdemKey   bool
 	cluster     int
 	compareLog  bool
-	generator   string // "wrk" or "go"
-	wrkThreads  int
-	latency     bool
+	// baselineIdle: (a)'s reverse_proxy keeps this many idle connections per upstream host (0:
+	// Caddy's default, 32).
+	baselineIdle int
+	generator    string // "wrk" or "go"
+	wrkThreads   int
+	latency      bool
 }
 
 func main() {
@@ -145,6 +148,7 @@ func main() {
 	flag.BoolVar(&c.showLogs, "v", false, "print Caddy's logs at the end")
 	flag.BoolVar(&c.noIdemKey, "no-idempotency-key", false, "(b) bodies carry no idempotency_key: the relay without keys (one Redis round trip: the rate limit)")
 	flag.IntVar(&c.cluster, "redis-cluster", 0, "run (b) on a throwaway Redis Cluster of this many masters (e.g. 3) instead of one redis-server")
+	flag.IntVar(&c.baselineIdle, "baseline-idle-conns", 0, "(a)'s reverse_proxy keeps this many idle upstream connections per host, as wabarelay_proxy does (1024); 0: Caddy's default (32), the issue's plain reverse_proxy")
 	flag.BoolVar(&c.compareLog, "compare-log", false, "(a) is wabarelay_proxy with relay_log off, (b) with the relay log on: b/a is the log's cost")
 	flag.StringVar(&c.generator, "generator", "", "load generator: wrk or go (default: wrk when it is on PATH, else go)")
 	flag.IntVar(&c.wrkThreads, "wrk-threads", 1, "wrk threads (-generator wrk)")
@@ -344,6 +348,10 @@ func run(ctx context.Context, c config) (err error) {
 		adminLine = fmt.Sprintf("admin 127.0.0.1:%d", portAdmin)
 	}
 	fakeHost := strings.TrimPrefix(fakeURLA, "http://")
+	proxyA := fakeHost
+	if c.baselineIdle > 0 {
+		proxyA = fmt.Sprintf("%s {\n\t\t\ttransport http {\n\t\t\t\tkeepalive_idle_conns_per_host %d\n\t\t\t}\n\t\t}", fakeHost, c.baselineIdle)
+	}
 	cfgA := fmt.Sprintf(`{
 	admin off
 	persist_config off
@@ -355,7 +363,7 @@ http://127.0.0.1:%d {
 		reverse_proxy %s
 	}
 }
-`, portA, proxyPrefix, fakeHost)
+`, portA, proxyPrefix, proxyA)
 	cfgB := fmt.Sprintf(`{
 	%s
 	persist_config off
