@@ -487,32 +487,10 @@ func (b *bench) profile(ctx context.Context, t target, file string, adminPort in
 			}
 		}()
 	}
-	err := fetchProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", adminPort, b.c.profileSecs), file)
+	err := benchkit.FetchProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", adminPort, b.c.profileSecs), file)
 	cancel()
 	wg.Wait()
 	return err
-}
-
-func fetchProfile(ctx context.Context, u, out string) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s: %s", resp.Status, b)
-	}
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // round runs streams transfers at once through t and returns the bytes moved and the time taken.

@@ -466,7 +466,7 @@ http://127.0.0.1:%d {
 		secs := int(math.Ceil((2 * time.Duration(c.slices) * c.slice).Seconds()))
 		profErr = make(chan error, 1)
 		go func() {
-			profErr <- fetchProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", portAdmin, secs), c.cpuProfile)
+			profErr <- benchkit.FetchProfile(ctx, fmt.Sprintf("http://127.0.0.1:%d/debug/pprof/profile?seconds=%d", portAdmin, secs), c.cpuProfile)
 		}()
 	}
 	benchkit.Logf("measuring: %d × %s per target, alternating a/b", c.slices, c.slice)
@@ -813,28 +813,6 @@ func channelLookups(dsn string) int64 {
 		return -1
 	}
 	return n
-}
-
-func fetchProfile(ctx context.Context, u, out string) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		b, _ := io.ReadAll(resp.Body)
-		return fmt.Errorf("%s: %s", resp.Status, b)
-	}
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // ---- load ----
