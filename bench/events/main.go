@@ -1118,7 +1118,7 @@ func (l *loader) step(ctx context.Context, sp stepSpec) *stepResult {
 	}()
 
 	// offered load
-	cpuBefore := procs.sample(dbName)
+	cpuBefore := benchkit.SampleCPU(procs, dbName)
 	sem := make(chan struct{}, l.c.maxInflight)
 	var wg sync.WaitGroup
 	var skipped, postErrors atomic.Int64
@@ -1177,7 +1177,7 @@ func (l *loader) step(ctx context.Context, sp stepSpec) *stepResult {
 	loadEnd := time.Now()
 	res.runDelivered = st.distinct.Load()
 	res.pendingEnd = pendingNow()
-	res.cpu = diffCPU(cpuBefore, procs.sample(dbName))
+	res.cpu = benchkit.DiffCPU(cpuBefore, benchkit.SampleCPU(procs, dbName))
 	wg.Wait()
 
 	// drain
@@ -1358,49 +1358,8 @@ func createWebhooks(ctx context.Context, st *store.Store, orgID uuid.UUID, recei
 type cpuProcs map[string]int
 
 const (
-	pidBench   = "bench (load + receiver)"
-	pgBackends = "postgres (bench db backends)"
-	pgOther    = "postgres (other processes)"
+	pidBench = "bench (load + receiver)"
 )
-
-func (p cpuProcs) sample(dbName string) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	for name, pid := range p {
-		if d, ok := benchkit.ProcCPU(pid); ok {
-			out[name] = d
-		}
-	}
-	if dirs, err := os.ReadDir("/proc"); err == nil {
-		for _, d := range dirs {
-			pid, err := strconv.Atoi(d.Name())
-			if err != nil {
-				continue
-			}
-			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err != nil || !bytes.HasPrefix(cmd, []byte("postgres")) && !bytes.Contains(cmd, []byte("/postgres\x00")) {
-				continue
-			}
-			c, ok := benchkit.ProcCPU(pid)
-			if !ok {
-				continue
-			}
-			if bytes.Contains(cmd, []byte(" "+dbName+" ")) {
-				out[pgBackends] += c
-			} else {
-				out[pgOther] += c
-			}
-		}
-	}
-	return out
-}
-
-func diffCPU(before, after map[string]time.Duration) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	for name, a := range after {
-		out[name] = max(a-before[name], 0) // a backend that exited meanwhile is lost, not negative
-	}
-	return out
-}
 
 // ---- report ----
 
@@ -1516,7 +1475,7 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, ord []
 		}
 		us := func(d time.Duration) float64 { return float64(d.Microseconds()) / max(n, 1) }
 		busy := 100 * tot.Seconds() / (r.duration.Seconds() * float64(runtime.NumCPU()))
-		p("| %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", r.label(), r.rate, us(r.cpu["caddy"]), us(r.cpu[pgBackends]), us(r.cpu[pgOther]),
+		p("| %s | %d | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f | %.0f%% |\n", r.label(), r.rate, us(r.cpu["caddy"]), us(r.cpu[benchkit.PGBackends]), us(r.cpu[benchkit.PGOther]),
 			us(r.cpu[pidBench]), us(tot), us(tot)/float64(r.webhooks), busy)
 	}
 	if fair != nil {

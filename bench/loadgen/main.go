@@ -293,7 +293,7 @@ http://127.0.0.1:%d {
 
 	// the measured step
 	procs := map[string]int{"caddy": cd.PID(), "receiver": rcv.Process.Pid, "loadgen": os.Getpid()}
-	cpu0 := sampleCPU(procs, dbName)
+	cpu0 := benchkit.SampleCPU(procs, dbName)
 	start := time.Now()
 	var quarterBacklog, quarterDelivered int64
 	quarter := time.AfterFunc(c.duration/4, func() {
@@ -303,7 +303,7 @@ http://127.0.0.1:%d {
 	defer quarter.Stop()
 	res, acks := g.load(ctx, c.rate, c.duration, "m")
 	loadTime := time.Since(start)
-	cpu := diffCPU(cpu0, sampleCPU(procs, dbName))
+	cpu := benchkit.DiffCPU(cpu0, benchkit.SampleCPU(procs, dbName))
 	endBacklog := backlog()
 	runDistinct, _, _ := receiverStats(statsClient, statsURL)
 	accepted := res.accepted.Load()
@@ -316,7 +316,7 @@ http://127.0.0.1:%d {
 			break
 		}
 	}
-	cpuAll := diffCPU(cpu0, sampleCPU(procs, dbName)) // load and drain: all the work of the step
+	cpuAll := benchkit.DiffCPU(cpu0, benchkit.SampleCPU(procs, dbName)) // load and drain: all the work of the step
 	delivered := distinct - baseDistinct
 	dups := (receipts - baseReceipts) - delivered
 	duringLoad := float64(runDistinct-baseDistinct) / loadTime.Seconds()
@@ -343,7 +343,7 @@ http://127.0.0.1:%d {
 		c.rate, accepted, offered, res.skipped.Load(), res.failed.Load(), q(0.5), q(0.99), duringLoad, drainRate,
 		quarterBacklog, endBacklog, delivered, dups, max(accepted-delivered, 0), sustained)
 	_ = quarterDelivered
-	names := []string{"caddy", pgBackends, pgOther, "receiver", "loadgen"}
+	names := []string{"caddy", benchkit.PGBackends, benchkit.PGOther, "receiver", "loadgen"}
 	var total time.Duration
 	row := "|"
 	for _, n := range names {
@@ -504,46 +504,3 @@ func (g *generator) load(ctx context.Context, rate int, d time.Duration, tag str
 }
 
 // ---- CPU ----
-
-const (
-	pgBackends = "postgres (bench db)"
-	pgOther    = "postgres (other)"
-)
-
-// sampleCPU returns the CPU time so far of the named processes and of the Postgres processes
-// (the bench database's backends, by their process title, and the others).
-func sampleCPU(procs map[string]int, dbName string) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	for name, pid := range procs {
-		if d, ok := benchkit.ProcCPU(pid); ok {
-			out[name] = d
-		}
-	}
-	dirs, _ := os.ReadDir("/proc")
-	for _, d := range dirs {
-		pid, err := strconv.Atoi(d.Name())
-		if err != nil {
-			continue
-		}
-		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil || !bytes.HasPrefix(cmd, []byte("postgres")) && !bytes.Contains(cmd, []byte("/postgres\x00")) {
-			continue
-		}
-		if c, ok := benchkit.ProcCPU(pid); ok {
-			if bytes.Contains(cmd, []byte(" "+dbName+" ")) {
-				out[pgBackends] += c
-			} else {
-				out[pgOther] += c
-			}
-		}
-	}
-	return out
-}
-
-func diffCPU(before, after map[string]time.Duration) map[string]time.Duration {
-	out := map[string]time.Duration{}
-	for n, a := range after {
-		out[n] = max(a-before[n], 0)
-	}
-	return out
-}

@@ -1033,12 +1033,10 @@ var volatile = regexp.MustCompile(`"(fbtrace_id|x-fb-trace-id|wamid|id)":"[^"]*"
 
 // ---- CPU accounting ----
 
-// cpuProcs names the processes whose CPU time is accounted, by pid. The Postgres backends of
-// the bench database are found by their process title.
 // cpuProcs are the processes whose CPU time is measured, by name (several for a Redis Cluster).
 type cpuProcs map[string][]int
 
-const pgName = "postgres (bench db backends)"
+const pgName = benchkit.PGBackends
 
 func (p cpuProcs) sample(dbName string) map[string]time.Duration {
 	out := map[string]time.Duration{}
@@ -1049,21 +1047,7 @@ func (p cpuProcs) sample(dbName string) map[string]time.Duration {
 			}
 		}
 	}
-	if dirs, err := os.ReadDir("/proc"); err == nil {
-		for _, d := range dirs {
-			pid, err := strconv.Atoi(d.Name())
-			if err != nil {
-				continue
-			}
-			cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-			if err != nil || !bytes.HasPrefix(cmd, []byte("postgres: ")) || !bytes.Contains(cmd, []byte(" "+dbName+" ")) {
-				continue
-			}
-			if c, ok := benchkit.ProcCPU(pid); ok {
-				out[pgName] += c
-			}
-		}
-	}
+	out[pgName], _ = benchkit.PostgresCPU(dbName)
 	return out
 }
 
