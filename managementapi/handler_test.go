@@ -831,20 +831,7 @@ func TestDeliveryLog(t *testing.T) {
 	base := "/webhooks/" + wh.ID + "/deliveries"
 
 	var page []managementapi.Delivery
-	var all []managementapi.Delivery
-	next := base + "?limit=2"
-	for pages := 0; next != ""; pages++ {
-		r := e.do("GET", next, e.keyA, "")
-		if r.status != 200 || pages > 5 {
-			t.Fatalf("page %d: %d %s", pages, r.status, r.body)
-		}
-		r.json(t, &page)
-		all = append(all, page...)
-		next = ""
-		if link := r.header.Get("Link"); link != "" {
-			next = base + strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`)
-		}
-	}
+	all, _ := followPages[managementapi.Delivery](t, e, base+"?limit=2", base)
 	if len(all) != 5 || all[0].Status != "failed" || len(all[0].AttemptLog) != 4 || all[4].Status != "pending" || all[4].NextAttemptAt == nil {
 		t.Fatalf("deliveries: %+v", all)
 	}
@@ -978,4 +965,28 @@ func TestOddPaths(t *testing.T) {
 			t.Errorf("%s %s: body %s, want %q", tc.method, tc.target, rec.Body, tc.msg)
 		}
 	}
+}
+
+// followPages GETs first with key A and every next page its Link header names (relative to
+// base), at most 6 pages, and returns all the items and the Link headers in order.
+func followPages[T any](t *testing.T, e *env, first, base string) ([]T, []string) {
+	t.Helper()
+	var all []T
+	var links []string
+	next := first
+	for pages := 0; next != ""; pages++ {
+		r := e.do("GET", next, e.keyA, "")
+		if r.status != 200 || pages > 5 {
+			t.Fatalf("page %d: %d %s", pages, r.status, r.body)
+		}
+		var page []T
+		r.json(t, &page)
+		all = append(all, page...)
+		next = ""
+		if link := r.header.Get("Link"); link != "" {
+			links = append(links, link)
+			next = base + strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`)
+		}
+	}
+	return all, links
 }

@@ -39,22 +39,8 @@ func TestMessagesEndpoint(t *testing.T) {
 	c := e.messagesChannel("555", 5)
 	base := "/channels/" + c.ID.String() + "/messages"
 
-	var page, all []managementapi.Message
-	next := base + "?limit=2"
-	var links []string
-	for pages := 0; next != ""; pages++ {
-		r := e.do("GET", next, e.keyA, "")
-		if r.status != 200 || pages > 5 {
-			t.Fatalf("page %d: %d %s", pages, r.status, r.body)
-		}
-		r.json(t, &page)
-		all = append(all, page...)
-		next = ""
-		if link := r.header.Get("Link"); link != "" {
-			links = append(links, link)
-			next = base + strings.TrimSuffix(strings.TrimPrefix(link, "<"), `>; rel="next"`)
-		}
-	}
+	var page []managementapi.Message
+	all, links := followPages[managementapi.Message](t, e, base+"?limit=2", base)
 	var got []string
 	for _, m := range all {
 		got = append(got, m.WAMID)
