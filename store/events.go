@@ -615,13 +615,16 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 }
 
 // messagesUpsertSQL applies statuses to messages (DESIGN §5b "Message timeline"): it creates the
-// row of a message not seen yet (its recipient from the status, created now), else moves its
-// status forward only: the update applies when the new rank is greater, and only to a row of the
-// same channel. One row per message id (its highest status in the batch), in message id order
-// so that concurrent posts lock rows in the same order.
+// row of a message not seen yet — its recipient the status's recipient_id, its created_at the
+// earliest upstream timestamp among the batch's statuses of it (when the upstream sent it, to
+// the second; now when none has one or it lies ahead), so that the channel's list keeps the
+// order of the sends —, else moves its status forward only: the update applies when the new rank
+// is greater, and only to a row of the same channel. One row per message id (its highest status
+// in the batch), in message id order so that concurrent posts lock rows in the same order.
 const messagesUpsertSQL = `
 	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at, error_code, error_title)
-	SELECT DISTINCT ON (u.wamid) u.wamid, u.org, u.ch, u.recipient, $10::timestamptz, u.status, u.rank, u.at,
+	SELECT DISTINCT ON (u.wamid) u.wamid, u.org, u.ch, u.recipient,
+	       least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz)), u.status, u.rank, u.at,
 	       CASE WHEN u.status = 'failed' THEN nullif(u.code, 0) END, CASE WHEN u.status = 'failed' THEN nullif(u.title, '') END
 	FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
 	     AS u(wamid, org, ch, recipient, status, rank, at, code, title)

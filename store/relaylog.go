@@ -11,10 +11,11 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The relay log (migration 020): relay_log holds one row per relay call on the send path and
-// per refusal of one, written in batches by relaylog.Writer; messages gets the relay's side of
-// every message a logged call sent (the inbound path owns its status). This file holds every
-// query of relay_log and the relay's queries of messages.
+// The relay log (migrations 020 and 021): relay_log holds one row per relay call on the send
+// path and per refusal of one, written in batches by relaylog.Writer. It is the only record of
+// the relay's side of a message (messages holds what the statuses say; the timeline's reads join
+// the two, store/timeline.go). This file holds relay_log's writes and its per-channel counts, and
+// the retention of messages.
 
 // RelayCall is one row of the relay log: relay.Call in the store's terms.
 type RelayCall struct {
@@ -40,10 +41,10 @@ type RelayCall struct {
 var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome", "error_code", "error_subcode",
 	"latency_us", "idempotency_key", "replayed", "recipient", "wamid"}
 
-// WriteRelayLog writes a batch of relay calls in one transaction: the calls into relay_log (one
-// COPY) and, for every call that carries a wamid, its message's relay fields into messages (one
-// multi-row upsert; see upsertRelayMessages). A day without a partition has it created, and
-// the batch is tried once more.
+// WriteRelayLog writes a batch of relay calls into relay_log with one COPY, nothing else (the
+// log's whole cost on the database: a heap row and two index entries per call, bench/README.md
+// "Issue 20: relay log on and off"). A day without a partition has it created, and the batch is
+// tried once more.
 //
 // Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
 // per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
@@ -53,10 +54,8 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 		return nil
 	}
 	write := func(tx pgx.Tx) error {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls)); err != nil {
-			return err
-		}
-		return upsertRelayMessages(ctx, tx, calls)
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls))
+		return err
 	}
 	err := s.inTx(ctx, write)
 	if isMissingPartition(err) {
@@ -119,90 +118,6 @@ func (r *relayLogRows) Values() ([]any, error) { return r.values, nil }
 
 // Err implements pgx.CopyFromSource.
 func (r *relayLogRows) Err() error { return nil }
-
-// upsertRelayMessages records the relay's side of the messages the calls sent: a message's row
-// is created by its first call (or by its first status, through the inbound path, which owns
-// status, status_rank and error_*); the call's time, status, latency, recipient and key are set
-// once, by the first call that reaches the row (relay_at still NULL); a replayed call marks it
-// relay_replayed. Calls of one wamid in the batch are merged first (one row may be updated only
-// once per statement): the first one's fields, replayed if any was.
-func upsertRelayMessages(ctx context.Context, tx pgx.Tx, calls []RelayCall) error {
-	var (
-		wamids, keys, recipients pgArray[pgtype.Text]
-		orgs, channels           pgArray[pgtype.UUID]
-		ats                      pgArray[pgtype.Timestamptz]
-		statuses, latencies      pgArray[pgtype.Int4]
-		replayed                 pgArray[pgtype.Bool]
-		seen                     map[string]int
-	)
-	for i := range calls {
-		c := &calls[i]
-		w := pgNullText(c.WAMID)
-		if !w.Valid {
-			continue
-		}
-		if i, ok := seen[w.String]; ok {
-			replayed[i].Bool = replayed[i].Bool || c.Replayed
-			continue
-		}
-		if seen == nil {
-			n := len(calls) - i // at most this many wamids
-			seen = make(map[string]int, n)
-			wamids, keys, recipients = make(pgArray[pgtype.Text], 0, n), make(pgArray[pgtype.Text], 0, n), make(pgArray[pgtype.Text], 0, n)
-			orgs, channels, ats = make(pgArray[pgtype.UUID], 0, n), make(pgArray[pgtype.UUID], 0, n), make(pgArray[pgtype.Timestamptz], 0, n)
-			statuses, latencies, replayed = make(pgArray[pgtype.Int4], 0, n), make(pgArray[pgtype.Int4], 0, n), make(pgArray[pgtype.Bool], 0, n)
-		}
-		seen[w.String] = len(wamids)
-		recipient := ""
-		if IsText(c.Recipient) {
-			recipient = c.Recipient
-		}
-		wamids, keys = append(wamids, w), append(keys, pgNullText(c.IdempotencyKey))
-		recipients = append(recipients, pgtype.Text{String: recipient, Valid: true})
-		orgs, channels = append(orgs, pgUUID(c.OrgID)), append(channels, pgUUID(c.ChannelID))
-		ats = append(ats, pgtype.Timestamptz{Time: c.At, Valid: true})
-		statuses = append(statuses, pgtype.Int4{Int32: int32(c.Status), Valid: true})
-		latencies = append(latencies, pgtype.Int4{Int32: latencyUS(c.Latency), Valid: true})
-		replayed = append(replayed, pgtype.Bool{Bool: c.Replayed, Valid: true})
-	}
-	if len(wamids) == 0 {
-		return nil
-	}
-	_, err := tx.Exec(ctx, `
-		INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, idempotency_key,
-		                           relay_at, relay_status, relay_latency_us, relay_replayed)
-		SELECT w, o, c, r, a, k, a, st, l, rp
-		FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::timestamptz[], $6::text[],
-		            $7::int[], $8::int[], $9::bool[]) AS x(w, o, c, r, a, k, st, l, rp)
-		ON CONFLICT (wamid) DO UPDATE SET
-			created_at       = CASE WHEN m.relay_at IS NULL THEN excluded.created_at ELSE m.created_at END,
-			recipient        = CASE WHEN m.relay_at IS NULL AND excluded.recipient <> '' THEN excluded.recipient ELSE m.recipient END,
-			idempotency_key  = CASE WHEN m.relay_at IS NULL THEN coalesce(excluded.idempotency_key, m.idempotency_key) ELSE m.idempotency_key END,
-			relay_status     = CASE WHEN m.relay_at IS NULL THEN excluded.relay_status ELSE m.relay_status END,
-			relay_latency_us = CASE WHEN m.relay_at IS NULL THEN excluded.relay_latency_us ELSE m.relay_latency_us END,
-			relay_at         = coalesce(m.relay_at, excluded.relay_at),
-			relay_replayed   = m.relay_replayed OR excluded.relay_replayed`,
-		wamids, orgs, channels, recipients, ats, keys, statuses, latencies, replayed)
-	if err != nil {
-		return fmt.Errorf("messages: %w", err)
-	}
-	return nil
-}
-
-// pgArray is a one-dimensional array parameter whose elements pgx encodes through pointers
-// (T is a pgtype value: *T implements its codec's valuer), so that no element is boxed.
-type pgArray[T any] []T
-
-// Dimensions implements pgtype.ArrayGetter.
-func (a pgArray[T]) Dimensions() []pgtype.ArrayDimension {
-	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
-}
-
-// Index implements pgtype.ArrayGetter.
-func (a pgArray[T]) Index(i int) any { return &a[i] }
-
-// IndexType implements pgtype.ArrayGetter.
-func (a pgArray[T]) IndexType() any { return new(T) }
 
 func pgUUID(id uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: id, Valid: true} }
 

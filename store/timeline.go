@@ -14,9 +14,10 @@ import (
 )
 
 // The message timeline's reads (DESIGN §5b "Message timeline"): the recent outgoing messages of
-// a channel (messages, written by the relay log's writer and by StoreEvents), and the whole
-// timeline of one message, outgoing or incoming (its relay call, its status events and their
-// deliveries). Every read is scoped to an org.
+// a channel and the whole timeline of one message, outgoing or incoming (its relay call, its
+// status events and their deliveries). Every read is scoped to an org. They join two records
+// (migration 021): relay_log, the relay's side of every send (relaylog.Writer), and messages,
+// what the statuses said (StoreEvents), which a message's first status creates.
 
 // ErrMessageNotFound is returned for an unknown message id (or one of another org).
 var ErrMessageNotFound = errors.New("message not found")
@@ -147,24 +148,69 @@ func messageError(code *int32, title *string) *MessageError {
 	return e
 }
 
+// unreportedWindow is how far back a channel's list looks in relay_log for sends the upstream
+// has not reported on yet (listed as accepted), and how far back the dashboard's search looks
+// for idempotency keys: a send reported on gets its messages row within seconds, and one not
+// reported on for a day is still found by its wamid (GET /messages/{wamid}).
+const unreportedWindow = 24 * time.Hour
+
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
 // first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
+//
+// Two sources make the list (migration 021): the messages rows, which statuses create, and the
+// relay calls of the last unreportedWindow whose message has no row yet (status accepted). Each
+// is read in order from its index up to the page's limit, and the two are merged; the relay
+// log is only read as far back as the messages page reaches when that page is full, so a page
+// costs about two index ranges of its own length.
 func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
-	// The cursor is compared as (created_at, wamid), the order the channel indexes of migration
-	// 020 hold (created_at DESC, wamid DESC): a page is an index range read in order.
+	now := s.now()
+	// The cursor's position: (created_at, wamid) of the page's last message, in whichever source
+	// holds it.
+	var before *time.Time
+	if f.After != "" {
+		err := s.pool.QueryRow(ctx, `
+			SELECT coalesce(
+				(SELECT created_at FROM messages WHERE wamid = $1 AND channel_id = $2 AND org_id = $3),
+				(SELECT min(at) FROM relay_log WHERE wamid = $1 AND channel_id = $2 AND org_id = $3 AND NOT replayed))`,
+			f.After, channelID, orgID).Scan(&before)
+		if err != nil {
+			return nil, fmt.Errorf("list messages: %w", err)
+		}
+		if before == nil {
+			return nil, s.emptyMessagesReason(ctx, orgID, channelID, ErrCursorNotFound)
+		}
+	}
+	digits := phoneDigits(f.To)
+	search := phoneDigits(f.Search)
+	var keyed []string // the wamids the searched text is the idempotency key of
+	if f.Search != "" {
+		rows, err := s.pool.Query(ctx, `
+			SELECT DISTINCT wamid FROM relay_log
+			WHERE channel_id = $1 AND org_id = $2 AND at >= $3 AND idempotency_key = $4 AND wamid IS NOT NULL
+			LIMIT 100`, channelID, orgID, now.Add(-unreportedWindow), f.Search)
+		if err != nil {
+			return nil, fmt.Errorf("list messages: %w", err)
+		}
+		if keyed, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+			return nil, fmt.Errorf("list messages: %w", err)
+		}
+	}
+
+	// The reported messages. The cursor is compared as (created_at, wamid), the order the
+	// channel indexes of migration 020 hold (created_at DESC, wamid DESC): a page is an index
+	// range read in order.
 	rows, err := s.pool.Query(ctx, `
-		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.idempotency_key
+		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
 		FROM messages m
 		WHERE m.channel_id = $1 AND m.org_id = $2
 		  AND ($3 = '' OR m.status = $3)
-		  AND ($4 = '' OR m.recipient = $4)
-		  AND ($5 = '' OR m.wamid = $5 OR m.recipient = $5 OR m.idempotency_key = $5)
-		  AND ($6 = '' OR (m.created_at, m.wamid) < (SELECT c.created_at, c.wamid FROM messages c WHERE c.wamid = $6 AND c.channel_id = $1))
-		  AND ($6 = '' OR m.created_at <= (SELECT c.created_at FROM messages c WHERE c.wamid = $6 AND c.channel_id = $1))
+		  AND ($4 = '' OR m.recipient = $4 OR m.recipient = $5)
+		  AND ($6 = '' OR m.wamid = $6 OR m.recipient = $6 OR m.recipient = $7 OR m.wamid = ANY($8))
+		  AND ($9::timestamptz IS NULL OR (m.created_at, m.wamid) < ($9, $10) AND m.created_at <= $9)
 		ORDER BY m.created_at DESC, m.wamid DESC
-		LIMIT $7`,
+		LIMIT $11`,
 		// Planned for each call: which filters are set decides the index.
-		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, f.To, f.Search, f.After, f.Limit)
+		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, f.To, digits, f.Search, search, keyed, before, f.After, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
 	}
@@ -172,31 +218,158 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		m := MessageSummary{ChannelID: channelID}
 		var code *int32
 		var title *string
-		err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.Status, &code, &title, &m.IdempotencyKey)
+		err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.Status, &code, &title)
 		m.Error = messageError(code, title)
 		return m, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
 	}
-	if len(out) > 0 {
-		return out, nil // rows of the org's channel: it exists
+
+	// The sends not reported on yet: accepted.
+	if f.Status == "" || f.Status == MessageAccepted {
+		floor := now.Add(-unreportedWindow)
+		if len(out) == f.Limit && out[len(out)-1].CreatedAt.After(floor) {
+			floor = out[len(out)-1].CreatedAt // older sends cannot make this page
+		}
+		rows, err := s.pool.Query(ctx, `
+			SELECT DISTINCT ON (r.at, r.wamid) r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
+			FROM relay_log r
+			WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
+			  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
+			  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
+			  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
+			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
+			ORDER BY r.at DESC, r.wamid DESC
+			LIMIT $9`,
+			pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, f.Limit)
+		if err != nil {
+			return nil, fmt.Errorf("list messages: %w", err)
+		}
+		unreported, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
+			m := MessageSummary{ChannelID: channelID, Status: MessageAccepted}
+			err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.IdempotencyKey)
+			return m, err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list messages: %w", err)
+		}
+		if len(unreported) > 0 {
+			out = mergeMessages(out, unreported, f.Limit)
+		}
 	}
-	// An empty page: say why when it is the channel or the cursor.
-	var channel, cursor bool
-	err = s.pool.QueryRow(ctx, `
-		SELECT EXISTS (SELECT 1 FROM channels WHERE id = $1 AND org_id = $2),
-		       $3 = '' OR EXISTS (SELECT 1 FROM messages WHERE wamid = $3 AND channel_id = $1)`,
-		channelID, orgID, f.After).Scan(&channel, &cursor)
-	switch {
-	case err != nil:
+	if len(out) == 0 {
+		return out, s.emptyMessagesReason(ctx, orgID, channelID, nil)
+	}
+	if err := s.relayKeys(ctx, orgID, out); err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
-	case !channel:
-		return nil, ErrChannelNotFound
-	case !cursor:
-		return nil, ErrCursorNotFound
 	}
 	return out, nil
+}
+
+// mergeMessages merges two lists in the list's order (created_at, then wamid, descending) into
+// at most limit messages; a wamid in both is kept once (a send reported on between the reads).
+func mergeMessages(a, b []MessageSummary, limit int) []MessageSummary {
+	seen := make(map[string]bool, len(a))
+	for _, m := range a {
+		seen[m.WAMID] = true
+	}
+	for _, m := range b {
+		if !seen[m.WAMID] {
+			a = append(a, m)
+		}
+	}
+	slices.SortStableFunc(a, func(x, y MessageSummary) int {
+		if c := y.CreatedAt.Compare(x.CreatedAt); c != 0 {
+			return c
+		}
+		return cmp.Compare(y.WAMID, x.WAMID)
+	})
+	return a[:min(len(a), limit)]
+}
+
+// relayKeys fills in the idempotency keys of the listed messages that came from messages rows:
+// the key of the call that sent each, found through relay_log's wamid index in the days around
+// the message's creation (partitions pruned at run time).
+func (s *Store) relayKeys(ctx context.Context, orgID uuid.UUID, ms []MessageSummary) error {
+	var wamids []string
+	var ats []time.Time
+	for _, m := range ms {
+		if m.IdempotencyKey == nil {
+			wamids, ats = append(wamids, m.WAMID), append(ats, m.CreatedAt)
+		}
+	}
+	if len(wamids) == 0 {
+		return nil
+	}
+	rows, err := s.pool.Query(ctx, `
+		SELECT u.wamid, k.idempotency_key
+		FROM unnest($1::text[], $2::timestamptz[]) AS u(wamid, at)
+		CROSS JOIN LATERAL (
+			SELECT r.idempotency_key FROM relay_log r
+			WHERE r.wamid = u.wamid AND r.org_id = $3 AND r.idempotency_key IS NOT NULL
+			  AND r.at >= u.at - $4::interval AND r.at <= u.at + interval '1 day'
+			ORDER BY r.at LIMIT 1) k`, wamids, ats, orgID, relayLookBack)
+	if err != nil {
+		return err
+	}
+	keys := map[string]string{}
+	var w, k string
+	if _, err := pgx.ForEachRow(rows, []any{&w, &k}, func() error { keys[w] = k; return nil }); err != nil {
+		return err
+	}
+	for i := range ms {
+		if k, ok := keys[ms[i].WAMID]; ok {
+			ms[i].IdempotencyKey = &k
+		}
+	}
+	return nil
+}
+
+// relayLookBack is how long before a message's row was created its relay call is looked for:
+// the upstream retries a status webhook for up to 7 days, so the first status of a message can
+// arrive that long after it was sent.
+const relayLookBack = "8 days"
+
+// emptyMessagesReason says why a list is empty when it is the channel's fault (unknown, or
+// another org's) and else returns otherwise.
+func (s *Store) emptyMessagesReason(ctx context.Context, orgID, channelID uuid.UUID, otherwise error) error {
+	var channel bool
+	if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM channels WHERE id = $1 AND org_id = $2)`,
+		channelID, orgID).Scan(&channel); err != nil {
+		return fmt.Errorf("list messages: %w", err)
+	}
+	if !channel {
+		return ErrChannelNotFound
+	}
+	return otherwise
+}
+
+// phoneDigits returns the digits of s when s reads as a phone number (digits, with "+", spaces,
+// dashes, dots and parentheses), else "": a status's recipient_id is the number's digits, a
+// caller's "to" may be written either way.
+func phoneDigits(s string) string {
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c >= '0' && c <= '9':
+			b = append(b, c)
+		case c == '+' || c == ' ' || c == '-' || c == '.' || c == '(' || c == ')':
+		default:
+			return ""
+		}
+	}
+	return string(b)
+}
+
+// relayCallRow is one relay_log row of a message's timeline as read.
+type relayCallRow struct {
+	at                time.Time
+	channel           uuid.UUID
+	status, latencyUS int32
+	key, recipient    *string
+	replayed          bool
+	display           *string // the channel's display phone number
 }
 
 // timelineEvent is one event of a message's timeline as read.
@@ -221,19 +394,13 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 	t := &Timeline{WAMID: wamid}
 	var found bool
 	b.Queue(`
-		SELECT m.channel_id, m.recipient, c.display_phone_number, m.created_at, m.status, m.error_code, m.error_title,
-		       m.relay_at, m.relay_status, m.relay_latency_us, m.idempotency_key, m.relay_replayed
+		SELECT m.channel_id, m.recipient, c.display_phone_number, m.created_at, m.status, m.error_code, m.error_title
 		FROM messages m LEFT JOIN channels c ON c.id = m.channel_id
 		WHERE m.wamid = $1 AND m.org_id = $2`, wamid, orgID).QueryRow(func(row pgx.Row) error {
 		var to string
 		var code *int32
 		var title *string
-		var relayAt *time.Time
-		var relayStatus, latency *int32
-		var key *string
-		var replayed bool
-		err := row.Scan(&t.ChannelID, &to, &t.From, &t.CreatedAt, &t.Status, &code, &title,
-			&relayAt, &relayStatus, &latency, &key, &replayed)
+		err := row.Scan(&t.ChannelID, &to, &t.From, &t.CreatedAt, &t.Status, &code, &title)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -245,16 +412,23 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 		if to != "" {
 			t.To = &to
 		}
-		if relayAt != nil {
-			t.Relay = &MessageRelayCall{At: *relayAt, IdempotencyKey: key, Replayed: replayed}
-			if relayStatus != nil {
-				t.Relay.Status = int(*relayStatus)
-			}
-			if latency != nil {
-				t.Relay.LatencyUS = int(*latency)
-			}
-		}
 		return nil
+	})
+	// The relay calls that answered with this wamid, first first (a retry answered from the
+	// idempotency store repeats it): found through relay_log's wamid index in every partition.
+	var calls []relayCallRow
+	b.Queue(`
+		SELECT r.at, r.channel_id, r.status, r.latency_us, r.idempotency_key, r.replayed, r.recipient, c.display_phone_number
+		FROM relay_log r LEFT JOIN channels c ON c.id = r.channel_id
+		WHERE r.wamid = $1 AND r.org_id = $2
+		ORDER BY r.at`, wamid, orgID).Query(func(rows pgx.Rows) error {
+		var err error
+		calls, err = pgx.CollectRows(rows, func(r pgx.CollectableRow) (relayCallRow, error) {
+			var c relayCallRow
+			err := r.Scan(&c.at, &c.channel, &c.status, &c.latencyUS, &c.key, &c.replayed, &c.recipient, &c.display)
+			return c, err
+		})
+		return err
 	})
 	var events []timelineEvent
 	b.Queue(`
@@ -272,6 +446,29 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 	})
 	if err := s.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("message timeline: %w", err)
+	}
+
+	// The relay's side: the first call of the message's channel (of the first call's channel when
+	// no status has made the message's row yet: a send not reported on, status accepted).
+	for _, c := range calls {
+		if !found {
+			found = true
+			t.ChannelID, t.Direction, t.Status, t.CreatedAt, t.From = c.channel, DirectionOutgoing, MessageAccepted, c.at, c.display
+			if c.recipient != nil && *c.recipient != "" {
+				t.To = c.recipient
+			}
+		}
+		if c.channel != t.ChannelID {
+			continue
+		}
+		if t.Relay == nil {
+			t.Relay = &MessageRelayCall{At: c.at, Status: int(c.status), LatencyUS: int(c.latencyUS), IdempotencyKey: c.key}
+			t.CreatedAt = c.at // when the relay sent it
+			if t.To == nil && c.recipient != nil && *c.recipient != "" {
+				t.To = c.recipient
+			}
+		}
+		t.Relay.Replayed = t.Relay.Replayed || c.replayed
 	}
 
 	// The message's own events: an outgoing message's statuses in its channel, else an incoming

@@ -71,8 +71,8 @@ func (e *timelineEnv) messageRow(t *testing.T, wamid string) (status string, ran
 }
 
 // TestMessageStatusForwardOnly: statuses arriving out of order never move a message's latest
-// status backwards (a late delivered leaves read), failed is final, and a status that comes
-// before the relay's row creates it (recipient from the status).
+// status backwards (a late delivered leaves read), failed is final, and the first status creates
+// the message's row (recipient from the status, created at its timestamp).
 func TestMessageStatusForwardOnly(t *testing.T) {
 	e := newTimelineEnv(t)
 	const w = "wamid.FORWARD"
@@ -84,8 +84,9 @@ func TestMessageStatusForwardOnly(t *testing.T) {
 		{"failed", "failed"},
 		{"accepted", "failed"},
 	}
+	sentAt := time.Now().Add(-time.Minute).Truncate(time.Second)
 	for i, s := range steps {
-		e.post(t, e.pnid, []string{status(w, s.status, int64(1000+i), "15550001111")}, nil)
+		e.post(t, e.pnid, []string{status(w, s.status, sentAt.Unix()+int64(i), "15550001111")}, nil)
 		got, rank, recipient := e.messageRow(t, w)
 		if got != s.want {
 			t.Fatalf("after %s: status %q, want %q", s.status, got, s.want)
@@ -102,14 +103,15 @@ func TestMessageStatusForwardOnly(t *testing.T) {
 	if got, _, _ := e.messageRow(t, "wamid.F2"); got != "failed" {
 		t.Errorf("failed then read in one post: %q", got)
 	}
-	// The row created by the first status: this channel, this org, created at intake.
+	// The row created by the first status: this channel, this org, created when the upstream
+	// says it sent the message (the first status's timestamp).
 	var ch, org uuid.UUID
 	var created time.Time
 	if err := e.f.Pool.QueryRow(context.Background(), `SELECT channel_id, org_id, created_at FROM messages WHERE wamid = $1`, w).
 		Scan(&ch, &org, &created); err != nil {
 		t.Fatal(err)
 	}
-	if ch != e.ch.ID || org != e.org || time.Since(created) > time.Hour || time.Since(created) < 0 {
+	if ch != e.ch.ID || org != e.org || !created.Equal(sentAt) {
 		t.Errorf("row: channel %s org %s created %s", ch, org, created)
 	}
 }
@@ -183,21 +185,35 @@ func TestMessageStatusOtherChannel(t *testing.T) {
 	}
 }
 
-// insertMessages adds n outgoing messages to a channel as the relay log's writer would:
-// "wamid.<prefix><i>", to recipient "r<i%3>", created a second apart (pairs of them at the
-// same time, so that the wamid breaks ties), status by i%5, idempotency key "k<i>".
+// insertMessages adds n outgoing messages to a channel as the relay and the statuses would:
+// "wamid.<prefix><i>", sent to recipient "r<i%3>" with idempotency key "k<i>" (relay_log),
+// a second apart (pairs of them at the same time, so that the wamid breaks ties), starting an
+// hour ago; status by i%5, where a message whose status is accepted (i%5 == 0) has no messages
+// row (the upstream has not reported on it yet) and the others have the row their first status
+// made, created at the send's second.
 func (e *timelineEnv) insertMessages(t *testing.T, ch store.Channel, prefix string, n int) {
-	base := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	var calls []store.RelayCall
+	for i := range n {
+		calls = append(calls, store.RelayCall{At: base.Add(time.Duration(i/2) * time.Second), OrgID: e.org, ChannelID: ch.ID,
+			Status: 200, Outcome: "ok", IdempotencyKey: fmt.Sprintf("k%d", i), Recipient: fmt.Sprintf("r%d", i%3),
+			WAMID: fmt.Sprintf("wamid.%s%d", prefix, i)})
+	}
+	if err := e.f.Store.WriteRelayLog(context.Background(), calls); err != nil {
+		t.Fatal(err)
+	}
 	e.f.Exec(t, `
-		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank, idempotency_key)
+		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank)
 		SELECT 'wamid.' || $3 || i, $1, $2, 'r' || (i % 3), $4::timestamptz + (i / 2) * interval '1 second',
-		       (ARRAY['accepted','sent','delivered','read','failed'])[i % 5 + 1], i % 5, 'k' || i
-		FROM generate_series(0, $5 - 1) i`, e.org, ch.ID, prefix, base, n)
+		       (ARRAY['accepted','sent','delivered','read','failed'])[i % 5 + 1], i % 5
+		FROM generate_series(0, $5 - 1) i WHERE i % 5 <> 0`, e.org, ch.ID, prefix, base, n)
 }
 
-// TestListMessages: a channel's messages newest first (created_at, then wamid, descending), by
-// pages that cover every message once, filtered by status, recipient and search; another org's
-// channel is not found, and a cursor naming no message of the channel is refused.
+// TestListMessages: a channel's messages newest first (created_at, then wamid, descending) —
+// those a status reported on and those only the relay log knows (accepted) merged —, by pages
+// that cover every message once, filtered by status, recipient and search (wamid, recipient,
+// idempotency key); another org's channel is not found, and a cursor naming no message of the
+// channel is refused.
 func TestListMessages(t *testing.T) {
 	e := newTimelineEnv(t)
 	ctx := context.Background()
@@ -279,6 +295,26 @@ func TestListMessages(t *testing.T) {
 	if got := count(store.MessageFilter{Search: "r0"}); len(got) != 8 {
 		t.Errorf("search by recipient: %d messages, want 8", len(got))
 	}
+	// accepted: the sends no status reported on, with their keys from the relay log
+	if got := count(store.MessageFilter{Status: "accepted"}); strings.Join(got, " ") != "wamid.A20 wamid.A15 wamid.A10 wamid.A5 wamid.A0" {
+		t.Errorf("accepted: %v", got)
+	}
+	for _, m := range all {
+		if m.IdempotencyKey == nil || *m.IdempotencyKey != "k"+strings.TrimPrefix(m.WAMID, "wamid.A") {
+			t.Errorf("%s: key %v", m.WAMID, m.IdempotencyKey)
+		}
+	}
+	// a recipient written as a phone number matches the status's digits and the caller's form
+	e.f.Exec(t, `UPDATE messages SET recipient = '15550100' WHERE wamid = 'wamid.A3'`)
+	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{{At: time.Now(), OrgID: e.org, ChannelID: e.ch.ID, Status: 200,
+		Outcome: "ok", Recipient: "+1 555-0100", WAMID: "wamid.PHONE"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, to := range []string{"+1 555 0100", "15550100", "+1 (555) 01-00"} {
+		if got := count(store.MessageFilter{To: to}); strings.Join(got, " ") != "wamid.PHONE wamid.A3" {
+			t.Errorf("to %q: %v", to, got)
+		}
+	}
 	// the other channel's message is no cursor here; an unknown one neither
 	for _, c := range []string{"wamid.B1", "wamid.NONE"} {
 		if _, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{After: c, Limit: 5}); !errors.Is(err, store.ErrCursorNotFound) {
@@ -318,15 +354,31 @@ func TestMessageTimelineOutgoing(t *testing.T) {
 	}
 	e.f.Webhook(t, e.org, "https://m.example.com", &testenv.WebhookOpts{Events: []string{"messages"}}) // takes none
 	const w = "wamid.OUT/+="
-	relayAt := time.Date(2030, 5, 1, 10, 0, 0, 123456000, time.UTC)
-	e.f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, idempotency_key, relay_at, relay_status, relay_latency_us, relay_replayed)
-		VALUES ($1, $2, $3, '15551234567', $4, 'key-1', $4, 200, 123456, true)`, w, e.org, e.ch.ID, relayAt)
+	relayAt := time.Now().UTC().Add(-time.Minute).Truncate(time.Microsecond)
+	// the send, and a retry of it answered from the idempotency store
+	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{
+		{At: relayAt, OrgID: e.org, ChannelID: e.ch.ID, Status: 200, Outcome: "ok", Latency: 123456 * time.Microsecond,
+			IdempotencyKey: "key-1", Recipient: "15551234567", WAMID: w},
+		{At: relayAt.Add(time.Second), OrgID: e.org, ChannelID: e.ch.ID, Status: 200, Outcome: "replayed",
+			IdempotencyKey: "key-1", Recipient: "15551234567", WAMID: w, Replayed: true},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// before any status: accepted, from the relay log alone
+	tl, err := e.f.Store.MessageTimeline(ctx, e.org, w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tl.Status != "accepted" || tl.Direction != store.DirectionOutgoing || tl.ChannelID != e.ch.ID || tl.To == nil || *tl.To != "15551234567" ||
+		!tl.CreatedAt.Equal(relayAt) || tl.Relay == nil || !tl.Relay.Replayed || len(tl.Statuses) != 0 {
+		t.Errorf("before any status: %+v", tl)
+	}
 	// read (t=300) arrives before delivered (t=200), sent (t=100) last
 	e.post(t, e.pnid, []string{status(w, "read", 300, "15551234567")}, nil)
 	e.post(t, e.pnid, []string{status(w, "delivered", 200, "15551234567")}, nil)
 	e.post(t, e.pnid, []string{status(w, "sent", 100, "15551234567")}, nil)
 
-	tl, err := e.f.Store.MessageTimeline(ctx, e.org, w)
+	tl, err = e.f.Store.MessageTimeline(ctx, e.org, w)
 	if err != nil {
 		t.Fatal(err)
 	}

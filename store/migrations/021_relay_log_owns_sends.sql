@@ -1,0 +1,25 @@
+-- The relay's side of a message lives in relay_log alone (issue 20: the relay log within 5% of
+-- the relay without it). Until now the relay log's writer also upserted one messages row per
+-- send (its recipient, key and relay_* fields), which cost the write path a heap row, a
+-- speculative insertion and six index entries per send — most of the log's cost, measured in
+-- bench/README.md "Issue 20: relay log on and off". Now:
+--
+-- * relay_log is the record of every send: the writer COPYs it and nothing else. A hash index on
+--   wamid finds a message's relay call (equality only, smaller and cheaper to insert into than a
+--   B-tree over random text). It is created on every partition, present and future.
+-- * messages is the record of the statuses: a message's row is created by its first status
+--   (StoreEvents), as it already was for messages sent around the relay, with the status's
+--   recipient_id. The relay's fields are read from relay_log when a timeline or a list is read
+--   (store/timeline.go); a send the upstream has not reported on yet is listed from relay_log
+--   as "accepted".
+--
+-- Nothing is lost: every relay call the dropped columns described is in relay_log.
+CREATE INDEX relay_log_wamid ON relay_log USING hash (wamid) WHERE wamid IS NOT NULL;
+
+DROP INDEX messages_channel_key;
+ALTER TABLE messages
+	DROP COLUMN idempotency_key,
+	DROP COLUMN relay_at,
+	DROP COLUMN relay_status,
+	DROP COLUMN relay_latency_us,
+	DROP COLUMN relay_replayed;
