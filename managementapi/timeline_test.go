@@ -2,6 +2,7 @@ package managementapi_test
 
 import (
 	"context"
+	"fmt"
 	"net/http/httptest"
 	"net/url"
 	"strings"
@@ -14,8 +15,9 @@ import (
 )
 
 // messagesChannel gives key A's org a connected channel (number pnid) with n outgoing messages
-// "wamid.<i>" as the relay log's writer records them: to "r<i%2>", a second apart, status
-// delivered for even i and read for odd ones.
+// "wamid.<i>" as the relay and their statuses record them: sent (relay_log) to "r<i%2>" a
+// second apart from messagesBase on (wamid.0 with idempotency key "key-0"), status delivered
+// for even i and read for odd ones (the messages rows their statuses made).
 func (e *env) messagesChannel(pnid string, n int) managementapi.Channel {
 	e.t.Helper()
 	c := e.createChannel(e.keyA, "c")
@@ -23,13 +25,29 @@ func (e *env) messagesChannel(pnid string, n int) managementapi.Channel {
 		DisplayPhoneNumber: "+1 555 0100", UpstreamToken: "t"}); err != nil {
 		e.t.Fatal(err)
 	}
+	var calls []store.RelayCall
+	for i := range n {
+		call := store.RelayCall{At: messagesBase.Add(time.Duration(i) * time.Second), OrgID: e.orgA, ChannelID: c.ID, Status: 200,
+			Outcome: "ok", Recipient: fmt.Sprintf("r%d", i%2), WAMID: fmt.Sprintf("wamid.%d", i)}
+		if i == 0 {
+			call.IdempotencyKey = "key-0"
+		}
+		calls = append(calls, call)
+	}
+	if err := e.Store.WriteRelayLog(context.Background(), calls); err != nil {
+		e.t.Fatal(err)
+	}
 	e.Exec(e.t, `
-		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank, idempotency_key)
-		SELECT 'wamid.' || i, $1, $2, 'r' || (i % 2), '2030-01-01T00:00:00Z'::timestamptz + i * interval '1 second',
-		       CASE WHEN i % 2 = 0 THEN 'delivered' ELSE 'read' END, 2 + i % 2, CASE WHEN i = 0 THEN 'key-0' END
-		FROM generate_series(0, $3 - 1) i`, e.orgA, c.ID, n)
+		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank)
+		SELECT 'wamid.' || i, $1, $2, 'r' || (i % 2), $4::timestamptz + i * interval '1 second',
+		       CASE WHEN i % 2 = 0 THEN 'delivered' ELSE 'read' END, 2 + i % 2
+		FROM generate_series(0, $3 - 1) i`, e.orgA, c.ID, n, messagesBase)
 	return c
 }
+
+// messagesBase is when messagesChannel's first message was sent: within the relay log's
+// partitions.
+var messagesBase = time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
 
 // TestMessagesEndpoint: GET /channels/{id}/messages pages newest first with the next page in a
 // Link header (carrying the filters), filters by status and recipient, refuses bad parameters
@@ -53,7 +71,7 @@ func TestMessagesEndpoint(t *testing.T) {
 	}
 	last := all[4]
 	if last.ChannelID != c.ID || last.To == nil || *last.To != "r0" || last.Status != "delivered" || last.Error != nil ||
-		last.IdempotencyKey == nil || *last.IdempotencyKey != "key-0" || time.Time(last.CreatedAt).Unix() != 1893456000 {
+		last.IdempotencyKey == nil || *last.IdempotencyKey != "key-0" || !time.Time(last.CreatedAt).Equal(messagesBase) {
 		t.Errorf("message: %+v", last)
 	}
 
@@ -112,8 +130,10 @@ func TestMessageEndpoint(t *testing.T) {
 	c := e.messagesChannel("555", 0)
 	wh := e.createWebhook(e.keyA, `{"name":"W","url":"https://h.example.com","events":["message_status"]}`)
 	const w = "wamid.HBgL/MTY1+MDM4=="
-	e.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, idempotency_key, relay_at, relay_status, relay_latency_us)
-		VALUES ($1, $2, $3, '15551234567', '2030-01-01T00:00:00Z', 'k1', '2030-01-01T00:00:00Z', 200, 1500)`, w, e.orgA, c.ID)
+	if err := e.Store.WriteRelayLog(ctx, []store.RelayCall{{At: messagesBase, OrgID: e.orgA, ChannelID: c.ID, Status: 200, Outcome: "ok",
+		Latency: 1500 * time.Microsecond, IdempotencyKey: "k1", Recipient: "15551234567", WAMID: w}}); err != nil {
+		t.Fatal(err)
+	}
 	body := `{"object":"whatsapp_business_account","entry":[{"id":"w","changes":[{"field":"messages","value":{"metadata":{"phone_number_id":"555"},
 		"statuses":[{"id":"` + w + `","status":"failed","timestamp":"1893456005","recipient_id":"15551234567","errors":[{"code":131026,"title":"Message undeliverable."}]},
 		            {"id":"` + w + `","status":"sent","timestamp":"1893456001","recipient_id":"15551234567"}]}}]}]}`
@@ -137,7 +157,7 @@ func TestMessageEndpoint(t *testing.T) {
 		t.Errorf("timeline: %s", r.body)
 	}
 	if rc := tl.RelayCall; rc == nil || rc.Status != 200 || rc.LatencyMS != 1.5 || rc.IdempotencyKey == nil || *rc.IdempotencyKey != "k1" || rc.Replayed ||
-		time.Time(rc.At).Unix() != 1893456000 {
+		!time.Time(rc.At).Equal(messagesBase) {
 		t.Errorf("relay call: %s", r.body)
 	}
 	if len(tl.Statuses) != 2 || tl.Statuses[0].Status != "sent" || tl.Statuses[0].Error != nil || tl.Statuses[1].Status != "failed" ||

@@ -261,7 +261,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	if len(out) == 0 {
 		return out, s.emptyMessagesReason(ctx, orgID, channelID, nil)
 	}
-	if err := s.relayKeys(ctx, orgID, out); err != nil {
+	if err := s.relaySide(ctx, orgID, out); err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
 	}
 	return out, nil
@@ -288,10 +288,11 @@ func mergeMessages(a, b []MessageSummary, limit int) []MessageSummary {
 	return a[:min(len(a), limit)]
 }
 
-// relayKeys fills in the idempotency keys of the listed messages that came from messages rows:
-// the key of the call that sent each, found through relay_log's wamid index in the days around
-// the message's creation (partitions pruned at run time).
-func (s *Store) relayKeys(ctx context.Context, orgID uuid.UUID, ms []MessageSummary) error {
+// relaySide fills in what the relay log knows of the listed messages that came from messages
+// rows: the idempotency key of the call that sent each and the recipient as the caller wrote it
+// (a status's recipient_id is its digits), found through relay_log's wamid index in the days
+// around the message's creation (partitions pruned at run time).
+func (s *Store) relaySide(ctx context.Context, orgID uuid.UUID, ms []MessageSummary) error {
 	var wamids []string
 	var ats []time.Time
 	for _, m := range ms {
@@ -303,24 +304,35 @@ func (s *Store) relayKeys(ctx context.Context, orgID uuid.UUID, ms []MessageSumm
 		return nil
 	}
 	rows, err := s.pool.Query(ctx, `
-		SELECT u.wamid, k.idempotency_key
+		SELECT u.wamid, r.idempotency_key, coalesce(r.recipient, '')
 		FROM unnest($1::text[], $2::timestamptz[]) AS u(wamid, at)
 		CROSS JOIN LATERAL (
-			SELECT r.idempotency_key FROM relay_log r
-			WHERE r.wamid = u.wamid AND r.org_id = $3 AND r.idempotency_key IS NOT NULL
+			SELECT r.idempotency_key, r.recipient FROM relay_log r
+			WHERE r.wamid = u.wamid AND r.org_id = $3
 			  AND r.at >= u.at - $4::interval AND r.at <= u.at + interval '1 day'
-			ORDER BY r.at LIMIT 1) k`, wamids, ats, orgID, relayLookBack)
+			ORDER BY r.at LIMIT 1) r`, wamids, ats, orgID, relayLookBack)
 	if err != nil {
 		return err
 	}
-	keys := map[string]string{}
-	var w, k string
-	if _, err := pgx.ForEachRow(rows, []any{&w, &k}, func() error { keys[w] = k; return nil }); err != nil {
+	type side struct {
+		key       *string
+		recipient string
+	}
+	found := map[string]side{}
+	var w, recipient string
+	var key *string
+	if _, err := pgx.ForEachRow(rows, []any{&w, &key, &recipient}, func() error {
+		found[w] = side{key, recipient}
+		return nil
+	}); err != nil {
 		return err
 	}
 	for i := range ms {
-		if k, ok := keys[ms[i].WAMID]; ok {
-			ms[i].IdempotencyKey = &k
+		if r, ok := found[ms[i].WAMID]; ok {
+			ms[i].IdempotencyKey = r.key
+			if r.recipient != "" && IsText(r.recipient) {
+				ms[i].To = r.recipient
+			}
 		}
 	}
 	return nil
@@ -464,8 +476,8 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 		if t.Relay == nil {
 			t.Relay = &MessageRelayCall{At: c.at, Status: int(c.status), LatencyUS: int(c.latencyUS), IdempotencyKey: c.key}
 			t.CreatedAt = c.at // when the relay sent it
-			if t.To == nil && c.recipient != nil && *c.recipient != "" {
-				t.To = c.recipient
+			if c.recipient != nil && *c.recipient != "" {
+				t.To = c.recipient // as the caller wrote it (a status's recipient_id is its digits)
 			}
 		}
 		t.Relay.Replayed = t.Relay.Replayed || c.replayed
