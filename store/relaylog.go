@@ -179,6 +179,39 @@ func (s *Store) SendsPerMinute(ctx context.Context, orgID, channelID uuid.UUID, 
 	return out, nil
 }
 
+// SweepUnreported gives the sends of [from, to) that no status has reported on a messages row
+// of their own, status accepted, created at the send, to the recipient's digits (as a status
+// would have it) — so that a send the upstream never reports on stays in its channel's list
+// after the list stops reading it from relay_log (UnreportedWindow). It goes one minute of
+// sends per statement (relay_log's BRIN index on at finds them) and returns how many rows it
+// made. Rows that exist are left alone, so overlapping windows and concurrent instances are
+// harmless.
+func (s *Store) SweepUnreported(ctx context.Context, from, to time.Time) (int64, error) {
+	var total int64
+	for lo := from; lo.Before(to); lo = lo.Add(time.Minute) {
+		hi := lo.Add(time.Minute)
+		if hi.After(to) {
+			hi = to
+		}
+		tag, err := s.pool.Exec(ctx, `
+			INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at)
+			SELECT DISTINCT ON (r.wamid) r.wamid, r.org_id, r.channel_id,
+			       CASE WHEN r.recipient ~ '^[0-9 +().-]*[0-9][0-9 +().-]*$' THEN regexp_replace(r.recipient, '[^0-9]', '', 'g')
+			            ELSE coalesce(r.recipient, '') END,
+			       r.at
+			FROM relay_log r
+			WHERE r.at >= $1 AND r.at < $2 AND r.wamid IS NOT NULL AND NOT r.replayed
+			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
+			ORDER BY r.wamid, r.at
+			ON CONFLICT (wamid) DO NOTHING`, lo, hi)
+		if err != nil {
+			return total, fmt.Errorf("sweep unreported sends: %w", err)
+		}
+		total += tag.RowsAffected()
+	}
+	return total, nil
+}
+
 // pruneMessagesBatch is how many messages rows one statement of PruneMessages deletes.
 const pruneMessagesBatch = 5000
 

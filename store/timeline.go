@@ -148,17 +148,25 @@ func messageError(code *int32, title *string) *MessageError {
 	return e
 }
 
-// unreportedWindow is how far back a channel's list looks in relay_log for sends the upstream
-// has not reported on yet (listed as accepted), and how far back the dashboard's search looks
-// for idempotency keys: a send reported on gets its messages row within seconds, and one not
-// reported on for a day is still found by its wamid (GET /messages/{wamid}).
-const unreportedWindow = 24 * time.Hour
+// A send the upstream has not reported on has no messages row: the list reads it from relay_log
+// for UnreportedWindow (status accepted), and SweepUnreported gives it a row of its own (status
+// accepted) once it is UnreportedAfter old, so that it stays listed. The window's extra half
+// hour covers the maintenance's interval and a missed round.
+const (
+	UnreportedAfter  = time.Hour
+	UnreportedWindow = UnreportedAfter + 30*time.Minute
+)
+
+// keySearchWindow is how far back the dashboard's search looks for an idempotency key (the
+// relay log's channel index, filtered): the idempotency store keeps a key a day.
+const keySearchWindow = 24 * time.Hour
 
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
 // first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
 //
-// Two sources make the list (migration 021): the messages rows, which statuses create, and the
-// relay calls of the last unreportedWindow whose message has no row yet (status accepted). Each
+// Two sources make the list (migration 021): the messages rows, which statuses create (and
+// SweepUnreported), and the relay calls of the last UnreportedWindow whose message has no row
+// yet (status accepted). Each
 // is read in order from its index up to the page's limit, and the two are merged; the relay
 // log is only read as far back as the messages page reaches when that page is full, so a page
 // costs about two index ranges of its own length.
@@ -180,14 +188,16 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 			return nil, s.emptyMessagesReason(ctx, orgID, channelID, ErrCursorNotFound)
 		}
 	}
-	digits := phoneDigits(f.To)
-	search := phoneDigits(f.Search)
+	// A messages row holds a number's digits (a status's recipient_id); the relay log the "to"
+	// the caller wrote.
+	to, digits := recipientKey(f.To), phoneDigits(f.To)
+	search := recipientKey(f.Search)
 	var keyed []string // the wamids the searched text is the idempotency key of
 	if f.Search != "" {
 		rows, err := s.pool.Query(ctx, `
 			SELECT DISTINCT wamid FROM relay_log
 			WHERE channel_id = $1 AND org_id = $2 AND at >= $3 AND idempotency_key = $4 AND wamid IS NOT NULL
-			LIMIT 100`, channelID, orgID, now.Add(-unreportedWindow), f.Search)
+			LIMIT 100`, channelID, orgID, now.Add(-keySearchWindow), f.Search)
 		if err != nil {
 			return nil, fmt.Errorf("list messages: %w", err)
 		}
@@ -204,13 +214,13 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		FROM messages m
 		WHERE m.channel_id = $1 AND m.org_id = $2
 		  AND ($3 = '' OR m.status = $3)
-		  AND ($4 = '' OR m.recipient = $4 OR m.recipient = $5)
-		  AND ($6 = '' OR m.wamid = $6 OR m.recipient = $6 OR m.recipient = $7 OR m.wamid = ANY($8))
-		  AND ($9::timestamptz IS NULL OR (m.created_at, m.wamid) < ($9, $10) AND m.created_at <= $9)
+		  AND ($4 = '' OR m.recipient = $4)
+		  AND ($5 = '' OR m.wamid = $5 OR m.recipient = $6 OR m.wamid = ANY($7))
+		  AND ($8::timestamptz IS NULL OR (m.created_at, m.wamid) < ($8, $9) AND m.created_at <= $8)
 		ORDER BY m.created_at DESC, m.wamid DESC
-		LIMIT $11`,
+		LIMIT $10`,
 		// Planned for each call: which filters are set decides the index.
-		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, f.To, digits, f.Search, search, keyed, before, f.After, f.Limit)
+		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, to, f.Search, search, keyed, before, f.After, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
 	}
@@ -228,12 +238,12 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 
 	// The sends not reported on yet: accepted.
 	if f.Status == "" || f.Status == MessageAccepted {
-		floor := now.Add(-unreportedWindow)
+		floor := now.Add(-UnreportedWindow)
 		if len(out) == f.Limit && out[len(out)-1].CreatedAt.After(floor) {
 			floor = out[len(out)-1].CreatedAt // older sends cannot make this page
 		}
 		rows, err := s.pool.Query(ctx, `
-			SELECT DISTINCT ON (r.at, r.wamid) r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
+			SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
 			FROM relay_log r
 			WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
 			  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
@@ -267,15 +277,26 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	return out, nil
 }
 
+// recipientKey is how a recipient looks in messages: its digits when it reads as a phone number
+// (a status's recipient_id), else as it is.
+func recipientKey(s string) string {
+	if d := phoneDigits(s); d != "" {
+		return d
+	}
+	return s
+}
+
 // mergeMessages merges two lists in the list's order (created_at, then wamid, descending) into
-// at most limit messages; a wamid in both is kept once (a send reported on between the reads).
+// at most limit messages; a wamid is kept once (in both: a send reported on between the reads;
+// twice in b: two calls that were not replays of each other answered with one wamid).
 func mergeMessages(a, b []MessageSummary, limit int) []MessageSummary {
-	seen := make(map[string]bool, len(a))
+	seen := make(map[string]bool, len(a)+len(b))
 	for _, m := range a {
 		seen[m.WAMID] = true
 	}
 	for _, m := range b {
 		if !seen[m.WAMID] {
+			seen[m.WAMID] = true
 			a = append(a, m)
 		}
 	}

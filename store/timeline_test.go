@@ -469,3 +469,65 @@ func TestMessageTimelineIncoming(t *testing.T) {
 		t.Errorf("other org: %v", err)
 	}
 }
+
+// TestSweepUnreported: a send no status reported on is listed from the relay log for
+// UnreportedWindow; SweepUnreported gives the sends of its window their accepted rows (the
+// recipient's digits, created at the send; replays, younger sends and reported ones left
+// alone), so that they stay listed after that; a status still moves a swept row on.
+func TestSweepUnreported(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	now := time.Now().UTC().Truncate(time.Microsecond)
+	old := now.Add(-store.UnreportedWindow - 10*time.Minute)
+	call := func(at time.Time, wamid string, replayed bool) store.RelayCall {
+		return store.RelayCall{At: at, OrgID: e.org, ChannelID: e.ch.ID, Status: 200, Outcome: "ok", Recipient: "+1 555-0199",
+			IdempotencyKey: "key-" + wamid, WAMID: wamid, Replayed: replayed}
+	}
+	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{
+		call(old, "wamid.OLD", false), call(old.Add(time.Second), "wamid.OLD", true), // a send and its replay
+		call(old.Add(2*time.Second), "wamid.REPORTED", false),
+		call(now.Add(-10*time.Minute), "wamid.YOUNG", false),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.post(t, e.pnid, []string{status("wamid.REPORTED", "delivered", old.Unix()+3, "15550199")}, nil)
+	list := func() string {
+		t.Helper()
+		ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, m := range ms {
+			out = append(out, m.WAMID+" "+m.Status)
+		}
+		return strings.Join(out, ", ")
+	}
+	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered" {
+		t.Fatalf("before the sweep: %s", got)
+	}
+	n, err := e.f.Store.SweepUnreported(ctx, old.Add(-time.Minute), now.Add(-store.UnreportedAfter))
+	if err != nil || n != 1 {
+		t.Fatalf("swept %d, %v; want 1", n, err)
+	}
+	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered, wamid.OLD accepted" {
+		t.Fatalf("after the sweep: %s", got)
+	}
+	ms, _ := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10, To: "+1 555 0199"})
+	if len(ms) != 3 || ms[2].WAMID != "wamid.OLD" || !ms[2].CreatedAt.Equal(old) || ms[2].To != "+1 555-0199" ||
+		ms[2].IdempotencyKey == nil || *ms[2].IdempotencyKey != "key-wamid.OLD" {
+		t.Fatalf("swept message: %+v", ms)
+	}
+	if _, _, recipient := e.messageRow(t, "wamid.OLD"); recipient != "15550199" {
+		t.Errorf("swept row's recipient %q, want the digits", recipient)
+	}
+	// again: nothing new
+	if n, err := e.f.Store.SweepUnreported(ctx, old.Add(-time.Minute), now.Add(-store.UnreportedAfter)); err != nil || n != 0 {
+		t.Fatalf("second sweep: %d, %v", n, err)
+	}
+	// a late status moves the swept row on
+	e.post(t, e.pnid, []string{status("wamid.OLD", "read", old.Unix()+5, "15550199")}, nil)
+	if st, _, _ := e.messageRow(t, "wamid.OLD"); st != "read" {
+		t.Errorf("after a late status: %s", st)
+	}
+}
