@@ -157,6 +157,9 @@ const (
 	UnreportedWindow = UnreportedAfter + 30*time.Minute
 )
 
+// maxTies bounds the relay calls of one microsecond read to complete a list page.
+const maxTies = 1000
+
 // keySearchWindow is how far back the dashboard's search looks for an idempotency key (the
 // relay log's channel index, filtered): the idempotency store keeps a key a day.
 const keySearchWindow = 24 * time.Hour
@@ -242,25 +245,39 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		if len(out) == f.Limit && out[len(out)-1].CreatedAt.After(floor) {
 			floor = out[len(out)-1].CreatedAt // older sends cannot make this page
 		}
-		rows, err := s.pool.Query(ctx, `
-			SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
-			FROM relay_log r
-			WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
-			  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
-			  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
-			  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
-			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
-			ORDER BY r.at DESC, r.wamid DESC
-			LIMIT $9`,
-			pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, f.Limit)
-		if err != nil {
-			return nil, fmt.Errorf("list messages: %w", err)
+		// In the order of relay_log's channel index (at only: a tie-break on wamid would make
+		// Postgres sort the whole window), then every call of the last one's time, so that the
+		// merge cuts a group of equal times where the order (at, wamid) says.
+		read := func(floor time.Time, limit int, tie *time.Time) ([]MessageSummary, error) {
+			rows, err := s.pool.Query(ctx, `
+				SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
+				FROM relay_log r
+				WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
+				  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
+				  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
+				  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
+				  AND ($10::timestamptz IS NULL OR r.at = $10)
+				  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
+				ORDER BY r.at DESC
+				LIMIT $9`,
+				pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, limit, tie)
+			if err != nil {
+				return nil, err
+			}
+			return pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
+				m := MessageSummary{ChannelID: channelID, Status: MessageAccepted}
+				err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.IdempotencyKey)
+				return m, err
+			})
 		}
-		unreported, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
-			m := MessageSummary{ChannelID: channelID, Status: MessageAccepted}
-			err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.IdempotencyKey)
-			return m, err
-		})
+		unreported, err := read(floor, f.Limit, nil)
+		if err == nil && len(unreported) == f.Limit {
+			last := unreported[len(unreported)-1].CreatedAt
+			var ties []MessageSummary
+			if ties, err = read(last, maxTies, &last); err == nil {
+				unreported = append(unreported, ties...) // merged once each
+			}
+		}
 		if err != nil {
 			return nil, fmt.Errorf("list messages: %w", err)
 		}

@@ -334,6 +334,34 @@ func TestListMessages(t *testing.T) {
 	if _, err := e.f.Store.ListMessages(ctx, e.org, uuid.New(), store.MessageFilter{Limit: 5}); !errors.Is(err, store.ErrChannelNotFound) {
 		t.Errorf("unknown channel: %v", err)
 	}
+	// sends not reported on at one instant, paged by two: every one once, wamid descending
+	tied, _ := e.channel(t, e.org)
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Microsecond)
+	var calls []store.RelayCall
+	for _, w := range []string{"wamid.T3", "wamid.T1", "wamid.T5", "wamid.T2", "wamid.T4"} {
+		calls = append(calls, store.RelayCall{At: at, OrgID: e.org, ChannelID: tied.ID, Status: 200, Outcome: "ok", WAMID: w})
+	}
+	if err := e.f.Store.WriteRelayLog(ctx, calls); err != nil {
+		t.Fatal(err)
+	}
+	var tiedPages []string
+	tf := store.MessageFilter{Limit: 2}
+	for {
+		page, err := e.f.Store.ListMessages(ctx, e.org, tied.ID, tf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range page {
+			tiedPages = append(tiedPages, m.WAMID)
+		}
+		if len(page) < tf.Limit {
+			break
+		}
+		tf.After = page[len(page)-1].WAMID
+	}
+	if got := strings.Join(tiedPages, " "); got != "wamid.T5 wamid.T4 wamid.T3 wamid.T2 wamid.T1" {
+		t.Errorf("tied sends by pages of 2: %s", got)
+	}
 	// a channel without messages: an empty page
 	empty, _ := e.channel(t, e.org)
 	if ms, err := e.f.Store.ListMessages(ctx, e.org, empty.ID, store.MessageFilter{Limit: 5}); err != nil || len(ms) != 0 {
