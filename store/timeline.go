@@ -347,7 +347,7 @@ func (s *Store) relaySide(ctx context.Context, orgID uuid.UUID, ms []MessageSumm
 		CROSS JOIN LATERAL (
 			SELECT r.idempotency_key, r.recipient FROM relay_log r
 			WHERE r.wamid = u.wamid AND r.org_id = $3
-			  AND r.at >= u.at - $4::interval AND r.at <= u.at + interval '1 day'
+			  AND r.at >= u.at - $4::interval AND r.at <= u.at + interval '1 hour'
 			ORDER BY r.at LIMIT 1) r`, wamids, ats, orgID, relayLookBack)
 	if err != nil {
 		return err
@@ -376,10 +376,11 @@ func (s *Store) relaySide(ctx context.Context, orgID uuid.UUID, ms []MessageSumm
 	return nil
 }
 
-// relayLookBack is how long before a message's row was created its relay call is looked for:
-// the upstream retries a status webhook for up to 7 days, so the first status of a message can
-// arrive that long after it was sent.
-const relayLookBack = "8 days"
+// relayLookBack is how long before a listed message's created_at its relay call is looked for:
+// created_at is the upstream timestamp of the message's earliest status, seconds after the send
+// (a status webhook that arrives days late still carries it). A message whose only statuses came
+// later (a lone read) lists without its key; its timeline, which reads every partition, has it.
+const relayLookBack = "1 day"
 
 // emptyMessagesReason says why a list is empty when it is the channel's fault (unknown, or
 // another org's) and else returns otherwise.
