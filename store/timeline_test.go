@@ -209,6 +209,26 @@ func (e *timelineEnv) insertMessages(t *testing.T, ch store.Channel, prefix stri
 		FROM generate_series(0, $5 - 1) i WHERE i % 5 <> 0`, e.org, ch.ID, prefix, base, n)
 }
 
+// pages follows a channel's list by pages of limit messages to its end and returns the wamids.
+func (e *timelineEnv) pages(t *testing.T, channel uuid.UUID, limit int) []string {
+	t.Helper()
+	var out []string
+	f := store.MessageFilter{Limit: limit}
+	for {
+		page, err := e.f.Store.ListMessages(context.Background(), e.org, channel, f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range page {
+			out = append(out, m.WAMID)
+		}
+		if len(page) < f.Limit {
+			return out
+		}
+		f.After = page[len(page)-1].WAMID
+	}
+}
+
 // TestListMessages: a channel's messages newest first (created_at, then wamid, descending) —
 // those a status reported on and those only the relay log knows (accepted) merged —, by pages
 // that cover every message once, filtered by status, recipient and search (wamid, recipient,
@@ -242,21 +262,7 @@ func TestListMessages(t *testing.T) {
 	}
 
 	// pages of 4 (the pairs sharing a time are split across pages too)
-	var paged []string
-	f := store.MessageFilter{Limit: 4}
-	for {
-		page, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range page {
-			paged = append(paged, m.WAMID)
-		}
-		if len(page) < f.Limit {
-			break
-		}
-		f.After = page[len(page)-1].WAMID
-	}
+	paged := e.pages(t, e.ch.ID, 4)
 	var want []string
 	for _, m := range all {
 		want = append(want, m.WAMID)
@@ -344,22 +350,7 @@ func TestListMessages(t *testing.T) {
 	if err := e.f.Store.WriteRelayLog(ctx, calls); err != nil {
 		t.Fatal(err)
 	}
-	var tiedPages []string
-	tf := store.MessageFilter{Limit: 2}
-	for {
-		page, err := e.f.Store.ListMessages(ctx, e.org, tied.ID, tf)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range page {
-			tiedPages = append(tiedPages, m.WAMID)
-		}
-		if len(page) < tf.Limit {
-			break
-		}
-		tf.After = page[len(page)-1].WAMID
-	}
-	if got := strings.Join(tiedPages, " "); got != "wamid.T5 wamid.T4 wamid.T3 wamid.T2 wamid.T1" {
+	if got := strings.Join(e.pages(t, tied.ID, 2), " "); got != "wamid.T5 wamid.T4 wamid.T3 wamid.T2 wamid.T1" {
 		t.Errorf("tied sends by pages of 2: %s", got)
 	}
 	// a channel without messages: an empty page
