@@ -234,7 +234,7 @@ func TestChannelPageNextPage(t *testing.T) {
 	e := newEnv(t)
 	ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Busy"})
 	e.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank)
-		SELECT 'wamid.bulk' || lpad(i::text, 3, '0'), $1, $2, '+1555000' || (i % 2), now() - i * interval '1 second', 'sent', 1
+		SELECT 'wamid.bulk' || lpad(i::text, 3, '0'), $1, $2, '1555000' || (i % 2), now() - i * interval '1 second', 'sent', 1
 		FROM generate_series(1, 130) i`, e.org.ID, ch.ID)
 	c := e.client()
 	c.signIn(e.key)

@@ -259,3 +259,68 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 		t.Fatalf("keys after 012: %.100q (%v), want %.100q", keys, rows.Err(), want)
 	}
 }
+
+// TestMigration021MovesTheRelaySide: after 021 the messages rows the relay log's writer made
+// keep their statuses, their recipients become digits (phone numbers only), the relay's columns
+// are gone, and each message's relay call is read from relay_log, where it always was.
+func TestMigration021MovesTheRelaySide(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, srv.DSN("postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
+		t.Fatal(err)
+	}
+	admin.Close(ctx)
+	conn, err := pgx.Connect(ctx, srv.DSN("old"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if err := store.MigrateTo(ctx, conn, 20); err != nil {
+		t.Fatal(err)
+	}
+	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.DSN("old")})
+	org, ch := f.Org(t).ID, uuid.New()
+	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Microsecond)
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		if _, err := conn.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%.200s: %v", sql, err)
+		}
+	}
+	if err := f.Store.EnsurePartitions(ctx, at, at); err != nil {
+		t.Fatal(err)
+	}
+	// as 020's writer left them: a relay_log row and a messages row per send
+	for _, m := range []struct{ wamid, to, status string }{{"wamid.P", "+1 555-0100", "read"}, {"wamid.N", "alice", "accepted"}} {
+		exec(`INSERT INTO relay_log (at, org_id, channel_id, status, outcome, latency_us, idempotency_key, recipient, wamid)
+			VALUES ($1, $2, $3, 200, 'ok', 1500, 'key-' || $4, $5, $4)`, at, org, ch, m.wamid, m.to)
+		exec(`INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank, idempotency_key, relay_at, relay_status, relay_latency_us)
+			VALUES ($1, $2, $3, $4, $5, $6, 0, 'key-' || $1, $5, 200, 1500)`, m.wamid, org, ch, m.to, at, m.status)
+	}
+	if err := store.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	rows, _ := conn.Query(ctx, `SELECT wamid, recipient || ' ' || status FROM messages`)
+	for rows.Next() {
+		var w, v string
+		rows.Scan(&w, &v)
+		got[w] = v
+	}
+	if rows.Err() != nil || got["wamid.P"] != "15550100 read" || got["wamid.N"] != "alice accepted" {
+		t.Fatalf("rows after 021: %v %v", got, rows.Err())
+	}
+	if n := testenv.QueryValue[int](t, f, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'messages'
+		AND column_name IN ('idempotency_key', 'relay_at', 'relay_status', 'relay_latency_us', 'relay_replayed')`); n != 0 {
+		t.Fatalf("%d relay columns left in messages", n)
+	}
+	tl, err := f.Store.MessageTimeline(ctx, org, "wamid.P")
+	if err != nil || tl.Status != "read" || tl.To == nil || *tl.To != "+1 555-0100" || tl.Relay == nil || !tl.Relay.At.Equal(at) ||
+		tl.Relay.IdempotencyKey == nil || *tl.Relay.IdempotencyKey != "key-wamid.P" || tl.Relay.LatencyUS != 1500 {
+		t.Fatalf("timeline after 021: %+v %v", tl, err)
+	}
+}

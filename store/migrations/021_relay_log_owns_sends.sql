@@ -26,3 +26,9 @@ ALTER TABLE messages
 	DROP COLUMN relay_status,
 	DROP COLUMN relay_latency_us,
 	DROP COLUMN relay_replayed;
+
+-- A recipient in messages is a number's digits, as a status's recipient_id has it (the list's
+-- "to" filter compares digits); the rows the relay log's writer made held the caller's "to" as
+-- written ("+1 555-0100").
+UPDATE messages SET recipient = regexp_replace(recipient, '[^0-9]', '', 'g')
+WHERE recipient ~ '[^0-9]' AND recipient ~ '^[0-9 +().-]*[0-9][0-9 +().-]*$';
