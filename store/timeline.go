@@ -169,10 +169,9 @@ const keySearchWindow = 24 * time.Hour
 //
 // Two sources make the list (migration 021): the messages rows, which statuses create (and
 // SweepUnreported), and the relay calls of the last UnreportedWindow whose message has no row
-// yet (status accepted). Each
-// is read in order from its index up to the page's limit, and the two are merged; the relay
-// log is only read as far back as the messages page reaches when that page is full, so a page
-// costs about two index ranges of its own length.
+// yet (status accepted). Each is read in order from its index up to the page's limit, and the
+// two are merged; the relay log is only read as far back as the messages page reaches when
+// that page is full, so a page costs about two index ranges of its own length.
 func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
 	now := s.now()
 	// The cursor's position: (created_at, wamid) of the page's last message, in whichever source
@@ -245,39 +244,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		if len(out) == f.Limit && out[len(out)-1].CreatedAt.After(floor) {
 			floor = out[len(out)-1].CreatedAt // older sends cannot make this page
 		}
-		// In the order of relay_log's channel index (at only: a tie-break on wamid would make
-		// Postgres sort the whole window), then every call of the last one's time, so that the
-		// merge cuts a group of equal times where the order (at, wamid) says.
-		read := func(floor time.Time, limit int, tie *time.Time) ([]MessageSummary, error) {
-			rows, err := s.pool.Query(ctx, `
-				SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
-				FROM relay_log r
-				WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
-				  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
-				  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
-				  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
-				  AND ($10::timestamptz IS NULL OR r.at = $10)
-				  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
-				ORDER BY r.at DESC
-				LIMIT $9`,
-				pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, limit, tie)
-			if err != nil {
-				return nil, err
-			}
-			return pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
-				m := MessageSummary{ChannelID: channelID, Status: MessageAccepted}
-				err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.IdempotencyKey)
-				return m, err
-			})
-		}
-		unreported, err := read(floor, f.Limit, nil)
-		if err == nil && len(unreported) == f.Limit {
-			last := unreported[len(unreported)-1].CreatedAt
-			var ties []MessageSummary
-			if ties, err = read(last, maxTies, &last); err == nil {
-				unreported = append(unreported, ties...) // merged once each
-			}
-		}
+		unreported, err := s.unreportedSends(ctx, orgID, channelID, f, floor, before, digits)
 		if err != nil {
 			return nil, fmt.Errorf("list messages: %w", err)
 		}
@@ -301,6 +268,45 @@ func recipientKey(s string) string {
 		return d
 	}
 	return s
+}
+
+// unreportedSends returns up to f.Limit of the channel's sends since floor (before the cursor
+// before/f.After, when set) that match f's recipient and search and that no status has
+// reported on: status accepted, read from relay_log. digits is f.To's digits.
+func (s *Store) unreportedSends(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter, floor time.Time,
+	before *time.Time, digits string) ([]MessageSummary, error) {
+	// In the order of relay_log's channel index (at only: a tie-break on wamid would make
+	// Postgres sort the whole window), then every call of the last one's time, so that the
+	// merge cuts a group of equal times where the order (at, wamid) says.
+	read := func(floor time.Time, limit int, tie *time.Time) ([]MessageSummary, error) {
+		rows, err := s.pool.Query(ctx, `
+			SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
+			FROM relay_log r
+			WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
+			  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
+			  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
+			  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
+			  AND ($10::timestamptz IS NULL OR r.at = $10)
+			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
+			ORDER BY r.at DESC
+			LIMIT $9`,
+			pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, limit, tie)
+		if err != nil {
+			return nil, err
+		}
+		return pgx.CollectRows(rows, func(r pgx.CollectableRow) (MessageSummary, error) {
+			m := MessageSummary{ChannelID: channelID, Status: MessageAccepted}
+			err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.IdempotencyKey)
+			return m, err
+		})
+	}
+	unreported, err := read(floor, f.Limit, nil)
+	if err != nil || len(unreported) < f.Limit {
+		return unreported, err
+	}
+	last := unreported[len(unreported)-1].CreatedAt
+	ties, err := read(last, maxTies, &last)
+	return append(unreported, ties...), err // each merged once
 }
 
 // mergeMessages merges two lists in the list's order (created_at, then wamid, descending) into
