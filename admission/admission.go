@@ -42,9 +42,9 @@ type Admission struct {
 
 // combined is the one-round-trip admission of a keyed send on Redis.
 type combined struct {
-	calls  *autopipe.Pipeliner // the claims of concurrent sends go to Redis together
-	log    *ratelimit.RedisLimiter
-	idem   *idempotency.Redis
+	calls *autopipe.Pipeliner // the claims of concurrent sends go to Redis together
+	log   *ratelimit.RedisLimiter
+	idem  *idempotency.Redis
 }
 
 // NewMemory returns the Admission of limiter and idem, asked one after the other: for the
