@@ -11,8 +11,10 @@
 //
 // Each call keeps its own result and error: a script's error (or NOSCRIPT, after which the
 // call is sent again with EVAL, which loads the script) belongs to that call only; an error of
-// the connection fails the calls of that batch. A caller whose context ends while its call
-// waits returns at once with the context's error (the call is not sent if it had not been yet).
+// the connection fails the calls of that batch. Contexts are honoured as go-redis honours them
+// with its default options: a call whose context ends before it is sent is not sent and returns
+// the context's error at once; a call on its way waits for its answer (which the client's
+// ReadTimeout bounds), so that a script that ran is never reported as not run.
 // It works with every [redis.UniversalClient], a Cluster client too (its pipelines are split by
 // node).
 package autopipe
@@ -46,6 +48,7 @@ type call struct {
 	args   []any
 	cmd    *redis.Cmd    // the result, set before done is closed
 	done   chan struct{} // closed once cmd is set
+	taken  bool          // out of the queue, on its way (or answered); guarded by Pipeliner.mu
 }
 
 // New returns a Pipeliner sending to client (borrowed: it is not closed). It starts nothing.
@@ -72,15 +75,23 @@ func (p *Pipeliner) Run(ctx context.Context, script *redis.Script, keys []string
 	case <-c.done:
 		return c.cmd
 	case <-ctx.Done():
-		select {
-		case <-c.done: // answered meanwhile: the answer wins
-			return c.cmd
-		default:
-		}
-		cmd := redis.NewCmd(ctx)
-		cmd.SetErr(ctx.Err())
-		return cmd
 	}
+	p.mu.Lock()
+	if c.taken { // on its way: its answer comes (a drain answers every call it takes)
+		p.mu.Unlock()
+		<-c.done
+		return c.cmd
+	}
+	for i, q := range p.queue {
+		if q == c {
+			p.queue = append(p.queue[:i], p.queue[i+1:]...)
+			break
+		}
+	}
+	p.mu.Unlock()
+	cmd := redis.NewCmd(ctx)
+	cmd.SetErr(ctx.Err())
+	return cmd
 }
 
 // Queued returns the number of calls waiting for the next round trip (for tests).
@@ -115,8 +126,12 @@ func (p *Pipeliner) drain() {
 			return
 		}
 		batch := make([]*call, 0, n)
+		var gone []*call // their context ended before they were sent
 		for _, c := range p.queue[:n] {
-			if c.ctx.Err() == nil { // its caller gave up: not sent, as a plain call would not be
+			c.taken = true
+			if c.ctx.Err() != nil {
+				gone = append(gone, c)
+			} else {
 				batch = append(batch, c)
 			}
 		}
@@ -126,6 +141,11 @@ func (p *Pipeliner) drain() {
 			p.queue = nil // let the backing array go
 		}
 		p.mu.Unlock()
+		for _, c := range gone {
+			cmd := redis.NewCmd(c.ctx)
+			cmd.SetErr(c.ctx.Err())
+			c.answer(cmd)
+		}
 		p.send(batch)
 	}
 }

@@ -25,12 +25,11 @@ return {KEYS[1], ARGV[1]}
 `)
 
 // trips counts the round trips that carry scripts (a single call, or a pipeline) and the
-// script calls in them; hold, if set, is called with the first round trip's size before it is
-// sent and holds it until hold returns.
+// script calls in them; hold, if set, is called with each round trip's number (from 1) and size
+// before it is sent and holds it until hold returns.
 type trips struct {
 	calls, trips atomic.Int64
-	hold         func(size int)
-	once         sync.Once
+	hold         func(trip int64, size int)
 }
 
 func (h *trips) sent(cmds []redis.Cmder) {
@@ -44,9 +43,9 @@ func (h *trips) sent(cmds []redis.Cmder) {
 		return // the connection's set-up
 	}
 	h.calls.Add(int64(n))
-	h.trips.Add(1)
+	trip := h.trips.Add(1)
 	if h.hold != nil {
-		h.once.Do(func() { h.hold(n) })
+		h.hold(trip, n)
 	}
 }
 
@@ -75,8 +74,10 @@ func testBatches(t *testing.T, client redis.UniversalClient, h *trips) {
 	}
 	const n = 300
 	queued := make(chan bool, 1)
-	h.hold = func(first int) { // on the goroutine sending the first round trip: no t.Fatal
-		queued <- testenv.Within(patience, func() bool { return p.Queued() == n-first })
+	h.hold = func(trip int64, first int) { // on the goroutine sending the round trip: no t.Fatal
+		if trip == 1 {
+			queued <- testenv.Within(patience, func() bool { return p.Queued() == n-first })
+		}
 	}
 	replies := make([]*redis.Cmd, n)
 	var wg sync.WaitGroup
@@ -148,7 +149,11 @@ func TestCancelWhileQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	release := make(chan struct{})
-	h.hold = func(int) { <-release }
+	h.hold = func(trip int64, _ int) {
+		if trip == 1 {
+			<-release
+		}
+	}
 	first := make(chan *redis.Cmd, 1)
 	go func() { first <- p.Run(ctx, echo, []string{"held"}, "1") }()
 	if !testenv.Within(patience, func() bool { return h.trips.Load() == 1 }) {
@@ -164,7 +169,8 @@ func TestCancelWhileQueued(t *testing.T) {
 	}
 	after := make(chan *redis.Cmd, 1)
 	go func() { after <- p.Run(ctx, echo, []string{"after"}, "3") }()
-	testenv.Eventually(t, patience, func() bool { return p.Queued() == 2 }, "the third call to queue")
+	// The cancelled call left the queue.
+	testenv.Eventually(t, patience, func() bool { return p.Queued() == 1 }, "the third call to queue, alone")
 	close(release)
 	if err := (<-first).Err(); err != nil {
 		t.Fatal(err)
@@ -177,6 +183,47 @@ func TestCancelWhileQueued(t *testing.T) {
 	}
 	if calls := h.calls.Load(); calls != 2 {
 		t.Fatalf("%d script calls sent, want 2 (the cancelled one not)", calls)
+	}
+}
+
+// TestCancelWhileSent: a call whose context ends once it is on its way (in a pipeline) waits
+// for its answer and returns it, as go-redis does: a script that ran is never reported as not
+// run.
+func TestCancelWhileSent(t *testing.T) {
+	h := new(trips)
+	client := testenv.RedisClient(t, testenv.Redis(t), testenv.ShortTimeouts)
+	client.AddHook(h)
+	p := New(client)
+	ctx := context.Background()
+	if err := echo.Load(ctx, client).Err(); err != nil {
+		t.Fatal(err)
+	}
+	release := [3]chan struct{}{nil, make(chan struct{}), make(chan struct{})}
+	h.hold = func(trip int64, _ int) {
+		if trip <= 2 {
+			<-release[trip]
+		}
+	}
+	first := make(chan *redis.Cmd, 1)
+	go func() { first <- p.Run(ctx, echo, []string{"first"}, "1") }()
+	testenv.Eventually(t, patience, func() bool { return h.trips.Load() == 1 }, "the first call to be sent")
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sent, other := make(chan *redis.Cmd, 1), make(chan *redis.Cmd, 1)
+	go func() { sent <- p.Run(cctx, echo, []string{"sent"}, "2") }()
+	go func() { other <- p.Run(ctx, echo, []string{"other"}, "3") }()
+	testenv.Eventually(t, patience, func() bool { return p.Queued() == 2 }, "two calls to queue")
+	close(release[1])
+	testenv.Eventually(t, patience, func() bool { return h.trips.Load() == 2 }, "the pipeline of the two to be sent")
+	cancel()
+	close(release[2])
+	if v, err := (<-sent).Slice(); err != nil || v[1] != "2" {
+		t.Fatalf("call cancelled on its way: %v %v, want its script's reply", v, err)
+	}
+	for _, c := range []chan *redis.Cmd{first, other} {
+		if err := (<-c).Err(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
