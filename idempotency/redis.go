@@ -65,7 +65,7 @@ type Redis struct {
 	poll      time.Duration // safety re-read interval of a waiting Begin
 	pingEvery time.Duration // idle time after which the listener pings its connection
 
-	calls *autopipe.Pipeliner // completions (and waiting re-reads) of concurrent callers
+	calls *autopipe.Pipeliner // the completions of concurrent callers, one pipeline per round trip
 
 	startOnce  sync.Once
 	ctx        context.Context // cancelled by Close; the listener's context
