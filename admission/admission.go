@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/idempotency"
+	"github.com/wabarelay/wabarelay/internal/autopipe"
 	"github.com/wabarelay/wabarelay/ratelimit"
 )
 
@@ -41,9 +42,9 @@ type Admission struct {
 
 // combined is the one-round-trip admission of a keyed send on Redis.
 type combined struct {
-	client redis.UniversalClient
-	log    *ratelimit.RedisLimiter
-	idem   *idempotency.Redis
+	calls *autopipe.Pipeliner // the claims of concurrent sends go to Redis together
+	log   *ratelimit.RedisLimiter
+	idem  *idempotency.Redis
 }
 
 // NewMemory returns the Admission of limiter and idem, asked one after the other: for the
@@ -53,7 +54,9 @@ func NewMemory(limiter ratelimit.Limiter, idem idempotency.Store) *Admission {
 }
 
 // NewRedis returns the Admission of a relay whose limit log (log) and idempotency records
-// (idem) are both on client: a send with a key is counted and claimed in one round trip.
+// (idem) are both on client: a send with a key is counted and claimed in one script call (the
+// calls of concurrent sends go to Redis together, one pipeline per round trip: package
+// internal/autopipe).
 // Calls without a key are counted by log and, while Redis is down, by fallback (see
 // [ratelimit.NewFallback]; logger, which may be nil, gets the outage), so that a Redis outage
 // never lifts the limit. A nil fallback leaves them to log alone. A keyed send whose Redis is
@@ -63,7 +66,7 @@ func NewRedis(client redis.UniversalClient, log *ratelimit.RedisLimiter, idem *i
 	if fallback != nil {
 		limiter = ratelimit.NewFallback(log, fallback, logger)
 	}
-	return &Admission{limiter: limiter, idem: idem, combined: &combined{client: client, log: log, idem: idem}}
+	return &Admission{limiter: limiter, idem: idem, combined: &combined{calls: autopipe.New(client), log: log, idem: idem}}
 }
 
 // hashTag is the part of every Redis key of one channel that Redis Cluster hashes: the limit
@@ -135,7 +138,7 @@ func (c *combined) claim(ctx context.Context, limitKey, key, fp string) (ratelim
 	if err != nil {
 		return ratelimit.Decision{}, idempotency.Result{}, err
 	}
-	reply, err := limitedClaimScript.Run(ctx, c.client, []string{call.Key, cl.Key},
+	reply, err := c.calls.Run(ctx, limitedClaimScript, []string{call.Key, cl.Key},
 		append(call.Args, cl.Record, cl.Lease)...).Slice()
 	if err == nil && len(reply) != 2 {
 		err = fmt.Errorf("unexpected script reply %v", reply)

@@ -67,9 +67,7 @@ func testCompleteBatched(t *testing.T, client redis.UniversalClient, counted scr
 	*counted.gate = func(first int) {
 		// On the flusher's goroutine: no t.Fatal here.
 		queued.Store(testenv.Within(patience, func() bool {
-			s.completions.mu.Lock()
-			defer s.completions.mu.Unlock()
-			return len(s.completions.queue) == n+1-first
+			return s.calls.Queued() == n+1-first
 		}))
 	}
 	tokens := make([]string, n)

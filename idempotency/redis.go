@@ -15,6 +15,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
+
+	"github.com/wabarelay/wabarelay/internal/autopipe"
 )
 
 // Redis is a [Store] shared by every instance that uses the same Redis (7.0 or later).
@@ -22,17 +24,25 @@ import (
 // Each key is one Redis string, Prefix + key, holding a JSON record:
 //
 //	in flight: {"s":"p","f":<fingerprint>,"o":<owner token>}          expires after Options.Lease
+//	           the same ending ,"w":1} once a duplicate waits for it
 //	completed: {"f":<fingerprint>,"s":"d","c":<status>,"h":<header>,"b":<base64 body>}  after Options.TTL
 //
 // Begin claims a key in one round trip (SET key <in flight> NX PX lease GET): a nil reply means
 // the caller owns it, otherwise the reply is the record to judge. Complete and Release are Lua
-// scripts that act only if the owner token still matches (fencing) and then PUBLISH on the
-// channel Prefix + "done:" + key.
+// scripts that act only if the owner token still matches (fencing; checked with string
+// operations on a record in the form Begin writes, no JSON decoding). Release then PUBLISHes on
+// the channel Prefix + "done:" + key; Complete does only when a duplicate waits (the record
+// carries "w"), so that a send nobody repeats costs no PUBLISH (which Redis Cluster broadcasts
+// to every node). Completions of concurrent sends go to Redis together (see Complete).
 //
 // Waiting duplicates register in-process and are woken by one PSUBSCRIBE Prefix + "done:*"
 // connection per Redis value (that is, per instance), fanned out to them. A waiter registers
-// before it re-reads the key, so no completion is missed while that connection is subscribed;
-// it also re-reads every 250 ms in case a message was lost, and at its deadline. The listener
+// before it re-reads the key, and that re-read (a script: SET NX GET, and "w" added to an
+// in-flight record in the same step) marks the record as waited for: a completion before the
+// re-read is seen by it, one after it publishes, so no completion is missed while that
+// connection is subscribed. A waiter also re-reads every 250 ms in case a message was lost (or
+// was not sent: a waiter of a release before the mark does not mark, so during a rolling upgrade
+// it may wait for this re-read), and at its deadline. The listener
 // starts with the first Begin (nothing is dialled before). Whenever it becomes subscribed (at
 // start and after every reconnect) it wakes every waiter to re-read its key, which covers
 // whatever was published while it was not. It reconnects by itself, with backoff up to 2 s,
@@ -55,7 +65,7 @@ type Redis struct {
 	poll      time.Duration // safety re-read interval of a waiting Begin
 	pingEvery time.Duration // idle time after which the listener pings its connection
 
-	completions batcher[*completion]
+	calls *autopipe.Pipeliner // the completions of concurrent callers, one pipeline per round trip
 
 	startOnce  sync.Once
 	ctx        context.Context // cancelled by Close; the listener's context
@@ -81,6 +91,7 @@ func NewRedis(client redis.UniversalClient, opt Options, logger *zap.Logger) *Re
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Redis{
 		client:     client,
+		calls:      autopipe.New(client),
 		opt:        opt,
 		log:        logger,
 		chanPrefix: opt.Prefix + "done:",
@@ -138,26 +149,64 @@ const (
 	stateDone    = "d"
 )
 
+// ownedLua defines, for the scripts below, the owner check of an in-flight record:
+//
+//	owned(record, token) -> the fingerprint as JSON and whether a waiter marked the record, or nil
+//
+// nil unless record is in flight and owned by token. A record exactly as [Redis.PrepareClaim]
+// encodes it ({"s":"p","f":"<fp>","o":"<token>"}, marked or not by a waiter's ,"w":1) is
+// checked with string operations; any other (a fingerprint or token that JSON escapes, a
+// record written otherwise) is decoded with cjson, and then counts as marked.
+const ownedLua = `
+local function owned(v, tok)
+  local head = '{"s":"p","f":"'
+  if string.sub(v, 1, #head) == head and not string.find(tok, '["\\]') then
+    for w = 0, 1 do
+      local tail = '","o":"' .. tok .. (w == 1 and '","w":1}' or '"}')
+      local n = #v - #tail
+      if n >= #head and string.sub(v, n + 1) == tail then
+        local fp = string.sub(v, #head + 1, n)
+        if not string.find(fp, '["\\]') then return '"' .. fp .. '"', w == 1 end
+      end
+    end
+  end
+  local ok, r = pcall(cjson.decode, v)
+  if ok and type(r) == 'table' and r.s == 'p' and r.o == tok then return cjson.encode(r.f), true end
+  return nil
+end
+`
+
 // completeScript stores the completed record ARGV[2] (a JSON object without "f"; the script adds
 // the fingerprint of the in-flight record) with PX ARGV[3] if KEYS[1] is in flight and owned by
-// ARGV[1], then publishes on ARGV[4]. It returns 1 if it stored, 0 if the token is not the owner.
-var completeScript = redis.NewScript(`
+// ARGV[1], then publishes on ARGV[4] if a waiter marked the record (waitClaimScript). It returns
+// 1 if it stored, 0 if the token is not the owner.
+var completeScript = redis.NewScript(ownedLua + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-local ok, r = pcall(cjson.decode, v)
-if not ok or type(r) ~= 'table' or r.s ~= 'p' or r.o ~= ARGV[1] then return 0 end
-redis.call('SET', KEYS[1], '{"f":' .. cjson.encode(r.f) .. ',' .. string.sub(ARGV[2], 2), 'PX', ARGV[3])
-redis.call('PUBLISH', ARGV[4], 'd')
+local fp, waited = owned(v, ARGV[1])
+if not fp then return 0 end
+redis.call('SET', KEYS[1], '{"f":' .. fp .. ',' .. string.sub(ARGV[2], 2), 'PX', ARGV[3])
+if waited then redis.call('PUBLISH', ARGV[4], 'd') end
 return 1
+`)
+
+// waitClaimScript is the claim of a duplicate that waits (registered for wake-ups): SET KEYS[1]
+// ARGV[1] NX PX ARGV[2] GET and, when the key is in flight in the form PrepareClaim encodes,
+// marks it as waited for (,"w":1 added, TTL kept) unless it is marked already, so that its
+// Complete publishes. It returns what SET NX GET returns.
+var waitClaimScript = redis.NewScript(`
+local v = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2], 'GET')
+if v and string.sub(v, 1, 14) == '{"s":"p","f":"' and string.sub(v, -2) == '"}' then
+  redis.call('SET', KEYS[1], string.sub(v, 1, -2) .. ',"w":1}', 'KEEPTTL')
+end
+return v
 `)
 
 // releaseScript deletes KEYS[1] if it is in flight and owned by ARGV[1], then publishes on
 // ARGV[2]. It returns 1 if it deleted, 0 if the token is not the owner.
-var releaseScript = redis.NewScript(`
+var releaseScript = redis.NewScript(ownedLua + `
 local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-local ok, r = pcall(cjson.decode, v)
-if not ok or type(r) ~= 'table' or r.s ~= 'p' or r.o ~= ARGV[1] then return 0 end
+if not v or not owned(v, ARGV[1]) then return 0 end
 redis.call('DEL', KEYS[1])
 redis.call('PUBLISH', ARGV[2], 'r')
 return 1
@@ -245,10 +294,13 @@ func (s *Redis) begin(ctx context.Context, c Claim, first *any) (Result, error) 
 			old string
 			err error
 		)
-		if first != nil {
+		switch {
+		case first != nil:
 			old, err = claimReply(*first)
 			first = nil
-		} else {
+		case wake != nil: // registered: mark the record, so that its completion wakes us
+			old, err = waitClaimScript.Run(ctx, s.client, []string{c.Key}, c.Record, c.Lease).Text()
+		default:
 			old, err = s.client.Do(ctx, "SET", c.Key, c.Record, "NX", "PX", c.Lease, "GET").Text()
 		}
 		if errors.Is(err, redis.Nil) {
@@ -274,8 +326,9 @@ func (s *Redis) begin(ctx context.Context, c Claim, first *any) (Result, error) 
 			return Result{Outcome: InProgress}, nil
 		}
 		if wake == nil {
-			// Register first, then read again at once: a completion published after this
-			// point wakes us, one published before it is seen by the read.
+			// Register first, then read again at once, marking the record as waited for: a
+			// completion after that read publishes and wakes us, one before it is seen by the
+			// read.
 			wake = s.waiters.add(key)
 			timer = time.NewTimer(time.Until(c.deadline))
 			poll = time.NewTicker(s.poll)
@@ -306,10 +359,11 @@ func claimReply(reply any) (string, error) {
 
 // Complete implements [Store.Complete].
 //
-// Concurrent completions are grouped: those that arrive while a batch is on its way to Redis
-// go together in the next one, one pipeline of the fenced script (no timer: under light load a
-// batch is one completion, sent at once). Each caller still gets its own result and returns
-// only once its record is stored, so a replay that starts after Complete returned finds it.
+// Concurrent completions are grouped: those that arrive while one is on its way to Redis go
+// together in the next round trip, one pipeline of the fenced script (package
+// internal/autopipe; no timer: a lone completion is sent at once). Each caller still gets its
+// own result and returns only once its record is stored, so a replay that starts after Complete
+// returned finds it.
 func (s *Redis) Complete(ctx context.Context, key, token string, resp Response) error {
 	h := resp.Header
 	if len(h) == 0 {
@@ -320,141 +374,9 @@ func (s *Redis) Complete(ctx context.Context, key, token string, resp Response) 
 	if err != nil {
 		return fmt.Errorf("idempotency: encoding response: %w", err)
 	}
-	c := &completion{key: key, args: []any{token, done, millis(s.opt.TTL), s.chanPrefix + key}, result: make(chan error, 1)}
-	s.completions.enqueue(c, s.flushCompletions)
-	select {
-	case err := <-c.result:
-		return err
-	case <-ctx.Done():
-		// The batch may still store it; this caller stops waiting.
-		return s.wrap(ctx, "completing", key, ctx.Err())
-	}
-}
-
-// completion is one Complete waiting for its batch.
-type completion struct {
-	key    string
-	args   []any
-	result chan error
-}
-
-// batcher queues work for one flusher at a time: the first caller to find no flusher running
-// starts one, which sends everything queued, in batches, until the queue is empty.
-type batcher[T any] struct {
-	mu       sync.Mutex
-	queue    []T
-	flushing bool
-}
-
-// maxBatch caps the completions sent in one pipeline.
-const maxBatch = 128
-
-func (b *batcher[T]) enqueue(item T, flush func([]T)) {
-	b.mu.Lock()
-	b.queue = append(b.queue, item)
-	if b.flushing {
-		b.mu.Unlock()
-		return
-	}
-	b.flushing = true
-	b.mu.Unlock()
-	go b.run(flush)
-}
-
-// run flushes until the queue is empty. Should flush panic or the goroutine end otherwise,
-// the batcher is not left marked as flushing: the next enqueue starts a new flusher.
-func (b *batcher[T]) run(flush func([]T)) {
-	emptied := false
-	defer func() {
-		if !emptied {
-			b.mu.Lock()
-			b.flushing = false
-			b.mu.Unlock()
-		}
-	}()
-	for {
-		b.mu.Lock()
-		n := min(len(b.queue), maxBatch)
-		if n == 0 {
-			b.flushing = false
-			emptied = true
-			b.mu.Unlock()
-			return
-		}
-		batch := append([]T(nil), b.queue[:n]...)
-		b.queue = append(b.queue[:0], b.queue[n:]...)
-		b.mu.Unlock()
-		flush(batch)
-	}
-}
-
-// completeTimeout bounds one batch of completions.
-const completeTimeout = 5 * time.Second
-
-// flushCompletions sends a batch of completions in one pipeline and hands each its result. A
-// script missing from a node's cache (after a restart or failover) is run again on its own,
-// which loads it.
-func (s *Redis) flushCompletions(batch []*completion) {
-	ctx, cancel := context.WithTimeout(context.Background(), completeTimeout)
-	defer cancel()
-	defer func() {
-		// Every caller gets an answer, even if this batch failed unexpectedly.
-		if v := recover(); v != nil {
-			s.log.Error("idempotency: storing a batch of answers panicked", zap.Any("panic", v))
-			for _, c := range batch {
-				select {
-				case c.result <- fmt.Errorf("%w: storing the answer failed", ErrUnavailable):
-				default: // answered already
-				}
-			}
-		}
-	}()
-	if len(batch) == 1 {
-		c := batch[0]
-		c.result <- s.completed(ctx, c, completeScript.Run(ctx, s.client, []string{s.opt.Prefix + c.key}, c.args...))
-		return
-	}
-	cmds := s.pipelineCompletions(ctx, batch)
-	var missing []*completion // the script was not in a server's cache
-	for i, c := range batch {
-		if err := cmds[i].Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			missing = append(missing, c)
-			continue
-		}
-		c.result <- s.completed(ctx, c, cmds[i])
-	}
-	if len(missing) == 0 {
-		return
-	}
-	// Load the script (on every master of a Cluster) and send those again, once.
-	if err := completeScript.Load(ctx, s.client).Err(); err != nil {
-		for _, c := range missing {
-			c.result <- s.wrap(ctx, "completing", c.key, err)
-		}
-		return
-	}
-	for i, cmd := range s.pipelineCompletions(ctx, missing) {
-		missing[i].result <- s.completed(ctx, missing[i], cmd)
-	}
-}
-
-// pipelineCompletions sends the batch's scripts in one pipeline; each command carries its own
-// error.
-func (s *Redis) pipelineCompletions(ctx context.Context, batch []*completion) []*redis.Cmd {
-	pipe := s.client.Pipeline()
-	cmds := make([]*redis.Cmd, len(batch))
-	for i, c := range batch {
-		cmds[i] = completeScript.EvalSha(ctx, pipe, []string{s.opt.Prefix + c.key}, c.args...)
-	}
-	pipe.Exec(ctx)
-	return cmds
-}
-
-// completed turns the script's reply for c into Complete's result.
-func (s *Redis) completed(ctx context.Context, c *completion, cmd *redis.Cmd) error {
-	n, err := cmd.Int()
+	n, err := s.calls.Run(ctx, completeScript, []string{s.opt.Prefix + key}, token, done, millis(s.opt.TTL), s.chanPrefix+key).Int()
 	if err != nil {
-		return s.wrap(ctx, "completing", c.key, err)
+		return s.wrap(ctx, "completing", key, err)
 	}
 	if n != 1 {
 		return ErrNotOwner

@@ -10,9 +10,10 @@
 // timestamps:
 //
 //   - [RedisLimiter] keeps the log as a ring of the latest accepted times in
-//     one Redis string and decides in one atomic Lua script (one EVALSHA round
-//     trip), using the Redis server clock, so the limit is exact across any
-//     number of processes sharing one Redis.
+//     one Redis string and decides in one atomic Lua script (one EVALSHA;
+//     concurrent calls share round trips, one pipeline each), using the Redis
+//     server clock, so the limit is exact across any number of processes
+//     sharing one Redis.
 //   - [MemoryLimiter] keeps a per-key ring buffer in process memory; it is exact
 //     for one process.
 //

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/wabarelay/wabarelay/internal/autopipe"
 )
 
 // SlidingLogLua defines the whole decision as a Lua function, run atomically inside Redis:
@@ -130,14 +132,15 @@ var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1
 // RedisLimiter is an exact sliding-window limiter whose state lives in Redis,
 // shared by every process that uses the same Redis and prefix.
 //
-// Each Allow is one atomic round trip (EVALSHA of a Lua script over a ring of the
+// Each Allow is one atomic script call (EVALSHA of a Lua script over a ring of the
 // latest accepted times, [SlidingLogLua]; EVAL once after a SCRIPT FLUSH or
-// failover). The script uses the Redis server clock (TIME), never the caller's,
+// failover). Calls of concurrent Allows are sent to Redis together, one pipeline
+// per round trip (package internal/autopipe): a lone call goes at once. The script uses the Redis server clock (TIME), never the caller's,
 // so instances with skewed clocks still agree. Each key is one Redis key,
 // prefix + key + [RingSuffix], so Redis Cluster works too (a hash tag in key
 // stays the key's).
 type RedisLimiter struct {
-	client redis.UniversalClient
+	calls  *autopipe.Pipeliner
 	prefix string
 	cfg    atomic.Pointer[config]
 }
@@ -156,7 +159,7 @@ var _ Limiter = (*RedisLimiter)(nil)
 // positive (NewRedis panics otherwise). Windows are counted in microseconds
 // (rounded up), TTLs in milliseconds.
 func NewRedis(client redis.UniversalClient, limit int, window time.Duration, prefix string) *RedisLimiter {
-	l := &RedisLimiter{client: client, prefix: prefix}
+	l := &RedisLimiter{calls: autopipe.New(client), prefix: prefix}
 	l.cfg.Store(newConfig(limit, window))
 	return l
 }
@@ -177,7 +180,7 @@ func (l *RedisLimiter) Allow(ctx context.Context, key string) (Decision, error) 
 	if !ok {
 		return c.Deny(), nil
 	}
-	reply, err := script.Run(ctx, l.client, []string{c.Key}, c.Args...).Result()
+	reply, err := l.calls.Run(ctx, script, []string{c.Key}, c.Args...).Result()
 	if err != nil {
 		return Decision{}, fmt.Errorf("ratelimit: redis: %w", err)
 	}

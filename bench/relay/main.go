@@ -627,15 +627,28 @@ func redisInfo(ctx context.Context, rdb *redis.Client) (string, error) {
 }
 
 // commandStats renders Redis' INFO commandstats, summed over the servers, as a markdown table,
-// busiest command first.
+// busiest command first, followed by how many reads and writes of client connections the
+// servers made (INFO stats total_reads_processed, total_writes_processed): scripts per read
+// tell how many calls each of Redis' reads carried (the pipelining of concurrent calls).
 func commandStats(ctx context.Context, nodes []*redis.Client) string {
-	type row struct {
-		name        string
-		calls       int64
-		usec        int64
-		usecPerCall float64
+	var reads, writes int64
+	for _, rdb := range nodes {
+		info, err := rdb.Info(ctx, "stats").Result()
+		if err != nil {
+			return ""
+		}
+		for _, line := range strings.Split(info, "\n") {
+			k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "total_reads_processed":
+				reads += n
+			case "total_writes_processed":
+				writes += n
+			}
+		}
 	}
-	byName := map[string]*row{}
+	byName := map[string]*commandRow{}
 	for _, rdb := range nodes {
 		info, err := rdb.Info(ctx, "commandstats").Result()
 		if err != nil {
@@ -649,7 +662,7 @@ func commandStats(ctx context.Context, nodes []*redis.Client) string {
 			}
 			r := byName[name]
 			if r == nil {
-				r = &row{name: name}
+				r = &commandRow{name: name}
 				byName[name] = r
 			}
 			for _, kv := range strings.Split(rest, ",") {
@@ -664,18 +677,37 @@ func commandStats(ctx context.Context, nodes []*redis.Client) string {
 			}
 		}
 	}
-	var rows []row
+	var rows []commandRow
 	for _, r := range byName {
 		r.usecPerCall = float64(r.usec) / float64(max(r.calls, 1))
 		rows = append(rows, *r)
 	}
-	slices.SortFunc(rows, func(a, b row) int { return int(b.usec - a.usec) })
+	slices.SortFunc(rows, func(a, b commandRow) int { return int(b.usec - a.usec) })
 	var sb strings.Builder
 	sb.WriteString("| command | calls | µs total | µs/call |\n|---|--:|--:|--:|\n")
 	for _, r := range rows {
 		fmt.Fprintf(&sb, "| %s | %d | %d | %.2f |\n", r.name, r.calls, r.usec, r.usecPerCall)
 	}
+	scripts := byName["evalsha"].callsOrZero() + byName["eval"].callsOrZero()
+	fmt.Fprintf(&sb, "\nReads of client connections %d, writes %d (INFO stats): %.2f scripts per read.\n",
+		reads, writes, float64(scripts)/float64(max(reads, 1)))
 	return sb.String()
+}
+
+// commandRow is one command's line of commandStats.
+type commandRow struct {
+	name        string
+	calls       int64
+	usec        int64
+	usecPerCall float64
+}
+
+// callsOrZero returns r's calls, 0 for a command that never ran (nil).
+func (r *commandRow) callsOrZero() int64 {
+	if r == nil {
+		return 0
+	}
+	return r.calls
 }
 
 func deleteKeys(rdb *redis.Client, pattern string) {
