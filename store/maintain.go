@@ -76,7 +76,7 @@ func (p RetentionPolicy) Check() error {
 // Maintain runs one round of history and queue maintenance under policy: partitions created
 // ahead; held deliveries past the hold limit failed; queue rows of deleted webhooks removed;
 // days past the retention dropped (the relay log's too) and messages created before it
-// deleted; sends not reported on for an hour given their messages rows (SweepUnreported); media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
+// deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
 // every MaintenanceInterval; any number of instances may run it at once (partition changes take
 // an advisory lock, the rest is idempotent). A nil logger logs nothing.
 func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *zap.Logger) {
@@ -110,13 +110,6 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 	}
 	if len(kept) > 0 {
 		logger.Info("retention: days kept past the retention for deliveries still live", zap.Int("days", len(kept)))
-	}
-	// Sends not reported on for UnreportedAfter: a row of their own before the list stops
-	// reading them from relay_log. The window reaches back two rounds (a round missed).
-	if n, err := s.SweepUnreported(ctx, now.Add(-UnreportedAfter-2*MaintenanceInterval), now.Add(-UnreportedAfter)); err != nil {
-		logger.Warn("listing sends not reported on failed", zap.Error(err))
-	} else if n > 0 {
-		logger.Info("sends the upstream has not reported on for an hour: listed as accepted", zap.Int64("messages", n))
 	}
 	if n, err := s.PruneMessages(ctx, now.Add(-retention)); err != nil {
 		logger.Warn("retention: deleting old messages failed", zap.Error(err))

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -150,11 +151,12 @@ func messageError(code *int32, title *string) *MessageError {
 
 // A send the upstream has not reported on has no messages row: the list reads it from relay_log
 // for UnreportedWindow (status accepted), and SweepUnreported gives it a row of its own (status
-// accepted) once it is UnreportedAfter old, so that it stays listed. The window's extra half
-// hour covers the maintenance's interval and a missed round.
+// accepted) once it is UnreportedAfter old, so that it stays listed. The window's extra minutes
+// cover the sweep's interval and a missed round or two; a sweep that did not run for longer
+// catches up from its mark (the list misses such sends meanwhile).
 const (
-	UnreportedAfter  = time.Hour
-	UnreportedWindow = UnreportedAfter + 30*time.Minute
+	UnreportedAfter  = 5 * time.Minute
+	UnreportedWindow = UnreportedAfter + 5*time.Minute
 )
 
 // maxTies bounds the relay calls of one microsecond read to complete a list page.
@@ -195,7 +197,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	to, digits := recipientKey(f.To), phoneDigits(f.To)
 	search := recipientKey(f.Search)
 	var keyed []string // the wamids the searched text is the idempotency key of
-	if f.Search != "" {
+	if f.Search != "" && !strings.HasPrefix(f.Search, "wamid.") { // (a message id is no key)
 		rows, err := s.pool.Query(ctx, `
 			SELECT DISTINCT wamid FROM relay_log
 			WHERE channel_id = $1 AND org_id = $2 AND at >= $3 AND idempotency_key = $4 AND wamid IS NOT NULL

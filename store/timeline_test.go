@@ -187,12 +187,12 @@ func TestMessageStatusOtherChannel(t *testing.T) {
 
 // insertMessages adds n outgoing messages to a channel as the relay and the statuses would:
 // "wamid.<prefix><i>", sent to recipient "r<i%3>" with idempotency key "k<i>" (relay_log),
-// a second apart (pairs of them at the same time, so that the wamid breaks ties), starting an
-// hour ago; status by i%5, where a message whose status is accepted (i%5 == 0) has no messages
+// a second apart (pairs of them at the same time, so that the wamid breaks ties), starting
+// three minutes ago (within UnreportedWindow); status by i%5, where a message whose status is accepted (i%5 == 0) has no messages
 // row (the upstream has not reported on it yet) and the others have the row their first status
 // made, created at the send's second.
 func (e *timelineEnv) insertMessages(t *testing.T, ch store.Channel, prefix string, n int) {
-	base := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	base := time.Now().UTC().Add(-3 * time.Minute).Truncate(time.Second)
 	var calls []store.RelayCall
 	for i := range n {
 		calls = append(calls, store.RelayCall{At: base.Add(time.Duration(i/2) * time.Second), OrgID: e.org, ChannelID: ch.ID,
@@ -490,14 +490,16 @@ func TestMessageTimelineIncoming(t *testing.T) {
 }
 
 // TestSweepUnreported: a send no status reported on is listed from the relay log for
-// UnreportedWindow; SweepUnreported gives the sends of its window their accepted rows (the
-// recipient's digits, created at the send; replays, younger sends and reported ones left
-// alone), so that they stay listed after that; a status still moves a swept row on.
+// UnreportedWindow; SweepUnreported gives the sends from its mark up to UnreportedAfter ago
+// their accepted rows (the recipient's digits, created at the send; replays, younger sends and
+// reported ones left alone), so that they stay listed, and moves its mark; a second sweep finds
+// nothing, one that finds another sweeping returns at once; a status still moves a swept row on.
 func TestSweepUnreported(t *testing.T) {
 	e := newTimelineEnv(t)
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Microsecond)
 	old := now.Add(-store.UnreportedWindow - 10*time.Minute)
+	e.f.Exec(t, `UPDATE relay_log_sweep SET upto = $1`, old.Add(-10*time.Minute)) // behind: instances were down
 	call := func(at time.Time, wamid string, replayed bool) store.RelayCall {
 		return store.RelayCall{At: at, OrgID: e.org, ChannelID: e.ch.ID, Status: 200, Outcome: "ok", Recipient: "+1 555-0199",
 			IdempotencyKey: "key-" + wamid, WAMID: wamid, Replayed: replayed}
@@ -505,7 +507,7 @@ func TestSweepUnreported(t *testing.T) {
 	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{
 		call(old, "wamid.OLD", false), call(old.Add(time.Second), "wamid.OLD", true), // a send and its replay
 		call(old.Add(2*time.Second), "wamid.REPORTED", false),
-		call(now.Add(-10*time.Minute), "wamid.YOUNG", false),
+		call(now.Add(-time.Minute), "wamid.YOUNG", false),
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -525,12 +527,28 @@ func TestSweepUnreported(t *testing.T) {
 	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered" {
 		t.Fatalf("before the sweep: %s", got)
 	}
-	n, err := e.f.Store.SweepUnreported(ctx, old.Add(-time.Minute), now.Add(-store.UnreportedAfter))
-	if err != nil || n != 1 {
+	// another instance sweeping (the mark's row locked): this one returns at once
+	tx, err := e.f.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM relay_log_sweep FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 0 {
+		t.Fatalf("while another sweeps: %d, %v", n, err)
+	}
+	tx.Rollback(ctx)
+
+	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 1 {
 		t.Fatalf("swept %d, %v; want 1", n, err)
 	}
 	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered, wamid.OLD accepted" {
 		t.Fatalf("after the sweep: %s", got)
+	}
+	mark := testenv.QueryValue[time.Time](t, e.f, `SELECT upto FROM relay_log_sweep`)
+	if d := time.Since(mark) - store.UnreportedAfter; d < 0 || d > time.Minute {
+		t.Errorf("mark %s, want about %s ago", mark, store.UnreportedAfter)
 	}
 	ms, _ := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10, To: "+1 555 0199"})
 	if len(ms) != 3 || ms[2].WAMID != "wamid.OLD" || !ms[2].CreatedAt.Equal(old) || ms[2].To != "+1 555-0199" ||
@@ -541,7 +559,7 @@ func TestSweepUnreported(t *testing.T) {
 		t.Errorf("swept row's recipient %q, want the digits", recipient)
 	}
 	// again: nothing new
-	if n, err := e.f.Store.SweepUnreported(ctx, old.Add(-time.Minute), now.Add(-store.UnreportedAfter)); err != nil || n != 0 {
+	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 0 {
 		t.Fatalf("second sweep: %d, %v", n, err)
 	}
 	// a late status moves the swept row on
