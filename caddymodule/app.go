@@ -537,7 +537,6 @@ func (a *App) Start() error {
 	go a.maintainLoop(lctx)
 	if a.relayLog != nil {
 		a.relayLog.Start()
-		go a.sweepLoop(lctx)
 	}
 	if err := a.startDispatcher(lctx); err != nil {
 		cancel()
@@ -670,31 +669,6 @@ func (a *App) maintainLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
-		}
-	}
-}
-
-// sweepLoop gives the sends the upstream has not reported on their messages rows
-// (store.Store.SweepUnreported) every store.SweepInterval until ctx ends. Instances with the
-// relay log on run it; one at a time sweeps, the others skip.
-func (a *App) sweepLoop(ctx context.Context) {
-	defer func() {
-		if v := recover(); v != nil {
-			a.logger.Error("relay log sweep panicked", zap.Any("panic", v))
-		}
-	}()
-	tick := time.NewTicker(store.SweepInterval)
-	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
-		if n, err := a.store.SweepUnreported(ctx); err != nil && ctx.Err() == nil {
-			a.logger.Warn("listing the sends not reported on failed", zap.Error(err))
-		} else if n > 0 {
-			a.logger.Info("sends the upstream has not reported on: listed as accepted", zap.Int64("messages", n))
 		}
 	}
 }

@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -178,70 +177,6 @@ func (s *Store) SendsPerMinute(ctx context.Context, orgID, channelID uuid.UUID, 
 		return nil, fmt.Errorf("sends per minute: %w", err)
 	}
 	return out, nil
-}
-
-// SweepInterval is how often an instance runs SweepUnreported.
-const SweepInterval = time.Minute
-
-// sweepMaxSlices bounds the one-minute slices one SweepUnreported call sweeps (a catch-up after
-// a long stop goes on at the next call).
-const sweepMaxSlices = 60
-
-// SweepUnreported gives every send older than UnreportedAfter that no status has reported on a
-// messages row of its own — status accepted, created at the send, to the recipient's digits (as
-// a status would have it) — so that it stays in its channel's list after the list stops reading
-// it from relay_log (UnreportedWindow). It goes on from where the last sweep stopped
-// (relay_log_sweep), one minute of sends per transaction, found through relay_log's BRIN index on
-// at, and moves that mark with each; an instance that finds another sweeping returns at once.
-// So each send is looked at once (one messages_pkey probe), and none is missed when no instance
-// ran for a while. It returns how many rows it made. Call it every SweepInterval.
-func (s *Store) SweepUnreported(ctx context.Context) (int64, error) {
-	var total int64
-	to := s.now().Add(-UnreportedAfter)
-	for range sweepMaxSlices {
-		var made int64
-		var done bool
-		err := s.inTx(ctx, func(tx pgx.Tx) error {
-			var from time.Time
-			err := tx.QueryRow(ctx, `SELECT upto FROM relay_log_sweep FOR UPDATE SKIP LOCKED`).Scan(&from)
-			if errors.Is(err, pgx.ErrNoRows) || err == nil && !from.Before(to) {
-				done = true // another instance is at it, or nothing is due
-				return nil
-			}
-			if err != nil {
-				return err
-			}
-			hi := from.Add(time.Minute)
-			if hi.After(to) {
-				hi, done = to, true
-			}
-			tag, err := tx.Exec(ctx, `
-				INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at)
-				SELECT DISTINCT ON (r.wamid) r.wamid, r.org_id, r.channel_id,
-				       CASE WHEN r.recipient ~ '^[0-9 +().-]*[0-9][0-9 +().-]*$' THEN regexp_replace(r.recipient, '[^0-9]', '', 'g')
-				            ELSE coalesce(r.recipient, '') END,
-				       r.at
-				FROM relay_log r
-				WHERE r.at >= $1 AND r.at < $2 AND r.wamid IS NOT NULL AND NOT r.replayed
-				  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
-				ORDER BY r.wamid, r.at
-				ON CONFLICT (wamid) DO NOTHING`, from, hi)
-			if err != nil {
-				return err
-			}
-			made = tag.RowsAffected()
-			_, err = tx.Exec(ctx, `UPDATE relay_log_sweep SET upto = $1`, hi)
-			return err
-		})
-		if err != nil {
-			return total, fmt.Errorf("sweep unreported sends: %w", err)
-		}
-		total += made
-		if done {
-			break
-		}
-	}
-	return total, nil
 }
 
 // pruneMessagesBatch is how many messages rows one statement of PruneMessages deletes.

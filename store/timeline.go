@@ -149,15 +149,15 @@ func messageError(code *int32, title *string) *MessageError {
 	return e
 }
 
-// A send the upstream has not reported on has no messages row: the list reads it from relay_log
-// for UnreportedWindow (status accepted), and SweepUnreported gives it a row of its own (status
-// accepted) once it is UnreportedAfter old, so that it stays listed. The window's extra minutes
-// cover the sweep's interval and a missed round or two; a sweep that did not run for longer
-// catches up from its mark (the list misses such sends meanwhile).
-const (
-	UnreportedAfter  = 5 * time.Minute
-	UnreportedWindow = UnreportedAfter + 5*time.Minute
-)
+// UnreportedWindow is how long a send the upstream has not reported on (it has no messages row
+// yet) is listed from relay_log, as accepted. Statuses come within seconds; a send without any
+// after this long is found by its wamid (MessageTimeline) and the dashboard's search. The
+// window bounds what a list reads of relay_log when few sends match (status accepted, a rare
+// recipient): at most this long of the channel's sends, 1,000 at the relay's 100 a minute.
+// Giving such sends rows of their own later was measured and not done: the check that a send
+// has none costs more per send than the messages write the relay log gave up (bench/README.md
+// "Issue 20: relay log on and off").
+const UnreportedWindow = 10 * time.Minute
 
 // maxTies bounds the relay calls of one microsecond read to complete a list page.
 const maxTies = 1000
@@ -169,9 +169,8 @@ const keySearchWindow = 24 * time.Hour
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
 // first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
 //
-// Two sources make the list (migration 021): the messages rows, which statuses create (and
-// SweepUnreported), and the relay calls of the last UnreportedWindow whose message has no row
-// yet (status accepted). Each is read in order from its index up to the page's limit, and the
+// Two sources make the list (migration 021): the messages rows, which statuses create, and the
+// relay calls of the last UnreportedWindow whose message has no row yet (status accepted). Each is read in order from its index up to the page's limit, and the
 // two are merged; the relay log is only read as far back as the messages page reaches when
 // that page is full, so a page costs about two index ranges of its own length.
 func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
@@ -196,7 +195,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	// the caller wrote.
 	to, digits := recipientKey(f.To), phoneDigits(f.To)
 	search := recipientKey(f.Search)
-	var keyed []string // the wamids the searched text is the idempotency key of
+	var keyed []string                                            // the wamids the searched text is the idempotency key of
 	if f.Search != "" && !strings.HasPrefix(f.Search, "wamid.") { // (a message id is no key)
 		rows, err := s.pool.Query(ctx, `
 			SELECT DISTINCT wamid FROM relay_log

@@ -489,82 +489,42 @@ func TestMessageTimelineIncoming(t *testing.T) {
 	}
 }
 
-// TestSweepUnreported: a send no status reported on is listed from the relay log for
-// UnreportedWindow; SweepUnreported gives the sends from its mark up to UnreportedAfter ago
-// their accepted rows (the recipient's digits, created at the send; replays, younger sends and
-// reported ones left alone), so that they stay listed, and moves its mark; a second sweep finds
-// nothing, one that finds another sweeping returns at once; a status still moves a swept row on.
-func TestSweepUnreported(t *testing.T) {
+// TestUnreportedWindow: a send no status reported on is listed from the relay log (accepted) for
+// UnreportedWindow and not after, when its timeline still finds it by its wamid; a reported
+// one of the same age is listed (its messages row), a replay never.
+func TestUnreportedWindow(t *testing.T) {
 	e := newTimelineEnv(t)
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	old := now.Add(-store.UnreportedWindow - 10*time.Minute)
-	e.f.Exec(t, `UPDATE relay_log_sweep SET upto = $1`, old.Add(-10*time.Minute)) // behind: instances were down
+	old := now.Add(-store.UnreportedWindow - time.Minute)
 	call := func(at time.Time, wamid string, replayed bool) store.RelayCall {
 		return store.RelayCall{At: at, OrgID: e.org, ChannelID: e.ch.ID, Status: 200, Outcome: "ok", Recipient: "+1 555-0199",
 			IdempotencyKey: "key-" + wamid, WAMID: wamid, Replayed: replayed}
 	}
 	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{
-		call(old, "wamid.OLD", false), call(old.Add(time.Second), "wamid.OLD", true), // a send and its replay
+		call(old, "wamid.OLD", false),
 		call(old.Add(2*time.Second), "wamid.REPORTED", false),
-		call(now.Add(-time.Minute), "wamid.YOUNG", false),
+		call(now.Add(-time.Minute), "wamid.YOUNG", false), call(now.Add(-time.Minute+time.Second), "wamid.YOUNG", true),
 	}); err != nil {
 		t.Fatal(err)
 	}
 	e.post(t, e.pnid, []string{status("wamid.REPORTED", "delivered", old.Unix()+3, "15550199")}, nil)
-	list := func() string {
-		t.Helper()
-		ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, m := range ms {
-			out = append(out, m.WAMID+" "+m.Status)
-		}
-		return strings.Join(out, ", ")
-	}
-	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered" {
-		t.Fatalf("before the sweep: %s", got)
-	}
-	// another instance sweeping (the mark's row locked): this one returns at once
-	tx, err := e.f.Pool.Begin(ctx)
+	ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, `SELECT 1 FROM relay_log_sweep FOR UPDATE`); err != nil {
-		t.Fatal(err)
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.WAMID+" "+m.Status)
 	}
-	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 0 {
-		t.Fatalf("while another sweeps: %d, %v", n, err)
+	if strings.Join(got, ", ") != "wamid.YOUNG accepted, wamid.REPORTED delivered" {
+		t.Fatalf("list: %s", got)
 	}
-	tx.Rollback(ctx)
-
-	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 1 {
-		t.Fatalf("swept %d, %v; want 1", n, err)
+	if ms[0].To != "+1 555-0199" || ms[0].IdempotencyKey == nil || *ms[0].IdempotencyKey != "key-wamid.YOUNG" || !ms[0].CreatedAt.Equal(now.Add(-time.Minute)) {
+		t.Errorf("the unreported send: %+v", ms[0])
 	}
-	if got := list(); got != "wamid.YOUNG accepted, wamid.REPORTED delivered, wamid.OLD accepted" {
-		t.Fatalf("after the sweep: %s", got)
-	}
-	mark := testenv.QueryValue[time.Time](t, e.f, `SELECT upto FROM relay_log_sweep`)
-	if d := time.Since(mark) - store.UnreportedAfter; d < 0 || d > time.Minute {
-		t.Errorf("mark %s, want about %s ago", mark, store.UnreportedAfter)
-	}
-	ms, _ := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10, To: "+1 555 0199"})
-	if len(ms) != 3 || ms[2].WAMID != "wamid.OLD" || !ms[2].CreatedAt.Equal(old) || ms[2].To != "+1 555-0199" ||
-		ms[2].IdempotencyKey == nil || *ms[2].IdempotencyKey != "key-wamid.OLD" {
-		t.Fatalf("swept message: %+v", ms)
-	}
-	if _, _, recipient := e.messageRow(t, "wamid.OLD"); recipient != "15550199" {
-		t.Errorf("swept row's recipient %q, want the digits", recipient)
-	}
-	// again: nothing new
-	if n, err := e.f.Store.SweepUnreported(ctx); err != nil || n != 0 {
-		t.Fatalf("second sweep: %d, %v", n, err)
-	}
-	// a late status moves the swept row on
-	e.post(t, e.pnid, []string{status("wamid.OLD", "read", old.Unix()+5, "15550199")}, nil)
-	if st, _, _ := e.messageRow(t, "wamid.OLD"); st != "read" {
-		t.Errorf("after a late status: %s", st)
+	tl, err := e.f.Store.MessageTimeline(ctx, e.org, "wamid.OLD")
+	if err != nil || tl.Status != "accepted" || tl.Relay == nil || !tl.CreatedAt.Equal(old) {
+		t.Fatalf("an old unreported send's timeline: %+v %v", tl, err)
 	}
 }

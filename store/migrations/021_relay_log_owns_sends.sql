@@ -11,21 +11,11 @@
 --   (StoreEvents), as it already was for messages sent around the relay, with the status's
 --   recipient_id. The relay's fields are read from relay_log when a timeline or a list is read
 --   (store/timeline.go); a send the upstream has not reported on yet is listed from relay_log
---   as "accepted" for its first minutes, and after five minutes the sweep gives it an accepted
---   row of its own (store.SweepUnreported), found through a BRIN index on relay_log's time (a
---   few bytes per 128 pages, nothing per row). relay_log_sweep holds how far the sweep has
---   gone, so that each send is looked at once, by one instance, and none is missed when no
---   instance ran for a while.
+--   as "accepted" for its first ten minutes (store.UnreportedWindow), and found by its wamid
+--   after that.
 --
 -- Nothing is lost: every relay call the dropped columns described is in relay_log.
 CREATE INDEX relay_log_wamid ON relay_log USING hash (wamid) WHERE wamid IS NOT NULL;
-CREATE INDEX relay_log_at ON relay_log USING brin (at);
-CREATE TABLE relay_log_sweep (
-	one  boolean PRIMARY KEY DEFAULT true CHECK (one),
-	-- every send before this time has been swept
-	upto timestamptz NOT NULL
-);
-INSERT INTO relay_log_sweep (upto) VALUES (now());
 
 DROP INDEX messages_channel_key;
 ALTER TABLE messages
