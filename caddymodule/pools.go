@@ -52,6 +52,7 @@ func acquirePool(dsn string) (*pgxpool.Pool, string, error) {
 			return nil, fmt.Errorf("database: invalid connection string")
 		}
 		cfg.MinConns = 0
+		noJIT(cfg.ConnConfig.RuntimeParams)
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			return nil, fmt.Errorf("database: %w", err)
@@ -65,6 +66,17 @@ func acquirePool(dsn string) (*pgxpool.Pool, string, error) {
 }
 
 func releasePool(key string) { pgPools.Delete(key) }
+
+// noJIT turns Postgres's JIT compilation off for the product's sessions unless the connection
+// string sets jit: every statement here is a short OLTP one, and a claim planned per call whose
+// estimated cost passes jit_above_cost once a backlog forms (tens of thousands of queued rows)
+// was compiled at every call under the server's default jit = on — 486 ms per claim, 118
+// deliveries/s instead of thousands (bench/README.md "Issue 21: Postgres per event").
+func noJIT(params map[string]string) {
+	if _, set := params["jit"]; !set {
+		params["jit"] = "off"
+	}
+}
 
 type redisDestructor struct{ redis.UniversalClient }
 
