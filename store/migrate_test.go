@@ -173,11 +173,10 @@ func TestMigration011KeepsHistoryAndQueue(t *testing.T) {
 	}
 }
 
-// TestMigration012KeepsDuplicatesRecognised: events stored before migration 012 with keys
-// longer than MaxDedupeKeyLen (up to what the index took: a few kilobytes), with short keys and
-// with the digests of keys that are not text — today and two days ago — are still recognised
-// as duplicates of the same items posted after it; short keys are unchanged.
-func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
+// oldDatabase returns a connection to, and a fixture on, a database of a throwaway server
+// migrated up to version (the schema of an earlier release).
+func oldDatabase(t *testing.T, version int32) (*pgx.Conn, *testenv.Fixture) {
+	t.Helper()
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
 	admin, err := pgx.Connect(ctx, srv.DSN("postgres"))
@@ -192,11 +191,20 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
-	if err := store.MigrateTo(ctx, conn, 11); err != nil {
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if err := store.MigrateTo(ctx, conn, version); err != nil {
 		t.Fatal(err)
 	}
-	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.DSN("old")})
+	return conn, testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.DSN("old")})
+}
+
+// TestMigration012KeepsDuplicatesRecognised: events stored before migration 012 with keys
+// longer than MaxDedupeKeyLen (up to what the index took: a few kilobytes), with short keys and
+// with the digests of keys that are not text — today and two days ago — are still recognised
+// as duplicates of the same items posted after it; short keys are unchanged.
+func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
+	ctx := context.Background()
+	conn, f := oldDatabase(t, 11)
 	s := f.Store
 	now := time.Now().UTC()
 	if err := s.EnsurePartitions(ctx, now.AddDate(0, 0, -3), now.AddDate(0, 0, 1)); err != nil {
@@ -264,25 +272,8 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 // keep their statuses, their recipients become digits (phone numbers only), the relay's columns
 // are gone, and each message's relay call is read from relay_log, where it always was.
 func TestMigration021MovesTheRelaySide(t *testing.T) {
-	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
-	admin, err := pgx.Connect(ctx, srv.DSN("postgres"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
-		t.Fatal(err)
-	}
-	admin.Close(ctx)
-	conn, err := pgx.Connect(ctx, srv.DSN("old"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
-	if err := store.MigrateTo(ctx, conn, 20); err != nil {
-		t.Fatal(err)
-	}
-	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: srv.DSN("old")})
+	conn, f := oldDatabase(t, 20)
 	org, ch := f.Org(t).ID, uuid.New()
 	at := time.Now().UTC().Add(-time.Minute).Truncate(time.Microsecond)
 	exec := func(sql string, args ...any) {
