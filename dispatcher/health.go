@@ -122,7 +122,13 @@ func (d *Dispatcher) claimProbes(ctx, attemptCtx context.Context) {
 	if free <= 0 {
 		return
 	}
-	probes, err := d.queue.ClaimProbes(ctx, d.cfg.InstanceID, d.cfg.Lease, min(free, d.cfg.BatchSize))
+	cctx, cancel := claimContext(ctx, d.cfg.Timeout)
+	probes, err := d.queue.ClaimProbes(cctx, d.cfg.InstanceID, d.cfg.Lease, min(free, d.cfg.BatchSize))
+	cancel()
+	if ctx.Err() != nil {
+		d.handBack(probes)
+		return
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			d.log.Warn("claiming probes of failing webhooks", zap.Error(err))

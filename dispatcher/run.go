@@ -107,6 +107,10 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 			limit := min(free, d.cfg.BatchSize)
 			claimed := time.Now()
 			jobs, drained, err := d.claim(ctx, limit)
+			if ctx.Err() != nil {
+				d.handBack(jobs) // (a claim that finished as shutdown began)
+				return
+			}
 			d.mu.Lock()
 			d.caughtUp = err == nil && drained
 			d.mu.Unlock()
@@ -169,6 +173,8 @@ func (d *Dispatcher) free() int {
 // each org's webhooks; none for a webhook or org at its cap on this instance) and reports
 // whether it drained the queue. Called by the claiming goroutine only.
 func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
+	ctx, cancel := claimContext(ctx, d.cfg.Timeout)
+	defer cancel()
 	d.mu.Lock()
 	busy := maps.Clone(d.perHook)
 	busyOrgs := maps.Clone(d.perOrg)
@@ -187,6 +193,23 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 		d.log.Warn("claimed deliveries whose lease had expired (an instance crashed or stalled)", zap.Int("count", c.Reclaimed))
 	}
 	return c.Deliveries, c.Drained, nil
+}
+
+// claimContext returns the context of a claim statement under ctx: not cancelled when ctx is
+// (shutdown), only after timeout. A claim cut short by a cancel may still commit on the
+// server after the client gave up on it (pgx drops the connection; the backend runs the
+// statement to its end), leaving deliveries locked by an instance that is gone until their
+// lease runs out. Letting the statement finish instead returns what it took, to be handed
+// back at once (handBack).
+func claimContext(ctx context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), timeout)
+}
+
+// handBack returns claimed jobs to the queue, due at once, without an attempt.
+func (d *Dispatcher) handBack(jobs []job) {
+	for _, j := range jobs {
+		d.results <- result{job: j, release: true}
+	}
 }
 
 // start runs the jobs claimed at claimed within the per-webhook and per-org caps; the others
