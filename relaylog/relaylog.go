@@ -171,10 +171,16 @@ func (w *Writer) run() {
 	tick := time.NewTicker(w.cfg.Interval)
 	defer tick.Stop()
 	batch := make([]store.RelayCall, 0, w.cfg.Batch)
+	settle := false // a batch was written at the last flush
 	flush := func(ctx context.Context) {
 		if len(batch) > 0 {
 			w.write(ctx, batch)
-			batch = batch[:0]
+			batch, settle = batch[:0], true
+		} else if settle {
+			// The statuses stored while the last batch was written did not see its calls, nor
+			// did its settle see them: settle once more (store.WriteRelayLog).
+			w.write(ctx, nil)
+			settle = false
 		}
 	}
 	for {
@@ -211,11 +217,17 @@ func (w *Writer) run() {
 	}
 }
 
-// write writes one batch, counting it written or dropped.
+// write writes one batch, counting it written or dropped; an empty one settles only.
 func (w *Writer) write(ctx context.Context, batch []store.RelayCall) {
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	err := w.sink.WriteRelayLog(ctx, batch)
 	cancel()
+	if len(batch) == 0 { // a settle only
+		if err != nil {
+			w.logger.Debug("relay log: settling messages failed", zap.Error(err))
+		}
+		return
+	}
 	if err != nil {
 		w.drop(len(batch))
 		if now := time.Now(); now.Sub(w.lastWarn) >= failureLogEvery {

@@ -616,19 +616,33 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 
 // messagesUpsertSQL applies statuses to messages (DESIGN §5b "Message timeline"): it creates the
 // row of a message not seen yet — its recipient the status's recipient_id, its created_at the
-// earliest upstream timestamp among the batch's statuses of it (when the upstream sent it, to
-// the second; now when none has one or it lies ahead), so that the channel's list keeps the
-// order of the sends —, else moves its status forward only: the update applies when the new rank
+// time of the relay call that sent it (found in relay_log by wamid, so that the channel's list
+// keeps the order of the sends to the microsecond), else, for a status that came before the
+// call's log row or a message sent around the relay, the earliest upstream timestamp among the
+// batch's statuses of it (now when none has one or it lies ahead) with relay_pending set (see
+// settleMessagesSQL) —, else moves its status forward only: the update applies when the new rank
 // is greater, and only to a row of the same channel. One row per message id (its highest status
-// in the batch), in message id order so that concurrent posts lock rows in the same order.
+// in the batch), in message id order so that concurrent posts lock rows in the same order. The
+// relay log is probed only for a message that has no row yet, in the days its call can be in.
 const messagesUpsertSQL = `
-	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at, error_code, error_title)
-	SELECT DISTINCT ON (u.wamid) u.wamid, u.org, u.ch, u.recipient,
-	       least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz)), u.status, u.rank, u.at,
-	       CASE WHEN u.status = 'failed' THEN nullif(u.code, 0) END, CASE WHEN u.status = 'failed' THEN nullif(u.title, '') END
-	FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
-	     AS u(wamid, org, ch, recipient, status, rank, at, code, title)
-	ORDER BY u.wamid, u.rank DESC
+	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at,
+	                           error_code, error_title, relay_pending)
+	SELECT v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, v.first), v.status, v.rank, v.at,
+	       CASE WHEN v.status = 'failed' THEN nullif(v.code, 0) END, CASE WHEN v.status = 'failed' THEN nullif(v.title, '') END,
+	       CASE WHEN r.at IS NULL THEN true END
+	FROM (
+		SELECT DISTINCT ON (u.wamid) u.*, least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz)) AS first
+		FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
+		     AS u(wamid, org, ch, recipient, status, rank, at, code, title)
+		ORDER BY u.wamid, u.rank DESC
+	) v
+	LEFT JOIN LATERAL (
+		SELECT min(r.at) AS at FROM relay_log r
+		WHERE r.wamid = v.wamid AND r.channel_id = v.ch AND NOT r.replayed
+		  AND r.at >= v.first - interval '` + relayLookBack + `' AND r.at <= $10::timestamptz + interval '1 minute'
+		  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = v.wamid)
+	) r ON true
+	ORDER BY v.wamid
 	ON CONFLICT (wamid) DO UPDATE
 	SET status = excluded.status, status_rank = excluded.status_rank, status_at = excluded.status_at,
 	    error_code = excluded.error_code, error_title = excluded.error_title,

@@ -41,20 +41,29 @@ type RelayCall struct {
 var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome", "error_code", "error_subcode",
 	"latency_us", "idempotency_key", "replayed", "recipient", "wamid"}
 
-// WriteRelayLog writes a batch of relay calls into relay_log with one COPY, nothing else (the
-// log's whole cost on the database: a heap row and two index entries per call, bench/README.md
-// "Issue 20: relay log on and off"). A day without a partition has it created, and the batch is
-// tried once more.
+// WriteRelayLog writes a batch of relay calls into relay_log with one COPY (the log's cost on the
+// database: a heap row and two index entries per call, bench/README.md "Issue 20: relay log on
+// and off") and, in the same transaction, settles the messages rows waiting for their call's
+// time (settleMessagesSQL: one probe of an index that is empty unless statuses came before their
+// sends' log rows). A day without a partition has it created, and the batch is tried once more.
+// An empty batch only settles: the writer sends one after a batch, for the statuses that were
+// stored while that batch was being written.
 //
 // Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
 // per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
 // string, its parse and an error per value; bench/README "Issue 21: the relay's CPU in Caddy").
 func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	if len(calls) == 0 {
+		if _, err := s.pool.Exec(ctx, settleMessagesSQL, RelayPendingFor.Milliseconds()); err != nil {
+			return fmt.Errorf("settle messages: %w", err)
+		}
 		return nil
 	}
 	write := func(tx pgx.Tx) error {
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls))
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls)); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, settleMessagesSQL, RelayPendingFor.Milliseconds())
 		return err
 	}
 	err := s.inTx(ctx, write)
@@ -70,6 +79,31 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	}
 	return nil
 }
+
+// RelayPendingFor is how long a messages row waits for its relay call's time (relay_pending,
+// migration 021): a status can come before the log row of its send, which the writer writes
+// within its interval (relaylog.DefaultInterval). A message sent around the relay, or with the
+// log off, never gets one: its row keeps the status's time and is let go (settleMessagesSQL,
+// Maintain).
+const RelayPendingFor = 30 * time.Second
+
+// settleMessagesSQL gives each messages row waiting for its relay call's time (relay_pending)
+// that time as created_at once relay_log has the call, and lets go of the rows that waited
+// longer than $1 ms. Rows an intake transaction holds are skipped, not waited for: the next
+// settle takes them.
+const settleMessagesSQL = `
+	WITH p AS (
+		SELECT wamid, channel_id, created_at FROM messages WHERE relay_pending
+		ORDER BY wamid FOR NO KEY UPDATE SKIP LOCKED
+	), f AS (
+		SELECT p.wamid, p.created_at,
+		       (SELECT min(r.at) FROM relay_log r
+		        WHERE r.wamid = p.wamid AND r.channel_id = p.channel_id AND NOT r.replayed
+		          AND r.at >= p.created_at - interval '` + relayLookBack + `' AND r.at <= p.created_at + interval '1 minute') AS at
+		FROM p
+	)
+	UPDATE messages m SET created_at = coalesce(f.at, m.created_at), relay_pending = NULL
+	FROM f WHERE m.wamid = f.wamid AND (f.at IS NOT NULL OR f.created_at < now() - $1 * interval '1 millisecond')`
 
 // relayLogRows is a pgx.CopyFromSource of calls as relay_log rows, in relayLogColumns' order.
 // Values returns the same slice for every row: pointers to the current row's fields, which pgx

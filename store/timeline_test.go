@@ -528,3 +528,90 @@ func TestUnreportedWindow(t *testing.T) {
 		t.Fatalf("an old unreported send's timeline: %+v %v", tl, err)
 	}
 }
+
+// TestMessageCreatedAtIsTheRelayTime: a message's created_at is its relay call's time, to the
+// microsecond, whichever comes first, the call's log row or the message's first status, so that
+// two sends within one second list in the order they were sent; a status with no call (a message
+// sent around the relay) keeps its own time and stops waiting for one after RelayPendingFor.
+func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	second := time.Now().UTC().Truncate(time.Second).Add(-10 * time.Second)
+	call := func(wamid string, ms int) store.RelayCall {
+		return store.RelayCall{At: second.Add(time.Duration(ms) * time.Millisecond), OrgID: e.org, ChannelID: e.ch.ID,
+			Status: 200, Outcome: "ok", Recipient: "15550100", WAMID: wamid}
+	}
+	row := func(wamid string) (created time.Time, pending *bool) {
+		t.Helper()
+		if err := e.f.Pool.QueryRow(ctx, `SELECT created_at, relay_pending FROM messages WHERE wamid = $1`, wamid).
+			Scan(&created, &pending); err != nil {
+			t.Fatalf("%s: %v", wamid, err)
+		}
+		return created, pending
+	}
+	// The log first: the statuses (posted newest send first, one upstream second for both)
+	// take the calls' times.
+	a, b := call("wamid.A", 100), call("wamid.B", 600)
+	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	e.post(t, e.pnid, []string{status("wamid.B", "sent", second.Unix(), "15550100"), status("wamid.A", "sent", second.Unix(), "15550100")}, nil)
+	for _, c := range []store.RelayCall{a, b} {
+		if created, pending := row(c.WAMID); !created.Equal(c.At) || pending != nil {
+			t.Errorf("%s after its call: created %v pending %v, want %v", c.WAMID, created, pending, c.At)
+		}
+	}
+	// The statuses first (C's after D's): the rows wait; the batch that logs the calls gives
+	// them the calls' times.
+	c, d := call("wamid.C", 2100), call("wamid.D", 2700)
+	e.post(t, e.pnid, []string{status("wamid.D", "delivered", second.Unix()+2, "15550100")}, nil)
+	e.post(t, e.pnid, []string{status("wamid.C", "sent", second.Unix()+2, "15550100")}, nil)
+	if created, pending := row("wamid.C"); !created.Equal(second.Add(2*time.Second)) || pending == nil || !*pending {
+		t.Errorf("C before its call: created %v pending %v", created, pending)
+	}
+	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{c, d}); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []store.RelayCall{c, d} {
+		if created, pending := row(c.WAMID); !created.Equal(c.At) || pending != nil {
+			t.Errorf("%s after its call: created %v pending %v, want %v", c.WAMID, created, pending, c.At)
+		}
+	}
+	ms, err := e.f.Store.ListMessages(ctx, e.org, e.ch.ID, store.MessageFilter{Limit: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range ms {
+		got = append(got, m.WAMID)
+	}
+	if strings.Join(got, " ") != "wamid.D wamid.C wamid.B wamid.A" {
+		t.Errorf("list: %v, want the order of the sends", got)
+	}
+
+	// Sent around the relay: a young row keeps waiting through a settle, an old one is let go
+	// (by the writer's settle, and by Maintain with the log off), their times unchanged.
+	now := time.Now().UTC()
+	e.post(t, e.pnid, []string{status("wamid.AROUND-YOUNG", "sent", now.Unix(), "15550100"),
+		status("wamid.AROUND-OLD", "sent", now.Add(-store.RelayPendingFor-time.Minute).Unix(), "15550100"),
+		status("wamid.AROUND-MAINTAIN", "sent", now.Add(-store.RelayPendingFor-time.Minute).Unix(), "15550100")}, nil)
+	oldAt, _ := row("wamid.AROUND-MAINTAIN")
+	e.f.Exec(t, `UPDATE messages SET relay_pending = NULL WHERE wamid = 'wamid.AROUND-MAINTAIN'`) // (kept for Maintain below)
+	if err := e.f.Store.WriteRelayLog(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, pending := row("wamid.AROUND-YOUNG"); pending == nil {
+		t.Error("a young row without its call stopped waiting")
+	}
+	if created, pending := row("wamid.AROUND-OLD"); pending != nil || !created.Equal(oldAt) {
+		t.Errorf("an old row without its call: created %v pending %v, want %v and let go", created, pending, oldAt)
+	}
+	e.f.Exec(t, `UPDATE messages SET relay_pending = true WHERE wamid = 'wamid.AROUND-MAINTAIN'`)
+	e.f.Store.Maintain(ctx, store.RetentionPolicy{}, nil)
+	if created, pending := row("wamid.AROUND-MAINTAIN"); pending != nil || !created.Equal(oldAt) {
+		t.Errorf("Maintain: created %v pending %v, want %v and let go", created, pending, oldAt)
+	}
+	if _, pending := row("wamid.AROUND-YOUNG"); pending == nil {
+		t.Error("Maintain let go of a young row")
+	}
+}

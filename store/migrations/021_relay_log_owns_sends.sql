@@ -14,6 +14,14 @@
 --   as "accepted" for its first ten minutes (store.UnreportedWindow), and found by its wamid
 --   after that.
 --
+-- * A message's created_at stays the relay call's time, to the microsecond, so that the list
+--   keeps the order of the sends: its first status takes the time from relay_log by wamid. A
+--   status that comes before its send's log row (the log is written in batches, up to a second
+--   later) creates the row with the status's time and relay_pending set; the relay log's
+--   writer then gives it the call's time in the transaction that writes the call
+--   (store.WriteRelayLog, settleMessagesSQL). A row whose call never comes (a message sent
+--   around the relay, or the log off) is let go after store.RelayPendingFor.
+--
 -- Nothing is lost: every relay call the dropped columns described is in relay_log.
 CREATE INDEX relay_log_wamid ON relay_log USING hash (wamid) WHERE wamid IS NOT NULL;
 
@@ -23,7 +31,9 @@ ALTER TABLE messages
 	DROP COLUMN relay_at,
 	DROP COLUMN relay_status,
 	DROP COLUMN relay_latency_us,
-	DROP COLUMN relay_replayed;
+	DROP COLUMN relay_replayed,
+	ADD COLUMN relay_pending boolean; -- true: created_at awaits the relay call's time (NULL otherwise)
+CREATE INDEX messages_relay_pending ON messages (created_at) WHERE relay_pending;
 
 -- A recipient in messages is a number's digits, as a status's recipient_id has it (the list's
 -- "to" filter compares digits); the rows the relay log's writer made held the caller's "to" as
