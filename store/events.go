@@ -616,18 +616,19 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 
 // messagesUpsertSQL applies statuses to messages (DESIGN §5b "Message timeline"): it creates the
 // row of a message not seen yet — its recipient the status's recipient_id, its created_at the
-// time of the relay call that sent it (found in relay_log by wamid, so that the channel's list
-// keeps the order of the sends to the microsecond), else, for a status that came before the
-// call's log row or a message sent around the relay, the earliest upstream timestamp among the
-// batch's statuses of it (now when none has one or it lies ahead) with relay_pending set (see
-// settleMessagesSQL) —, else moves its status forward only: the update applies when the new rank
+// time of the relay call that sent it (found in relay_log by wamid, in the day before the
+// earliest upstream timestamp among the batch's statuses of it, so that the channel's list keeps
+// the order of the sends to the microsecond), else, for a status that came before the call's log
+// row or a message sent around the relay, the status's arrival (now, as its event's; not the
+// upstream's timestamp, which may be days old or garbage, and would have the retention delete the
+// row at once) with relay_pending set (see settleMessagesSQL) —, else moves its status forward only: the update applies when the new rank
 // is greater, and only to a row of the same channel. One row per message id (its highest status
 // in the batch), in message id order so that concurrent posts lock rows in the same order. The
 // relay log is probed only for a message that has no row yet, in the days its call can be in.
 const messagesUpsertSQL = `
 	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at,
 	                           error_code, error_title, relay_pending)
-	SELECT v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, v.first), v.status, v.rank, v.at,
+	SELECT v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, $10::timestamptz), v.status, v.rank, v.at,
 	       CASE WHEN v.status = 'failed' THEN nullif(v.code, 0) END, CASE WHEN v.status = 'failed' THEN nullif(v.title, '') END,
 	       CASE WHEN r.at IS NULL THEN true END
 	FROM (

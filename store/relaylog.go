@@ -83,7 +83,7 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 // RelayPendingFor is how long a messages row waits for its relay call's time (relay_pending,
 // migration 021): a status can come before the log row of its send, which the writer writes
 // within its interval (relaylog.DefaultInterval). A message sent around the relay, or with the
-// log off, never gets one: its row keeps the status's time and is let go (settleMessagesSQL,
+// log off, never gets one: its row keeps its status's arrival and is let go (settleMessagesSQL,
 // Maintain).
 const RelayPendingFor = 30 * time.Second
 

@@ -13,6 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -101,4 +102,79 @@ func procCPU(b *testing.B, pid int) time.Duration {
 	utime, _ := strconv.ParseInt(fields[11], 10, 64)
 	stime, _ := strconv.ParseInt(fields[12], 10, 64)
 	return time.Duration(utime+stime) * (time.Second / 100) // USER_HZ
+}
+
+// BenchmarkFirstStatus measures what a message's first status costs the intake's transaction: a
+// post of 10 "sent" statuses of new messages through StoreEvents (no webhook: no deliveries), on
+// one connection; Postgres backend CPU per status (pg-µs/status). Variants: the sends' relay log
+// rows already written (the usual order: the first status finds its call's time) and not (the
+// status came first: the row is made waiting, relay_pending). Run:
+// go test -run '^$' -bench FirstStatus ./store
+func BenchmarkFirstStatus(b *testing.B) {
+	const perPost = 10
+	for _, logged := range []bool{true, false} {
+		name := "call-logged"
+		if !logged {
+			name = "status-first"
+		}
+		b.Run(name, func(b *testing.B) {
+			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			ctx := context.Background()
+			org := f.Org(b).ID
+			conn := f.Connection()
+			ch := f.Channel(b, org, &testenv.ChannelOpts{Connection: conn})
+			var pid int
+			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				b.Fatal(err)
+			}
+			wamid := func(n int) string { return "wamid.HBgLMTU1NTEyMzQ1NjcVAgARGBI" + strconv.Itoa(100000000+n) }
+			// log writes the relay calls of the messages from..to-1 (before the timed posts).
+			log := func(from, to int) {
+				if !logged {
+					return
+				}
+				calls := make([]store.RelayCall, 0, 1000)
+				for n := from; n < to; n++ {
+					calls = append(calls, store.RelayCall{At: time.Now(), OrgID: org, ChannelID: ch.ID, Status: 200, Outcome: "ok", WAMID: wamid(n)})
+					if len(calls) == cap(calls) || n == to-1 {
+						if err := f.Store.WriteRelayLog(ctx, calls); err != nil {
+							b.Fatal(err)
+						}
+						calls = calls[:0]
+					}
+				}
+			}
+			seq := 0
+			post := func() {
+				now := time.Now()
+				var statuses []string
+				for range perPost {
+					statuses = append(statuses, fmt.Sprintf(`{"id":%q,"status":"sent","timestamp":"%d","recipient_id":"15551234567"}`, wamid(seq), now.Unix()))
+					seq++
+				}
+				body := `{"object":"whatsapp_business_account","entry":[{"id":"waba","changes":[{"field":"messages","value":{
+					"metadata":{"phone_number_id":"` + conn.PhoneNumberID + `"},"statuses":[` + strings.Join(statuses, ",") + `]}}]}]}`
+				parsed, err := inbound.Parse([]byte(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := f.Store.StoreEvents(ctx, parsed.Items, store.Claim{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			const warm = 20 // posts: partitions, plans (past the custom-plan phase)
+			log(0, (warm+b.N)*perPost)
+			for range warm {
+				post()
+			}
+			cpu0 := procCPU(b, pid)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				post()
+			}
+			b.StopTimer()
+			pg := procCPU(b, pid) - cpu0
+			b.ReportMetric(float64(pg.Microseconds())/float64(b.N*perPost), "pg-µs/status")
+		})
+	}
 }

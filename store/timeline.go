@@ -383,11 +383,11 @@ func (s *Store) relaySide(ctx context.Context, orgID uuid.UUID, ms []MessageSumm
 	return nil
 }
 
-// relayLookBack is how long before a message's created_at its relay call is looked for: created_at
-// is the call's time, or, for a message whose call was not found, the upstream timestamp of its
-// earliest status, seconds after the send (a status webhook that arrives days late still carries
-// it). A message whose only statuses came later (a lone read) lists without its key; its
-// timeline, which reads every partition, has it.
+// relayLookBack is how long before a message's created_at its relay call is looked for (and,
+// when a status creates the row, before the status's upstream timestamp): created_at is the
+// call's time, or, for a message whose call was not found, its first status's arrival, seconds
+// after the send. A message whose first status came later (a lone read, days after) lists
+// without its key; its timeline, which reads every partition, has it.
 const relayLookBack = "1 day"
 
 // emptyMessagesReason says why a list is empty when it is the channel's fault (unknown, or

@@ -17,7 +17,7 @@
 -- * A message's created_at stays the relay call's time, to the microsecond, so that the list
 --   keeps the order of the sends: its first status takes the time from relay_log by wamid. A
 --   status that comes before its send's log row (the log is written in batches, up to a second
---   later) creates the row with the status's time and relay_pending set; the relay log's
+--   later) creates the row at the status's arrival with relay_pending set; the relay log's
 --   writer then gives it the call's time in the transaction that writes the call
 --   (store.WriteRelayLog, settleMessagesSQL). A row whose call never comes (a message sent
 --   around the relay, or the log off) is let go after store.RelayPendingFor.
