@@ -611,7 +611,13 @@ func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
 		t.Errorf("an old row without its call: created %v pending %v, want %v and let go", created, pending, oldAt)
 	}
 	e.f.Exec(t, `UPDATE messages SET relay_pending = true WHERE wamid = 'wamid.AROUND-MAINTAIN'`)
+	// A status whose upstream timestamp is years old (re-sent late, or a wrong clock) makes a row
+	// of now, which the retention keeps.
+	e.post(t, e.pnid, []string{status("wamid.AROUND-2023", "sent", 1700000100, "15550100")}, nil)
 	e.f.Store.Maintain(ctx, store.RetentionPolicy{}, nil)
+	if created, _ := row("wamid.AROUND-2023"); created.Before(now) {
+		t.Errorf("a row of an old status: created %v", created)
+	}
 	if created, pending := row("wamid.AROUND-MAINTAIN"); pending != nil || !created.Equal(oldAt) {
 		t.Errorf("Maintain: created %v pending %v, want %v and let go", created, pending, oldAt)
 	}
