@@ -631,6 +631,9 @@ const messagesUpsertSQL = `
 	SELECT v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, $10::timestamptz), v.status, v.rank, v.at,
 	       CASE WHEN v.status = 'failed' THEN nullif(v.code, 0) END, CASE WHEN v.status = 'failed' THEN nullif(v.title, '') END,
 	       CASE WHEN r.at IS NULL THEN true END
+	-- (the call by its wamid alone, its channel checked on the row: with the channel in the
+	-- condition the planner reads the channel's index in time order for the earliest call,
+	-- filtering on wamid — a scan of the channel's day per status)
 	FROM (
 		SELECT DISTINCT ON (u.wamid) u.*, least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz)) AS first
 		FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
@@ -638,10 +641,13 @@ const messagesUpsertSQL = `
 		ORDER BY u.wamid, u.rank DESC
 	) v
 	LEFT JOIN LATERAL (
-		SELECT min(r.at) AS at FROM relay_log r
-		WHERE r.wamid = v.wamid AND r.channel_id = v.ch AND NOT r.replayed
-		  AND r.at >= v.first - interval '` + relayLookBack + `' AND r.at <= $10::timestamptz + interval '1 minute'
-		  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = v.wamid)
+		SELECT r.at FROM (
+			SELECT r.at, r.channel_id FROM relay_log r
+			WHERE r.wamid = v.wamid AND NOT r.replayed
+			  AND r.at >= v.first - interval '` + relayLookBack + `' AND r.at <= $10::timestamptz + interval '1 minute'
+			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = v.wamid)
+			ORDER BY r.at LIMIT 1) r
+		WHERE r.channel_id = v.ch
 	) r ON true
 	ORDER BY v.wamid
 	ON CONFLICT (wamid) DO UPDATE

@@ -97,9 +97,10 @@ const settleMessagesSQL = `
 		ORDER BY wamid FOR NO KEY UPDATE SKIP LOCKED
 	), f AS (
 		SELECT p.wamid, p.created_at,
-		       (SELECT min(r.at) FROM relay_log r
-		        WHERE r.wamid = p.wamid AND r.channel_id = p.channel_id AND NOT r.replayed
-		          AND r.at >= p.created_at - interval '` + relayLookBack + `' AND r.at <= p.created_at + interval '1 minute') AS at
+		       (SELECT CASE WHEN r.channel_id = p.channel_id THEN r.at END FROM relay_log r -- (by wamid alone: messagesUpsertSQL)
+		        WHERE r.wamid = p.wamid AND NOT r.replayed
+		          AND r.at >= p.created_at - interval '` + relayLookBack + `' AND r.at <= p.created_at + interval '1 minute'
+		        ORDER BY r.at LIMIT 1) AS at
 		FROM p
 	)
 	UPDATE messages m SET created_at = coalesce(f.at, m.created_at), relay_pending = NULL

@@ -176,13 +176,16 @@ const keySearchWindow = 24 * time.Hour
 func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter) ([]MessageSummary, error) {
 	now := s.now()
 	// The cursor's position: (created_at, wamid) of the page's last message, in whichever source
-	// holds it.
+	// holds it. The relay log is read by wamid alone, its channel checked on the row found: with
+	// the channel in the condition, Postgres reads the channel's index in time order for the
+	// earliest call, a scan of the channel's log (see messagesUpsertSQL).
 	var before *time.Time
 	if f.After != "" {
 		err := s.pool.QueryRow(ctx, `
 			SELECT coalesce(
 				(SELECT created_at FROM messages WHERE wamid = $1 AND channel_id = $2 AND org_id = $3),
-				(SELECT min(at) FROM relay_log WHERE wamid = $1 AND channel_id = $2 AND org_id = $3 AND NOT replayed))`,
+				(SELECT CASE WHEN channel_id = $2 AND org_id = $3 THEN at END FROM relay_log
+				 WHERE wamid = $1 AND NOT replayed ORDER BY at LIMIT 1))`,
 			f.After, channelID, orgID).Scan(&before)
 		if err != nil {
 			return nil, fmt.Errorf("list messages: %w", err)
