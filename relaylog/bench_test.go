@@ -17,6 +17,8 @@ type discardSink struct{}
 
 func (discardSink) WriteRelayLog(context.Context, []store.RelayCall) error { return nil }
 
+func (discardSink) SettleMessages(context.Context) error { return nil }
+
 // BenchmarkRecord measures what a call costs the process for its log: Record from 64
 // goroutines (the relay's handlers), each pausing 1 ms between calls as handlers do between
 // sends (so the writer waits for calls, as it does at any real rate, rather than finding them

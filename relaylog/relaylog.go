@@ -60,9 +60,15 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Sink is where batches go: [store.Store.WriteRelayLog].
+var _ Sink = (*store.Store)(nil)
+
+// Sink is where batches go: [store.Store].
 type Sink interface {
+	// WriteRelayLog writes a batch.
 	WriteRelayLog(ctx context.Context, calls []store.RelayCall) error
+	// SettleMessages gives the messages whose first status came before their send's log row
+	// their send's time (called after each batch, and once more an interval later).
+	SettleMessages(ctx context.Context) error
 }
 
 // Observer is told what the writer did (metrics). Its methods must not block.
@@ -176,11 +182,12 @@ func (w *Writer) run() {
 		if len(batch) > 0 {
 			w.write(ctx, batch)
 			batch, settle = batch[:0], true
+			w.settle(ctx)
 		} else if settle {
 			// The statuses stored while the last batch was written did not see its calls, nor
-			// did its settle see them: settle once more (store.WriteRelayLog).
-			w.write(ctx, nil)
+			// did the settle after it see them: settle once more.
 			settle = false
+			w.settle(ctx)
 		}
 	}
 	for {
@@ -217,17 +224,21 @@ func (w *Writer) run() {
 	}
 }
 
-// write writes one batch, counting it written or dropped; an empty one settles only.
+// settle runs the sink's SettleMessages; a failure is logged at debug level (the next settle
+// retries, and a message's row keeps its status's arrival meanwhile).
+func (w *Writer) settle(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
+	defer cancel()
+	if err := w.sink.SettleMessages(ctx); err != nil {
+		w.logger.Debug("relay log: settling messages failed", zap.Error(err))
+	}
+}
+
+// write writes one batch, counting it written or dropped.
 func (w *Writer) write(ctx context.Context, batch []store.RelayCall) {
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	err := w.sink.WriteRelayLog(ctx, batch)
 	cancel()
-	if len(batch) == 0 { // a settle only
-		if err != nil {
-			w.logger.Debug("relay log: settling messages failed", zap.Error(err))
-		}
-		return
-	}
 	if err != nil {
 		w.drop(len(batch))
 		if now := time.Now(); now.Sub(w.lastWarn) >= failureLogEvery {

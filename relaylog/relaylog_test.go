@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,6 +33,70 @@ func (c *counts) Dropped(n int) { c.dropped.Add(int64(n)) }
 func call(ch uuid.UUID, wamid string) relay.Call {
 	return relay.Call{At: time.Now(), OrgID: uuid.New(), ChannelID: ch, Status: 200, Outcome: relay.OutcomeOK,
 		Latency: time.Millisecond, Recipient: "1555", WAMID: wamid}
+}
+
+// TestWriterSettlesMessages: a message whose first status came before its send's log row (its
+// row waiting, relay_pending, at the status's arrival) gets the send's time from the writer: in
+// the batch's settle, and, for a status stored after that, in the settle one interval later.
+func TestWriterSettlesMessages(t *testing.T) {
+	f := testenv.NewStore(t)
+	org := f.Org(t).ID
+	ch := f.Channel(t, org, &testenv.ChannelOpts{Connection: f.Connection()})
+	waiting := func(wamid string) {
+		f.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, created_at, status, status_rank, relay_pending)
+			VALUES ($1, $2, $3, now(), 'sent', 1, true)`, wamid, org, ch.ID)
+	}
+	settled := func(wamid string, at time.Time) func() bool {
+		return func() bool {
+			var created time.Time
+			var pending *bool
+			err := f.Pool.QueryRow(context.Background(), `SELECT created_at, relay_pending FROM messages WHERE wamid = $1`, wamid).
+				Scan(&created, &pending)
+			return err == nil && pending == nil && created.Equal(at)
+		}
+	}
+	w := New(f.Store, Config{Interval: 20 * time.Millisecond}, nil, nil)
+	w.Start()
+	defer w.Stop()
+	first := call(ch.ID, "wamid.SETTLE-1")
+	first.OrgID, first.At = org, time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	waiting(first.WAMID)
+	w.Record(first)
+	testenv.Eventually(t, testenv.Patience, settled(first.WAMID, first.At), "the row given its send's time by the batch's settle")
+
+	w.Stop()
+
+	// A status that did not see its call's log row, stored once the settle after that batch had
+	// run (it committed while they ran): the settle one interval later takes it, though no batch
+	// follows.
+	late := call(ch.ID, "wamid.SETTLE-2")
+	late.OrgID, late.At = org, time.Now().Add(-time.Second).Truncate(time.Microsecond)
+	sink := &settleHook{Store: f.Store, settled: make(chan struct{}), release: make(chan struct{})}
+	w2 := New(sink, Config{Interval: 20 * time.Millisecond}, nil, nil)
+	w2.Start()
+	defer w2.Stop()
+	w2.Record(late)
+	<-sink.settled // the batch is written and settled
+	waiting(late.WAMID)
+	close(sink.release)
+	testenv.Eventually(t, testenv.Patience, settled(late.WAMID, late.At), "the row given its send's time by the settle an interval later")
+}
+
+// settleHook is a store whose first SettleMessages, once it has run, reports it on settled and
+// returns when release is closed.
+type settleHook struct {
+	*store.Store
+	settled, release chan struct{}
+	once             sync.Once
+}
+
+func (s *settleHook) SettleMessages(ctx context.Context) error {
+	err := s.Store.SettleMessages(ctx)
+	s.once.Do(func() {
+		close(s.settled)
+		<-s.release
+	})
+	return err
 }
 
 // TestWriterBatches: full batches are written at once, a partial one after the interval, and
@@ -87,6 +152,8 @@ func (s *blockingSink) WriteRelayLog(ctx context.Context, calls []store.RelayCal
 	}
 	return s.store.WriteRelayLog(ctx, calls)
 }
+
+func (s *blockingSink) SettleMessages(ctx context.Context) error { return s.store.SettleMessages(ctx) }
 
 // TestWriterDropsWithoutWaiting: while the writer's database write is held, the relay answers
 // every send at once; the calls beyond the buffer are dropped and counted, the buffered ones

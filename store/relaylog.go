@@ -41,29 +41,20 @@ type RelayCall struct {
 var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome", "error_code", "error_subcode",
 	"latency_us", "idempotency_key", "replayed", "recipient", "wamid"}
 
-// WriteRelayLog writes a batch of relay calls into relay_log with one COPY (the log's cost on the
-// database: a heap row and two index entries per call, bench/README.md "Issue 20: relay log on
-// and off") and, in the same transaction, settles the messages rows waiting for their call's
-// time (settleMessagesSQL: one probe of an index that is empty unless statuses came before their
-// sends' log rows). A day without a partition has it created, and the batch is tried once more.
-// An empty batch only settles: the writer sends one after a batch, for the statuses that were
-// stored while that batch was being written.
+// WriteRelayLog writes a batch of relay calls into relay_log with one COPY, nothing else (the
+// log's whole cost on the database: a heap row and two index entries per call, bench/README.md
+// "Issue 20: relay log on and off"). A day without a partition has it created, and the batch is
+// tried once more. The writer then calls SettleMessages.
 //
 // Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
 // per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
 // string, its parse and an error per value; bench/README "Issue 21: the relay's CPU in Caddy").
 func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	if len(calls) == 0 {
-		if _, err := s.pool.Exec(ctx, settleMessagesSQL, RelayPendingFor.Milliseconds()); err != nil {
-			return fmt.Errorf("settle messages: %w", err)
-		}
 		return nil
 	}
 	write := func(tx pgx.Tx) error {
-		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls)); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, settleMessagesSQL, RelayPendingFor.Milliseconds())
+		_, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls))
 		return err
 	}
 	err := s.inTx(ctx, write)
@@ -86,6 +77,19 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 // log off, never gets one: its row keeps its status's arrival and is let go (settleMessagesSQL,
 // Maintain).
 const RelayPendingFor = 30 * time.Second
+
+// SettleMessages gives the messages rows waiting for their relay call's time (relay_pending: their
+// first status came before the call's log row) that time once relay_log has the call, and lets
+// go of those that waited longer than RelayPendingFor (settleMessagesSQL: one probe of a partial
+// index that is empty unless statuses outran their sends' log rows). The relay log's writer calls
+// it after each batch, and once more an interval later for the statuses stored while it wrote.
+// Apart from the batch's transaction, so that a failure here never costs the batch.
+func (s *Store) SettleMessages(ctx context.Context) error {
+	if _, err := s.pool.Exec(ctx, settleMessagesSQL, RelayPendingFor.Milliseconds()); err != nil {
+		return fmt.Errorf("settle messages: %w", err)
+	}
+	return nil
+}
 
 // settleMessagesSQL gives each messages row waiting for its relay call's time (relay_pending)
 // that time as created_at once relay_log has the call, and lets go of the rows that waited

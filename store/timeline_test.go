@@ -575,6 +575,9 @@ func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
 	if err := e.f.Store.WriteRelayLog(ctx, []store.RelayCall{c, d}); err != nil {
 		t.Fatal(err)
 	}
+	if err := e.f.Store.SettleMessages(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []store.RelayCall{c, d} {
 		if created, pending := row(c.WAMID); !created.Equal(c.At) || pending != nil {
 			t.Errorf("%s after its call: created %v pending %v, want %v", c.WAMID, created, pending, c.At)
@@ -601,7 +604,7 @@ func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
 	oldAt := now.Add(-store.RelayPendingFor - time.Minute).Truncate(time.Microsecond)
 	e.f.Exec(t, `UPDATE messages SET created_at = $1 WHERE wamid IN ('wamid.AROUND-OLD', 'wamid.AROUND-MAINTAIN')`, oldAt)
 	e.f.Exec(t, `UPDATE messages SET relay_pending = NULL WHERE wamid = 'wamid.AROUND-MAINTAIN'`) // (kept for Maintain below)
-	if err := e.f.Store.WriteRelayLog(ctx, nil); err != nil {
+	if err := e.f.Store.SettleMessages(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if _, pending := row("wamid.AROUND-YOUNG"); pending == nil {
