@@ -18,8 +18,8 @@
 --   keeps the order of the sends: its first status takes the time from relay_log by wamid. A
 --   status that comes before its send's log row (the log is written in batches, up to a second
 --   later) creates the row at the status's arrival with relay_pending set; the relay log's
---   writer then gives it the call's time in the transaction that writes the call
---   (store.WriteRelayLog, settleMessagesSQL). A row whose call never comes (a message sent
+--   writer then gives it the call's time right after the batch that writes the call
+--   (store.SettleMessages). A row whose call never comes (a message sent
 --   around the relay, or the log off) is let go after store.RelayPendingFor.
 --
 -- Nothing is lost: every relay call the dropped columns described is in relay_log.
