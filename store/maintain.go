@@ -116,8 +116,7 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 	} else if n > 0 {
 		logger.Info("retention: messages deleted", zap.Int64("messages", n), zap.Duration("retention", retention))
 	}
-	if _, err := s.pool.Exec(ctx, `UPDATE messages SET relay_pending = NULL WHERE relay_pending AND created_at < $1`,
-		now.Add(-RelayPendingFor)); err != nil { // (with the relay log off no writer settles them)
+	if err := s.letGoPendingMessages(ctx, now.Add(-RelayPendingFor)); err != nil { // (with the relay log off no writer settles them)
 		logger.Warn("letting go of messages waiting for relay calls failed", zap.Error(err))
 	}
 	if n, err := s.PruneMediaObjects(ctx, now.Add(-MediaRetention)); err != nil {

@@ -91,6 +91,13 @@ func (s *Store) SettleMessages(ctx context.Context) error {
 	return nil
 }
 
+// letGoPendingMessages stops the messages rows created before before from waiting for their
+// relay call's time (Maintain: with the relay log off, no writer settles them).
+func (s *Store) letGoPendingMessages(ctx context.Context, before time.Time) error {
+	_, err := s.pool.Exec(ctx, `UPDATE messages SET relay_pending = NULL WHERE relay_pending AND created_at < $1`, before)
+	return err
+}
+
 // settleMessagesSQL gives each messages row waiting for its relay call's time (relay_pending)
 // that time as created_at once relay_log has the call, and lets go of the rows that waited
 // longer than $1 ms. Rows an intake transaction holds are skipped, not waited for: the next
