@@ -489,50 +489,7 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	if maxes == nil {
 		maxes = []int32{int32(max(in.claim.Max, 0))}
 	}
-	// One delivery per matching webhook: a log row, and a queue row — claimed for this
-	// instance (up to its post's claim Max, active webhooks), pending (active) or held (paused). A
-	// webhook with ordering "conversation" gets the item's conversation on both rows, and no
-	// hand-off (its claims keep the order, see claimableSQL); its delivery is due no sooner than
-	// the latest of its conversation already queued (one index probe), so that it does not
-	// sit due but waiting in front of the claims while an earlier one waits for a retry.
-	rows, err = tx.Query(ctx, `
-		WITH m AS (
-			SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
-			       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv, w.previous_secret_expires_at,
-			       e.post
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[], $10::int[]) AS e(id, org_id, channel_id, type, conv, post)
-			JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
-			WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
-		), h AS (
-			-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
-			-- queue (one probe of delivery_queue_due): new events never overtake its older due
-			-- deliveries, while other webhooks' and other orgs' backlogs do not matter
-			-- (nor a failing one: only its probe goes out, migration 017)
-			SELECT m.*, m.active AND ($6::int[])[m.post] > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
-				SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
-			) AS free
-			FROM m
-		), n AS (
-			SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, `+newDeliveryIDSQL("$5")+` AS id,
-			       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed
-			FROM h
-		), log AS (
-			`+insertDeliveryLog+`
-			SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5, n.conv FROM n ORDER BY n.event_id, n.webhook_id
-		), q AS (
-			`+insertDeliveryQueue+`
-			SELECT n.id, $5, n.event_id, n.webhook_id,
-			       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END,
-			       CASE WHEN n.conv IS NULL THEN $5 ELSE greatest($5, (
-			         SELECT o.next_attempt_at FROM delivery_queue o WHERE o.webhook_id = n.webhook_id AND o.conversation = n.conv
-			         ORDER BY o.created_at DESC, o.event_id DESC, o.delivery_id DESC LIMIT 1)) END,
-			       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
-			FROM n ORDER BY n.event_id, n.webhook_id
-		)
-		SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`,
-		// Planned for each call: a cached generic plan made while the tables were small or
-		// unanalysed keeps scanning them whole.
-		pgx.QueryExecModeCacheDescribe, stored, storedOrg, storedCh, storedType, in.now, maxes, in.claim.Instance,
+	rows, err = queryGeneric(ctx, tx, storeDeliveriesSQL, stored, storedOrg, storedCh, storedType, in.now, maxes, in.claim.Instance,
 		in.claim.Lease.Milliseconds(), storedConv, storedPost)
 	if err != nil {
 		return err
@@ -565,6 +522,53 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	}
 	return nil
 }
+
+// storeDeliveriesSQL makes the deliveries of stored events (storeGroup), one per matching
+// webhook: a log row, and a queue row — claimed for this instance (up to its post's claim Max,
+// active webhooks), pending (active) or held (paused). A webhook with ordering "conversation"
+// gets the item's conversation on both rows, and no hand-off (its claims keep the order, see
+// claimableSQL); its delivery is due no sooner than the latest of its conversation already
+// queued (one index probe), so that it does not sit due but waiting in front of the claims
+// while an earlier one waits for a retry.
+//
+// It runs on a generic plan (queryGeneric): planned per call, it spent more time in the planner
+// than running. It inserts into deliveries, a partitioned table, into which a generic plan
+// routes rows at run time without locking every partition.
+var storeDeliveriesSQL = `
+	WITH m AS (
+		SELECT e.id AS event_id, w.id AS webhook_id, w.org_id, w.status = 'active' AS active, w.url,
+		       CASE WHEN w.ordering = 'conversation' THEN e.conv END AS conv, w.previous_secret_expires_at,
+		       e.post
+		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[], $10::int[]) AS e(id, org_id, channel_id, type, conv, post)
+		JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
+		WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
+	), h AS (
+		-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
+		-- queue (one probe of delivery_queue_due): new events never overtake its older due
+		-- deliveries, while other webhooks' and other orgs' backlogs do not matter
+		-- (nor a failing one: only its probe goes out, migration 017)
+		SELECT m.*, m.active AND ($6::int[])[m.post] > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
+			SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
+		) AS free
+		FROM m
+	), n AS (
+		SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, ` + newDeliveryIDSQL("$5") + ` AS id,
+		       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed
+		FROM h
+	), log AS (
+		` + insertDeliveryLog + `
+		SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, $5, $5, n.conv FROM n ORDER BY n.event_id, n.webhook_id
+	), q AS (
+		` + insertDeliveryQueue + `
+		SELECT n.id, $5, n.event_id, n.webhook_id,
+		       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END,
+		       CASE WHEN n.conv IS NULL THEN $5 ELSE greatest($5, (
+		         SELECT o.next_attempt_at FROM delivery_queue o WHERE o.webhook_id = n.webhook_id AND o.conversation = n.conv
+		         ORDER BY o.created_at DESC, o.event_id DESC, o.delivery_id DESC LIMIT 1)) END,
+		       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
+		FROM n ORDER BY n.event_id, n.webhook_id
+	)
+	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`
 
 // applyStatuses moves the latest status of the outgoing messages that the stored events (ids in
 // stored) report, in one statement (see messagesUpsertSQL). Statuses that rank no message status,

@@ -32,3 +32,18 @@ func MigrateTo(ctx context.Context, conn *pgx.Conn, v int32) error {
 // SetRekeyBeforeWrite sets the hook Rekey runs between reading a batch of table.column and
 // writing it.
 func (o *RekeyOptions) SetRekeyBeforeWrite(f func(table, column string)) { o.beforeWrite = f }
+
+// PlanGuardSQL is the guard the hot statements are planned under (see queryGeneric).
+const PlanGuardSQL = planGuardSQL
+
+// GenericStatements are the statements run on generic plans (queryGeneric, execGeneric).
+var GenericStatements = map[string]string{
+	"claim":            claimSQL,
+	"claim probes":     claimProbesSQL,
+	"record health":    recordHealthSQL,
+	"record attempts":  recordSQL,
+	"store deliveries": storeDeliveriesSQL,
+}
+
+// QueryGeneric is queryGeneric.
+var QueryGeneric = queryGeneric

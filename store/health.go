@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 )
 
 // Webhook health values (WebhookHealth.State) and the reason of an automatic pause.
@@ -155,7 +154,7 @@ func (q *Queue) RecordHealth(ctx context.Context, pol HealthPolicy, outs []Healt
 	for i, o := range outs {
 		ids[i], delivered[i], fails[i], probeFailed[i] = o.WebhookID, o.Delivered, o.Failures, o.ProbeFailed
 	}
-	rows, err := q.pool.Query(ctx, recordHealthSQL, pgx.QueryExecModeCacheDescribe, ids, delivered, fails, probeFailed,
+	rows, err := queryGeneric(ctx, q.pool, recordHealthSQL, ids, delivered, fails, probeFailed,
 		pol.Threshold, pol.ProbeInterval.Milliseconds(), pol.ProbeIntervalMax.Milliseconds(), pol.DisableAfter.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("record webhook health: %w", err)
@@ -223,7 +222,7 @@ RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.att
 // ClaimProbes claims the due probes of failing webhooks (see claimProbesSQL), at most limit,
 // with their payloads. Each is marked Probe.
 func (q *Queue) ClaimProbes(ctx context.Context, instance string, lease time.Duration, limit int) ([]ClaimedDelivery, error) {
-	rows, err := q.pool.Query(ctx, claimProbesSQL, pgx.QueryExecModeCacheDescribe, instance, lease.Milliseconds(), limit)
+	rows, err := queryGeneric(ctx, q.pool, claimProbesSQL, instance, lease.Milliseconds(), limit)
 	if err != nil {
 		return nil, fmt.Errorf("claim probes: %w", err)
 	}

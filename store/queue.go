@@ -173,9 +173,9 @@ func claimArgs(c QueueClaim) []any {
 
 // Claim takes due deliveries (see claimSQL), with their events' payloads.
 func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
-	// Planned for each claim (unnamed statement, still one round trip): a connection's cached
-	// generic plan, made while the tables were small or unanalysed, kept reading them whole.
-	rows, err := q.pool.Query(ctx, claimSQL, append([]any{pgx.QueryExecModeCacheDescribe}, claimArgs(c)...)...)
+	// A generic plan under a guard (queryGeneric): planned per claim, the statement spent about
+	// three quarters of its time in the planner (bench/README.md "Issue 21: generic plans").
+	rows, err := queryGeneric(ctx, q.pool, claimSQL, claimArgs(c)...)
 	if err != nil {
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -373,7 +373,7 @@ func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (in
 		for k, i := range is {
 			group[k] = outs[i]
 		}
-		tag, err := q.pool.Exec(ctx, recordSQL, append([]any{pgx.QueryExecModeCacheDescribe}, recordArgs(group, instance, d)...)...)
+		tag, err := execGeneric(ctx, q.pool, recordSQL, recordArgs(group, instance, d)...)
 		if err != nil {
 			return recorded, fmt.Errorf("record delivery attempts: %w", err)
 		}

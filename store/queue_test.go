@@ -3,6 +3,8 @@ package store_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,8 +52,29 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
+	// The plan the claim runs on: generic, under its guard (see store.QueryGeneric).
+	if _, err := tx.Exec(ctx, store.PlanGuardSQL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE claim AS "+store.ClaimSQL); err != nil {
+		t.Fatal(err)
+	}
+	// (EXECUTE's arguments as literals: a utility statement takes no protocol parameters)
+	var types []string
+	if err := tx.QueryRow(ctx, `SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'claim'`).Scan(&types); err != nil {
+		t.Fatal(err)
+	}
+	lits := make([]string, len(args))
+	for i, a := range args {
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT quote_literal($1::%s::text) || '::%[1]s'", types[i]), a).Scan(&lits[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+store.ClaimSQL, args...).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("+strings.Join(lits, ", ")+")").Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "DEALLOCATE claim"); err != nil {
 		t.Fatal(err)
 	}
 	var p []struct{ Plan planNode }
@@ -69,7 +92,7 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	rows, err := tx.Query(ctx, store.ClaimSQL, args...)
+	rows, err := store.QueryGeneric(ctx, tx, store.ClaimSQL, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,146 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// planNodes returns every node of a plan (EXPLAIN FORMAT JSON), depth first.
+func planNodes(n planNode, into []planNode) []planNode {
+	into = append(into, n)
+	for _, c := range n.Plans {
+		into = planNodes(c, into)
+	}
+	return into
+}
+
+// genericPlan prepares sql as name in tx and returns its generic plan as Postgres makes it
+// under the settings in effect (EXPLAIN EXECUTE with every parameter NULL: a generic plan does
+// not look at them), and how many generic plans the statement has had.
+func genericPlan(t *testing.T, tx pgx.Tx, name, sql string) (planNode, int64) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
+		t.Fatalf("prepare %s: %v", name, err)
+	}
+	var params int
+	if err := tx.QueryRow(ctx, `SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = $1`, name).Scan(&params); err != nil {
+		t.Fatal(err)
+	}
+	nulls := strings.TrimSuffix(strings.Repeat("NULL, ", params), ", ")
+	var plan []byte
+	if err := tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (FORMAT JSON) EXECUTE %s(%s)", name, nulls)).Scan(&plan); err != nil {
+		t.Fatalf("explain %s: %v", name, err)
+	}
+	var p []struct{ Plan planNode }
+	if err := json.Unmarshal(plan, &p); err != nil || len(p) != 1 {
+		t.Fatalf("plan %s: %v", plan, err)
+	}
+	var generic int64
+	if err := tx.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE name = $1`, name).Scan(&generic); err != nil {
+		t.Fatal(err)
+	}
+	return p[0].Plan, generic
+}
+
+// TestGenericPlansCannotDegrade: the statements run on generic plans (the claims, the health
+// sums, the completions, the intake's deliveries) are planned, under the guard they run with,
+// as generic plans without a sequential or bitmap scan or a hash or merge join, even on empty
+// tables that were never analysed — where, without the guard, their generic plans read and
+// hash tables whole for as long as the connection keeps them.
+func TestGenericPlansCannotDegrade(t *testing.T) {
+	ctx := context.Background()
+	f := testenv.NewStore(t)
+	tx, err := f.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, store.PlanGuardSQL); err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	for name, sql := range store.GenericStatements {
+		i++
+		plan, generic := genericPlan(t, tx, fmt.Sprintf("guarded_%d", i), sql)
+		if generic < 1 {
+			t.Errorf("%s: not planned as a generic plan under the guard", name)
+		}
+		for _, n := range planNodes(plan, nil) {
+			switch n.Type {
+			case "Seq Scan", "Bitmap Heap Scan", "Hash Join", "Merge Join":
+				t.Errorf("%s: its generic plan on empty tables has a %s (%s)", name, n.Type, n.Relation)
+			}
+		}
+	}
+
+	// Without the guard's scan and join settings, the same statements planned generic on the
+	// same empty tables read tables sequentially and hash them: what the guard prevents.
+	if _, err := tx.Exec(ctx, `SET LOCAL enable_seqscan = on; SET LOCAL enable_bitmapscan = on; SET LOCAL enable_hashjoin = on; SET LOCAL enable_mergejoin = on`); err != nil {
+		t.Fatal(err)
+	}
+	unguarded := 0
+	for name, sql := range store.GenericStatements {
+		i++
+		plan, _ := genericPlan(t, tx, fmt.Sprintf("unguarded_%d", i), sql)
+		for _, n := range planNodes(plan, nil) {
+			if n.Type == "Seq Scan" || n.Type == "Hash Join" {
+				t.Logf("unguarded, %s has a %s (%s)", name, n.Type, n.Relation)
+				unguarded++
+			}
+		}
+	}
+	if unguarded == 0 {
+		t.Fatal("without the guard's settings no generic plan has a sequential scan or a hash join: the test shows nothing")
+	}
+}
+
+// TestQueryGenericGuardEndsWithItsStatement: the guard's settings hold for the statement run by
+// queryGeneric and end with its implicit transaction: the connection's next statement runs
+// under the server's defaults.
+func TestQueryGenericGuardEndsWithItsStatement(t *testing.T) {
+	ctx := context.Background()
+	f := testenv.NewStore(t)
+	conn, err := f.Pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	const show = `SELECT current_setting('plan_cache_mode') || ' ' || current_setting('enable_seqscan') || ' ' ||
+		current_setting('enable_bitmapscan') || ' ' || current_setting('enable_hashjoin') || ' ' ||
+		current_setting('enable_mergejoin')`
+	rows, err := store.QueryGeneric(ctx, conn, show)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inside []string
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		inside = append(inside, s)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(inside) != 1 || inside[0] != "force_generic_plan off off off off" {
+		t.Fatalf("settings inside queryGeneric: %q", inside)
+	}
+	var after string
+	if err := conn.QueryRow(ctx, show).Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	if after != "auto on on on on" {
+		t.Fatalf("settings after queryGeneric on the same connection: %q", after)
+	}
+}
