@@ -85,6 +85,7 @@ func runCLIFor(needKey bool, timeout time.Duration, fn func(env *cliEnv, cmd *co
 		if err != nil {
 			return errors.New("database: invalid connection string")
 		}
+		store.ConfigurePool(cfg)
 		pool, err := pgxpool.NewWithConfig(ctx, cfg)
 		if err != nil {
 			return fmt.Errorf("database: %w", err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/store"
 )
 
 // Shared clients, reference-counted across config reloads: a reload with the same database or
@@ -53,6 +54,7 @@ func acquirePool(dsn string) (*pgxpool.Pool, string, error) {
 		}
 		cfg.MinConns = 0
 		noJIT(cfg.ConnConfig.RuntimeParams)
+		store.ConfigurePool(cfg)
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		if err != nil {
 			return nil, fmt.Errorf("database: %w", err)

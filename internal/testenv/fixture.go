@@ -54,6 +54,7 @@ func NewStore(t testing.TB, opts ...*StoreOpts) *Fixture {
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
+	store.ConfigurePool(cfg) // as the product's pools
 	if o.Pool != nil {
 		o.Pool(cfg)
 	}
