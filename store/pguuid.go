@@ -27,13 +27,36 @@ func ConfigurePool(cfg *pgxpool.Config) {
 }
 
 // RegisterUUID makes m encode uuid.UUID as a Postgres uuid in binary and scan a uuid into
-// *uuid.UUID, in front of the driver.Valuer and sql.Scanner paths pgx takes otherwise. A NULL
-// scanned into a uuid.UUID leaves it as it was, as before (TestUUIDCodec).
+// *uuid.UUID (alone or in a slice) directly: its codec for uuid (and uuid[]'s elements) takes
+// them before pgx looks for their driver.Valuer and sql.Scanner. A NULL scanned into a
+// uuid.UUID leaves it as it was, as uuid.UUID's Scan does (TestUUIDCodec).
 func RegisterUUID(m *pgtype.Map) {
-	m.TryWrapEncodePlanFuncs = append([]pgtype.TryWrapEncodePlanFunc{tryWrapUUIDEncodePlan}, m.TryWrapEncodePlanFuncs...)
-	m.TryWrapScanPlanFuncs = append([]pgtype.TryWrapScanPlanFunc{tryWrapUUIDScanPlan}, m.TryWrapScanPlanFuncs...)
+	t := &pgtype.Type{Name: "uuid", OID: pgtype.UUIDOID, Codec: uuidCodec{}}
+	m.RegisterType(t)
+	m.RegisterType(&pgtype.Type{Name: "_uuid", OID: pgtype.UUIDArrayOID, Codec: &pgtype.ArrayCodec{ElementType: t}})
 	m.RegisterDefaultPgType(uuid.UUID{}, "uuid")
 	m.RegisterDefaultPgType([]uuid.UUID{}, "_uuid")
+}
+
+// uuidCodec is pgtype.UUIDCodec that also takes uuid.UUID values and *uuid.UUID targets.
+type uuidCodec struct{ pgtype.UUIDCodec }
+
+func (c uuidCodec) PlanEncode(m *pgtype.Map, oid uint32, format int16, value any) pgtype.EncodePlan {
+	if _, ok := value.(uuid.UUID); ok {
+		if next := c.UUIDCodec.PlanEncode(m, oid, format, uuidValue{}); next != nil {
+			return &encodeUUIDPlan{next: next}
+		}
+	}
+	return c.UUIDCodec.PlanEncode(m, oid, format, value)
+}
+
+func (c uuidCodec) PlanScan(m *pgtype.Map, oid uint32, format int16, target any) pgtype.ScanPlan {
+	if _, ok := target.(*uuid.UUID); ok {
+		if next := c.UUIDCodec.PlanScan(m, oid, format, (*uuidValue)(nil)); next != nil {
+			return &scanUUIDPlan{next: next}
+		}
+	}
+	return c.UUIDCodec.PlanScan(m, oid, format, target)
 }
 
 // uuidValue is uuid.UUID as pgtype's UUIDValuer and UUIDScanner.
@@ -42,41 +65,26 @@ type uuidValue uuid.UUID
 func (u uuidValue) UUIDValue() (pgtype.UUID, error) { return pgtype.UUID{Bytes: u, Valid: true}, nil }
 
 func (u *uuidValue) ScanUUID(v pgtype.UUID) error {
-	*u = uuidValue(v.Bytes)
+	if v.Valid {
+		*u = uuidValue(v.Bytes)
+	}
 	return nil
 }
 
-func tryWrapUUIDEncodePlan(value any) (pgtype.WrappedEncodePlanNextSetter, any, bool) {
-	if v, ok := value.(uuid.UUID); ok {
-		return &wrapUUIDEncodePlan{}, uuidValue(v), true
-	}
-	return nil, nil, false
-}
+type encodeUUIDPlan struct{ next pgtype.EncodePlan }
 
-type wrapUUIDEncodePlan struct{ next pgtype.EncodePlan }
-
-func (p *wrapUUIDEncodePlan) SetNext(next pgtype.EncodePlan) { p.next = next }
-
-func (p *wrapUUIDEncodePlan) Encode(value any, buf []byte) ([]byte, error) {
+func (p *encodeUUIDPlan) Encode(value any, buf []byte) ([]byte, error) {
 	return p.next.Encode(uuidValue(value.(uuid.UUID)), buf)
 }
 
-func tryWrapUUIDScanPlan(target any) (pgtype.WrappedScanPlanNextSetter, any, bool) {
-	if t, ok := target.(*uuid.UUID); ok {
-		return &wrapUUIDScanPlan{}, (*uuidValue)(t), true
-	}
-	return nil, nil, false
-}
+type scanUUIDPlan struct{ next pgtype.ScanPlan }
 
-type wrapUUIDScanPlan struct{ next pgtype.ScanPlan }
-
-func (p *wrapUUIDScanPlan) SetNext(next pgtype.ScanPlan) { p.next = next }
-
-func (p *wrapUUIDScanPlan) Scan(src []byte, dst any) error {
+func (p *scanUUIDPlan) Scan(src []byte, dst any) error {
 	return p.next.Scan(src, (*uuidValue)(dst.(*uuid.UUID)))
 }
 
 var (
+	_ pgtype.Codec       = uuidCodec{}
 	_ pgtype.UUIDValuer  = uuidValue{}
 	_ pgtype.UUIDScanner = (*uuidValue)(nil)
 )

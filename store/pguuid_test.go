@@ -46,24 +46,20 @@ func TestUUIDCodec(t *testing.T) {
 	}
 	defer conn.Release()
 	m := conn.Conn().TypeMap()
-	for _, v := range []any{a, []uuid.UUID{a, b}} {
-		oid := uint32(pgtype.UUIDOID)
-		if _, ok := v.([]uuid.UUID); ok {
-			oid = pgtype.UUIDArrayOID
-		}
-		plan := m.PlanEncode(oid, pgtype.BinaryFormatCode, v)
-		if plan == nil || strings.Contains(fmt.Sprintf("%T", plan), "DriverValuer") {
-			t.Errorf("%T encodes with %T", v, plan)
-		}
+	plans := func(m *pgtype.Map) (encode, scan string) {
+		return fmt.Sprintf("%T", m.PlanEncode(pgtype.UUIDOID, pgtype.BinaryFormatCode, a)),
+			fmt.Sprintf("%T", m.PlanScan(pgtype.UUIDOID, pgtype.BinaryFormatCode, &one))
 	}
-	// A connection without it takes the driver.Valuer path (else the check above shows nothing).
+	if encode, scan := plans(m); strings.Contains(encode, "DriverValuer") || strings.Contains(scan, "SQLScanner") {
+		t.Errorf("uuid.UUID encodes with %s, scans with %s", encode, scan)
+	}
+	// A connection without it takes the string paths (else the check above shows nothing).
 	plain, err := pgx.Connect(ctx, f.DSN)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close(ctx)
-	next := plain.TypeMap().PlanEncode(pgtype.UUIDOID, pgtype.BinaryFormatCode, a)
-	if !strings.Contains(fmt.Sprintf("%T", next), "DriverValuer") {
-		t.Fatalf("without store.ConfigurePool, pgx encodes uuid.UUID with %T: the check shows nothing", next)
+	if encode, scan := plans(plain.TypeMap()); !strings.Contains(encode, "DriverValuer") || !strings.Contains(scan, "SQLScanner") {
+		t.Fatalf("without store.ConfigurePool, uuid.UUID encodes with %s, scans with %s: the check shows nothing", encode, scan)
 	}
 }
