@@ -32,7 +32,10 @@ const planGuardSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan',
 // the payload and message look-ups), which stay planned per call: a generic plan prunes
 // partitions only when it runs, and Postgres 15 locks every partition of its tables at every
 // call. The completion, which updates one day of deliveries, was measured both ways: on its
-// generic plan its run time did not grow, and its planning went.
+// generic plan its run time did not grow, and its planning went. So was the events insert
+// (bench/README.md): generic, it cost a little less (its planning went, its run time grew a
+// little), but the guard would then hold for the rest of the intake's transaction (the
+// messages upsert); not done.
 func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {
 	b := &pgx.Batch{}
 	b.Queue(planGuardSQL)
