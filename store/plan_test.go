@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -104,43 +105,53 @@ func TestGenericPlansCannotDegrade(t *testing.T) {
 }
 
 // TestQueryGenericGuardEndsWithItsStatement: the guard's settings hold for the statement run by
-// queryGeneric and end with its implicit transaction: the connection's next statement runs
-// under the server's defaults.
+// queryGeneric and end with its implicit transaction — the connection's next statement runs
+// under the server's defaults —, whatever exec mode the connection string gives pgx (a
+// transaction-mode pooler needs one without the statement cache).
 func TestQueryGenericGuardEndsWithItsStatement(t *testing.T) {
 	ctx := context.Background()
-	f := testenv.NewStore(t)
-	conn, err := f.Pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
+	dsn := testenv.NewStore(t).DSN
 	const show = `SELECT current_setting('plan_cache_mode') || ' ' || current_setting('enable_seqscan') || ' ' ||
 		current_setting('enable_bitmapscan') || ' ' || current_setting('enable_hashjoin') || ' ' ||
 		current_setting('enable_mergejoin')`
-	rows, err := store.QueryGeneric(ctx, conn, show)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var inside []string
-	for rows.Next() {
-		var s string
-		if err := rows.Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		inside = append(inside, s)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		t.Fatal(err)
-	}
-	if len(inside) != 1 || inside[0] != "force_generic_plan off off off off" {
-		t.Fatalf("settings inside queryGeneric: %q", inside)
-	}
-	var after string
-	if err := conn.QueryRow(ctx, show).Scan(&after); err != nil {
-		t.Fatal(err)
-	}
-	if after != "auto on on on on" {
-		t.Fatalf("settings after queryGeneric on the same connection: %q", after)
+	for _, mode := range []string{"", "cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run("mode "+mode, func(t *testing.T) {
+			f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn, Pool: func(cfg *pgxpool.Config) {
+				cfg.MaxConns = 1
+				if mode != "" {
+					cfg.ConnConfig.DefaultQueryExecMode = map[string]pgx.QueryExecMode{
+						"cache_statement": pgx.QueryExecModeCacheStatement, "cache_describe": pgx.QueryExecModeCacheDescribe,
+						"describe_exec": pgx.QueryExecModeDescribeExec, "exec": pgx.QueryExecModeExec,
+						"simple_protocol": pgx.QueryExecModeSimpleProtocol,
+					}[mode]
+				}
+			}})
+			rows, err := store.QueryGeneric(ctx, f.Pool, show)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var inside []string
+			for rows.Next() {
+				var s string
+				if err := rows.Scan(&s); err != nil {
+					t.Fatal(err)
+				}
+				inside = append(inside, s)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				t.Fatal(err)
+			}
+			if len(inside) != 1 || inside[0] != "force_generic_plan off off off off" {
+				t.Fatalf("settings inside queryGeneric: %q", inside)
+			}
+			var after string // (the pool's one connection)
+			if err := f.Pool.QueryRow(ctx, show).Scan(&after); err != nil {
+				t.Fatal(err)
+			}
+			if after != "auto on on on on" {
+				t.Fatalf("settings after queryGeneric on the same connection: %q", after)
+			}
+		})
 	}
 }
