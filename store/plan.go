@@ -37,12 +37,8 @@ const planGuardSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan',
 // little), but the guard would then hold for the rest of the intake's transaction (the
 // messages upsert); not done.
 func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {
-	b := &pgx.Batch{}
-	b.Queue(planGuardSQL)
-	b.Queue(sql, args...)
-	br := db.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
+	br, err := sendGuarded(ctx, db, sql, args)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := br.Query()
@@ -55,19 +51,29 @@ func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) 
 
 // execGeneric is queryGeneric for a statement whose rows are not read.
 func execGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgconn.CommandTag, error) {
-	b := &pgx.Batch{}
-	b.Queue(planGuardSQL)
-	b.Queue(sql, args...)
-	br := db.SendBatch(ctx, b)
-	_, err := br.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = br.Exec()
+	br, err := sendGuarded(ctx, db, sql, args)
+	if err != nil {
+		return pgconn.CommandTag{}, err
 	}
+	tag, err := br.Exec()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
 	return tag, err
+}
+
+// sendGuarded sends planGuardSQL and sql as one batch and reads the guard's answer; the
+// statement's is next in the returned results (closed already on an error).
+func sendGuarded(ctx context.Context, db batchSender, sql string, args []any) (pgx.BatchResults, error) {
+	b := &pgx.Batch{}
+	b.Queue(planGuardSQL)
+	b.Queue(sql, args...)
+	br := db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	return br, nil
 }
 
 // batchSender is a pool, a connection or a transaction.
