@@ -23,22 +23,32 @@ func planNodes(n planNode, into []planNode) []planNode {
 	return into
 }
 
-// genericPlan prepares sql as name in tx and returns its generic plan as Postgres makes it
-// under the settings in effect (EXPLAIN EXECUTE with every parameter NULL: a generic plan does
-// not look at them), and how many generic plans the statement has had.
-func genericPlan(t *testing.T, tx pgx.Tx, name, sql string) (planNode, int64) {
+// explainPrepared prepares sql as name in tx, explains its execution (EXPLAIN (options)
+// EXECUTE) under the settings in effect and returns the plan and how many generic plans the
+// statement has had, then deallocates it. args are the parameters, given to EXECUTE as
+// literals (a utility statement takes no protocol parameters); nil: every parameter NULL, for
+// a generic plan, which does not look at them.
+func explainPrepared(t *testing.T, tx pgx.Tx, name, sql string, args []any, options string) (planNode, int64) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {
 		t.Fatalf("prepare %s: %v", name, err)
 	}
-	var params int
-	if err := tx.QueryRow(ctx, `SELECT cardinality(parameter_types) FROM pg_prepared_statements WHERE name = $1`, name).Scan(&params); err != nil {
+	var types []string
+	if err := tx.QueryRow(ctx, `SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = $1`, name).Scan(&types); err != nil {
 		t.Fatal(err)
 	}
-	nulls := strings.TrimSuffix(strings.Repeat("NULL, ", params), ", ")
+	lits := make([]string, len(types))
+	for i, typ := range types {
+		lits[i] = "NULL"
+		if args != nil {
+			if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT quote_literal($1::%s::text) || '::%[1]s'", typ), args[i]).Scan(&lits[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	var plan []byte
-	if err := tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (FORMAT JSON) EXECUTE %s(%s)", name, nulls)).Scan(&plan); err != nil {
+	if err := tx.QueryRow(ctx, fmt.Sprintf("EXPLAIN (%s) EXECUTE %s(%s)", options, name, strings.Join(lits, ", "))).Scan(&plan); err != nil {
 		t.Fatalf("explain %s: %v", name, err)
 	}
 	var p []struct{ Plan planNode }
@@ -47,6 +57,9 @@ func genericPlan(t *testing.T, tx pgx.Tx, name, sql string) (planNode, int64) {
 	}
 	var generic int64
 	if err := tx.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE name = $1`, name).Scan(&generic); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "DEALLOCATE "+name); err != nil {
 		t.Fatal(err)
 	}
 	return p[0].Plan, generic
@@ -71,7 +84,7 @@ func TestGenericPlansCannotDegrade(t *testing.T) {
 	i := 0
 	for name, sql := range store.GenericStatements {
 		i++
-		plan, generic := genericPlan(t, tx, fmt.Sprintf("guarded_%d", i), sql)
+		plan, generic := explainPrepared(t, tx, fmt.Sprintf("guarded_%d", i), sql, nil, "FORMAT JSON")
 		if generic < 1 {
 			t.Errorf("%s: not planned as a generic plan under the guard", name)
 		}
@@ -91,7 +104,7 @@ func TestGenericPlansCannotDegrade(t *testing.T) {
 	unguarded := 0
 	for name, sql := range store.GenericStatements {
 		i++
-		plan, _ := genericPlan(t, tx, fmt.Sprintf("unguarded_%d", i), sql)
+		plan, _ := explainPrepared(t, tx, fmt.Sprintf("unguarded_%d", i), sql, nil, "FORMAT JSON")
 		for _, n := range planNodes(plan, nil) {
 			if n.Type == "Seq Scan" || n.Type == "Hash Join" {
 				t.Logf("unguarded, %s has a %s (%s)", name, n.Type, n.Relation)

@@ -2,9 +2,6 @@ package store_test
 
 import (
 	"context"
-	"encoding/json"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -56,33 +53,9 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 	if _, err := tx.Exec(ctx, store.PlanGuardSQL); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tx.Exec(ctx, "PREPARE claim AS "+store.ClaimSQL); err != nil {
-		t.Fatal(err)
-	}
-	// (EXECUTE's arguments as literals: a utility statement takes no protocol parameters)
-	var types []string
-	if err := tx.QueryRow(ctx, `SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'claim'`).Scan(&types); err != nil {
-		t.Fatal(err)
-	}
-	lits := make([]string, len(args))
-	for i, a := range args {
-		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT quote_literal($1::%s::text) || '::%[1]s'", types[i]), a).Scan(&lits[i]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var plan []byte
-	if err := tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim("+strings.Join(lits, ", ")+")").Scan(&plan); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := tx.Exec(ctx, "DEALLOCATE claim"); err != nil {
-		t.Fatal(err)
-	}
-	var p []struct{ Plan planNode }
-	if err := json.Unmarshal(plan, &p); err != nil || len(p) != 1 {
-		t.Fatalf("plan %s: %v", plan, err)
-	}
+	plan, _ := explainPrepared(t, tx, "claim", store.ClaimSQL, args, "ANALYZE, BUFFERS, FORMAT JSON")
 	read := map[string]float64{}
-	p[0].Plan.tableRows(read)
+	plan.tableRows(read)
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -107,7 +80,7 @@ func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[u
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)
 	}
-	return took, read["delivery_queue"], p[0].Plan.Hit + p[0].Plan.Read
+	return took, read["delivery_queue"], plan.Hit + plan.Read
 }
 
 // queueDue queues n deliveries of org's webhook w with status st, due a minute ago, with their
