@@ -43,7 +43,6 @@ var GenericStatements = map[string]string{
 	"record health":    recordHealthSQL,
 	"record attempts":  recordSQL,
 	"store deliveries": storeDeliveriesSQL,
-	"payloads":         payloadsSQL,
 }
 
 // QueryGeneric is queryGeneric.

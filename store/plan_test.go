@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -168,66 +166,5 @@ func TestQueryGenericGuardEndsWithItsStatement(t *testing.T) {
 				t.Fatalf("settings after queryGeneric on the same connection: %q", after)
 			}
 		})
-	}
-}
-
-// TestPayloadsGenericPlanReadsOneDay: the payload look-up's generic plan (its day's bounds are
-// parameters) prunes the events partitions when it runs — with a month of daily partitions, its
-// execution reads only the partition of the day asked for — and finds the rows there.
-func TestPayloadsGenericPlanReadsOneDay(t *testing.T) {
-	ctx := context.Background()
-	f := testenv.NewStore(t)
-	now := time.Now().UTC()
-	if err := f.Store.EnsurePartitions(ctx, now.AddDate(0, 0, -30), now); err != nil {
-		t.Fatal(err)
-	}
-	var parts int
-	if err := f.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'events'::regclass`).Scan(&parts); err != nil {
-		t.Fatal(err)
-	}
-	if parts < 31 {
-		t.Fatalf("%d events partitions, want a month's", parts)
-	}
-	day := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC).AddDate(0, 0, -7)
-	tx, err := f.Pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	var org, ch uuid.UUID = uuid.New(), uuid.New()
-	if _, err := tx.Exec(ctx, `SET LOCAL session_replication_role = replica`); err != nil { // (no org or channel rows needed)
-		t.Fatal(err)
-	}
-	ids := []uuid.UUID{uuid.New(), uuid.New(), uuid.New()}
-	for i, id := range ids {
-		at := day.Add(time.Duration(i+1) * time.Hour)
-		if i == 2 {
-			at = day.AddDate(0, 0, 1).Add(time.Hour) // the next day: not the look-up's
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)
-			VALUES ($1, $2, $3, 'messages', $5, '{}', $4)`, id, org, ch, at, id.String()); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := tx.Exec(ctx, store.PlanGuardSQL); err != nil {
-		t.Fatal(err)
-	}
-	plan, generic := explainPrepared(t, tx, "payloads_day", store.GenericStatements["payloads"],
-		[]any{day, day.AddDate(0, 0, 1), ids}, "ANALYZE, FORMAT JSON")
-	if generic < 1 {
-		t.Fatal("the payload look-up is not on a generic plan under the guard")
-	}
-	read := map[string]bool{}
-	for _, n := range planNodes(plan, nil) {
-		if n.Relation != "" {
-			read[n.Relation] = true
-		}
-	}
-	want := "events_p" + day.Format("20060102")
-	if len(read) != 1 || !read[want] {
-		t.Fatalf("the generic payload look-up read %v, want only %s", read, want)
-	}
-	if plan.Rows != 2 {
-		t.Fatalf("the look-up found %v rows, want the day's 2", plan.Rows)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -256,12 +257,6 @@ func byDay(n int, created func(i int) time.Time) map[time.Time][]int {
 	return days
 }
 
-// payloadsSQL reads events' payloads and traceparents by id within one day's bounds. It runs on
-// a generic plan (queryGeneric), which prunes to the day's partition when it runs: with a
-// month of daily partitions that costs about half of planning the statement per call
-// (bench/README.md "Issue 21: the payload look-up on a generic plan").
-const payloadsSQL = `SELECT id, payload, coalesce(traceparent, '') FROM events WHERE created_at >= $1 AND created_at < $2 AND id = ANY($3)`
-
 // payloads fills in the claimed deliveries' event payloads and traceparents: one look-up per
 // day (almost always one).
 func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
@@ -275,7 +270,8 @@ func (q *Queue) payloads(ctx context.Context, ds []ClaimedDelivery) error {
 			ids[k] = ds[i].EventID
 			index[ds[i].EventID] = append(index[ds[i].EventID], i)
 		}
-		rows, err := queryGeneric(ctx, q.pool, payloadsSQL, d, d.AddDate(0, 0, 1), ids)
+		rows, err := q.pool.Query(ctx, `SELECT id, payload, coalesce(traceparent, '') FROM events WHERE created_at >= $1 AND created_at < $2 AND id = ANY($3)`,
+			pgx.QueryExecModeCacheDescribe, d, d.AddDate(0, 0, 1), ids)
 		if err != nil {
 			return fmt.Errorf("event payloads: %w", err)
 		}
