@@ -138,3 +138,79 @@ func selfCPU() float64 {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
+
+// BenchmarkRedisFloor puts the limit's script beside what any script of its shape costs Redis:
+// each case sends b.N calls from 4 connections in pipelines of 16 (as redis-benchmark -c 4
+// -P 16) over 10,000 keys to a redis-server of its own, and reports redis-server's CPU per call
+// (INFO cpu: command dispatch, replies and socket I/O included) and µs per call inside it (INFO
+// commandstats, the case's command):
+//
+//   - ring: the limit's script (ratelimit.SlidingLogLua, 100 per minute);
+//   - minimal: a script making only the ring's three commands (TIME, GETRANGE, SET) on the
+//     same keys, with none of its decisions;
+//   - empty: a script that returns at once (an EVALSHA's own cost);
+//   - set: a plain SET, no script.
+//
+// Run with a fixed count, for example -benchtime 200000x.
+func BenchmarkRedisFloor(b *testing.B) {
+	ring := ratelimit.SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`
+	for _, bc := range []struct{ name, lua string }{
+		{"ring", ring},
+		{"minimal", `local t = redis.call('TIME')
+local h = redis.pcall('GETRANGE', KEYS[1], 0, 143)
+redis.call('SET', KEYS[1], t[1] .. t[2], 'PX', ARGV[3])
+return {1, 1, 0, 0}`},
+		{"empty", `return {1, 1, 0, 0}`},
+		{"set", ""},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			srv := testenv.StartRedis(b)
+			stats := testenv.RedisClient(b, srv.URL())
+			client := testenv.RedisClient(b, srv.URL(), func(o *redis.Options) { o.PoolSize = 4 })
+			ctx := context.Background()
+			var sha string
+			cmd := "set"
+			if bc.lua != "" {
+				cmd = "evalsha"
+				var err error
+				if sha, err = client.ScriptLoad(ctx, bc.lua).Result(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			stats.ConfigResetStat(ctx)
+			cpu0 := redisCPU(b, stats)
+			var next atomic.Int64
+			var wg sync.WaitGroup
+			b.ResetTimer()
+			for range 4 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						from := next.Add(16) - 16
+						if from >= int64(b.N) {
+							return
+						}
+						p := client.Pipeline()
+						for i := from; i < min(from+16, int64(b.N)); i++ {
+							key := "floor:{" + strconv.FormatInt(i%10000, 10) + "}"
+							if sha == "" {
+								p.Set(ctx, key, "1", time.Minute)
+							} else {
+								p.EvalSha(ctx, sha, []string{key}, 100, 60_000_000, 60_000)
+							}
+						}
+						if _, err := p.Exec(ctx); err != nil {
+							b.Error(err)
+							return
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			b.StopTimer()
+			b.ReportMetric((redisCPU(b, stats)-cpu0)/float64(b.N)*1e6, "redis-cpu-µs/op")
+			b.ReportMetric(testenv.CommandStats(b, stats)[cmd].UsecPerCall(), cmd+"-µs/call")
+		})
+	}
+}
