@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -232,22 +234,32 @@ func (in *instance) load(caddyfile string) {
 }
 
 func (in *instance) request(method, path, body string) (int, []byte, error) {
-	req, _ := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", in.port, path), strings.NewReader(body))
-	req.Header.Set("X-Api-Key", in.key)
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
+	for try := 1; ; try++ {
+		req, _ := http.NewRequest(method, fmt.Sprintf("http://127.0.0.1:%d%s", in.port, path), strings.NewReader(body))
+		req.Header.Set("X-Api-Key", in.key)
+		if body != "" {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err := instanceClient.Do(req)
+		if err != nil {
+			var op *net.OpError
+			if errors.As(err, &op) && op.Op == "dial" && try < 5 {
+				continue // not sent: see instanceClient
+			}
+			return 0, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp.StatusCode, b, err
 	}
-	resp, err := instanceClient.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return resp.StatusCode, b, err
 }
 
 // instanceClient opens a connection per request: a kept-alive connection to the server a reload
-// (instance.load) is shutting down can be reset under a POST, which is not retried.
+// (instance.load) is shutting down can be reset under a POST, which is not retried. A new
+// connection can be reset too, while it is being made: Caddy binds the reloaded server's socket
+// beside the old one (SO_REUSEPORT), and a connection the kernel queued on the old socket is
+// reset when that socket closes (CI, 2026-11-28: "dial tcp …: connect: connection reset by
+// peer" right after a reload). Nothing was sent then, so instance.request dials again.
 var instanceClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 func poolRefs(t *testing.T, dsn string) int {
