@@ -257,9 +257,11 @@ func (in *instance) request(method, path, body string) (int, []byte, error) {
 // instanceClient opens a connection per request: a kept-alive connection to the server a reload
 // (instance.load) is shutting down can be reset under a POST, which is not retried. A new
 // connection can be reset too, while it is being made: Caddy binds the reloaded server's socket
-// beside the old one (SO_REUSEPORT), and a connection the kernel queued on the old socket is
-// reset when that socket closes (CI, 2026-11-28: "dial tcp …: connect: connection reset by
-// peer" right after a reload). Nothing was sent then, so instance.request dials again.
+// beside the old one (SO_REUSEPORT), caddy.Load returns once the old server's shutdown has
+// started rather than finished (caddyhttp's App.Stop), and a connection the kernel queued on
+// the old socket meanwhile is reset when it closes (CI, 2026-11-28: "dial tcp …: connect:
+// connection reset by peer" right after a reload). Nothing was sent then, so instance.request
+// dials again.
 var instanceClient = &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 
 func poolRefs(t *testing.T, dsn string) int {
