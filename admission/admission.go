@@ -115,7 +115,7 @@ func (a *Admission) Release(ctx context.Context, channel uuid.UUID, key, token s
 }
 
 // limitedClaimScript counts a request against a rate limit and, if the limit lets it through,
-// claims the key, in one round trip: KEYS[1] the limit's ring, KEYS[2] the claim; ARGV[1..3] the
+// claims the key, in one round trip: KEYS[1] the limit's log, KEYS[2] the claim; ARGV[1..3] the
 // limiter's arguments (ratelimit.Call.Args), ARGV[4] the in-flight record, ARGV[5] the lease in
 // milliseconds (idempotency.Claim). It returns {limit decision, previous record or nil};
 // nothing is claimed when the decision refuses.

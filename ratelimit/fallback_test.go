@@ -31,10 +31,10 @@ func TestFallbackRedisOutage(t *testing.T) {
 	clk := newFakeClock()
 	l.(*fallbackLimiter).now = clk.Now
 
-	// stored is the number of calls Redis holds for key (the entries of its ring).
+	// stored is the number of calls Redis holds for key (the entries of its log).
 	stored := func(key string) int {
 		t.Helper()
-		return ringEntries(t, testenv.RedisClient(t, srv.URL()), "rl:"+key+RingSuffix)
+		return logEntries(t, testenv.RedisClient(t, srv.URL()), "rl:"+key+LogSuffix)
 	}
 
 	if d := mustAllow(t, l, "a"); !d.Allowed || d.Remaining != 2 {

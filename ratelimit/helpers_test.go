@@ -28,24 +28,25 @@ func uniquePrefix(t testing.TB, c redis.UniversalClient) string {
 	return p
 }
 
-// ringEntries returns the number of entries of the ring at Redis key (its slot count, from the
-// header; 0 when there is no such key), checking that the string is exactly the header and
-// those slots (see SlidingLogLua).
-func ringEntries(t testing.TB, c redis.UniversalClient, key string) int {
+// logEntries returns the number of entries of the log at Redis key (0 when there is no such
+// key), checking that the string is the mark and whole entries in ascending order (see
+// SlidingLogLua).
+func logEntries(t testing.TB, c redis.UniversalClient, key string) int {
 	t.Helper()
 	v, err := c.Get(context.Background(), key).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return 0
 	}
 	if err != nil {
-		t.Fatalf("reading ring %s: %v", key, err)
+		t.Fatalf("reading log %s: %v", key, err)
 	}
-	if len(v) < 16 {
-		t.Fatalf("ring %s: %d bytes, shorter than its header", key, len(v))
+	if len(v) < 8 || string(v[:8]) != logMark || len(v)%8 != 0 {
+		t.Fatalf("log %s: %d bytes %q..., not the mark and whole entries", key, len(v), v[:min(len(v), 8)])
 	}
-	n := int(binary.BigEndian.Uint32(v[4:8]))
-	if len(v) != 16+8*n {
-		t.Fatalf("ring %s: %d bytes for %d slots", key, len(v), n)
+	for i := 16; i+8 <= len(v); i += 8 {
+		if binary.BigEndian.Uint64(v[i:]) < binary.BigEndian.Uint64(v[i-8:]) {
+			t.Fatalf("log %s: entry %d before entry %d", key, i/8, i/8-1)
+		}
 	}
-	return n
+	return len(v)/8 - 1
 }

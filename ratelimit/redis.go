@@ -19,112 +19,90 @@ import (
 // ARGV[3]), KEYS[1] being c.Key and ARGV[1..3] c.Args; its own keys and arguments follow. (The
 // arguments may be strings, as ARGV are.)
 //
-// key is a ring of the latest accepted requests in one Redis string (see the ring layout below):
-// their Redis TIME in microseconds, oldest first from the head slot. An entry t is inside the
-// window at time now iff now - t < window. The request is accepted iff fewer than limit (>= 1)
-// entries are inside; it then takes the slot of the oldest entry if that one has left the window,
-// or a new slot, and the key's TTL becomes ttl_ms (>= window), so a key idle for a window is gone.
-// A rejected request writes nothing.
+// key is a log of the accepted requests in one Redis string (see the layout below): their Redis
+// TIME in microseconds, in ascending order. An entry t is inside the window at time now iff
+// now - t < window. The request is accepted iff fewer than limit (>= 1) entries are inside; it is
+// then appended, and the key's TTL becomes ttl_ms (>= window), so a key idle for a window is
+// gone. A rejected request writes nothing.
 //
-// Ring layout: a 16-byte header — head slot (uint32), slot count (uint32), newest entry (uint64) —
-// then the slots, 8 bytes each (uint64 microseconds), all big-endian. Starting at the head slot
-// and wrapping, the entries ascend: the leading ones may have left the window, the rest are inside.
-// A call reads the header and the first slots in one GETRANGE (a second GETRANGE when the head
-// lies further on, more only when many entries left the window at once) and writes only what
-// changes (SETRANGE of a slot and of the header, PEXPIRE): its cost does not grow with the limit.
-// Entries that left the window are not cleared; when at least half of a ring larger than the
-// first read has left it, the ring is rewritten with the live entries only, so a channel that
-// slowed down does not keep a large ring. The ring grows by one slot when every entry is inside
-// the window and the limit allows more (after a restart of the head, by rewriting it).
+// Layout: an 8-byte mark (logMark, which read as an entry is a time long past), then 8 bytes
+// per entry (uint64 microseconds), all big-endian. A call reads the last limit + 1 entries in one
+// GETRANGE with a negative start (the whole string when it is shorter, mark included), so it
+// needs no header: the limit-th newest entry decides, and the newest gives the order. It writes
+// with one APPEND and a PEXPIRE. Entries that left the window are not cleared on each call; when
+// the log holds more than 2 × limit + 16 entries, the accepting call rewrites it with the live
+// entries only (one SET), so the string stays small and a call's cost does not grow with the
+// limit. Only after the limit was lowered can more than limit + 1 entries be inside the window;
+// a rejected call then reads the whole log once more, so that its count and reset are exact.
 //
 // On reject, the slot frees when the entry at index count-limit of the live ones (oldest first)
 // leaves the window; normally count == limit and that is the oldest entry, but after the limit
 // was lowered more entries may be inside.
 //
 // A new entry is stamped with Redis TIME, or with the newest entry if TIME went back (a clock step,
-// a failover), so the ring stays in order. A key that is not a string (a type error) or not a
-// ring counts as empty and is replaced by the next accepted request; no error reaches the caller.
+// a failover), so the log stays in order. A key that is not a string (a type error), a string
+// that is not whole entries, one read whole that does not start with the mark, or one whose newest
+// entry is more than a window ahead of TIME (not a log, or a clock stepped back that far: its
+// entries would hold the limit shut until TIME caught up) counts as empty and is replaced by the
+// next accepted request; no error reaches the caller.
 //
 // TIME is called before any write; on Redis < 5 this needs script effects replication, which
 // SlidingLogLua enables first (redis.replicate_commands; a no-op on Redis >= 7).
 const SlidingLogLua = `
 if redis.replicate_commands ~= nil then pcall(redis.replicate_commands) end
+local LOG_MARK = '\0\0\0\0wlog'
 local function sliding_log(key, limit, window, ttl)
   limit, window = tonumber(limit), tonumber(window)
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   local cut = now - window
-  local head = redis.pcall('GETRANGE', key, 0, 143)
-  local h, cap, newest = 0, 0, 0
-  if type(head) == 'string' and #head >= 24 then
-    h, cap, newest = struct.unpack('>I4I4I8', head)
-    if cap < 1 or h >= cap or cap > 67108864 or #head < math.min(16 + 8 * cap, 144) then cap = 0 end
-  end
-  if cap == 0 then
-    redis.call('SET', key, struct.pack('>I4I4I8I8', 0, 1, now, now), 'PX', ttl)
-    return {1, 1, 0, window}
-  end
-  local extra, from = '', 0
-  local function slot(s)
-    local off = 16 + 8 * s
-    if off + 8 <= #head then return (struct.unpack('>I8', head, off + 1)) end
-    if off >= from and off + 8 <= from + #extra then return (struct.unpack('>I8', extra, off - from + 1)) end
-    local b = redis.call('GETRANGE', key, off, off + 7)
-    if #b < 8 then return 0 end
-    return (struct.unpack('>I8', b))
-  end
-  local function cached(i)
-    local off = 16 + 8 * ((h + i) % cap)
-    return off + 8 <= #head or (off >= from and off + 8 <= from + #extra)
-  end
-  local function at(i) return slot((h + i) % cap) end
-  if 16 + 8 * (h + math.min(8, cap - h)) > #head then
-    from = 16 + 8 * h
-    extra = redis.call('GETRANGE', key, from, from + 8 * math.min(16, cap - h) - 1)
-  end
-  local f = 0
-  if newest <= cut then
-    f = cap
-  elseif at(0) <= cut then
-    f = 1
-    while f < cap - 1 and cached(f) and at(f) <= cut do f = f + 1 end
-    if f < cap - 1 and not cached(f) then
-      local hi = cap - 1
-      while f < hi do
-        local mid = math.floor((f + hi) / 2)
-        if at(mid) <= cut then f = mid + 1 else hi = mid end
-      end
+  local want = 8 * (limit + 1)
+  local s = redis.pcall('GETRANGE', key, -want, -1)
+  local fresh = type(s) ~= 'string' or #s == 0 or #s % 8 ~= 0 or (#s < want and string.sub(s, 1, 8) ~= LOG_MARK)
+  if fresh then s = '' end
+  local function at(i) return (struct.unpack('>I8', s, 8 * i - 7)) end
+  local m = #s / 8
+  if m > 0 and at(m) > now + window then fresh, s, m = true, '', 0 end
+  -- f: the first entry inside the window (m + 1 if none); entries ascend
+  local function first()
+    local lo, hi = 1, m + 1
+    while lo < hi do
+      local mid = math.floor((lo + hi) / 2)
+      if at(mid) <= cut then lo = mid + 1 else hi = mid end
     end
+    return lo
   end
-  local count = cap - f
+  local f = 1
+  if m > 0 then f = first() end
+  if m == limit + 1 and f == 1 then
+    -- more than the limit inside (it was lowered): the whole log, for the exact count and reset
+    s = redis.call('GET', key)
+    m = #s / 8
+    f = first()
+  end
+  local count = m - f + 1
   if count >= limit then
-    return {0, count, at(cap - limit) + window - now, at(f) + window - now}
+    return {0, count, at(m - limit + 1) + window - now, at(f) + window - now}
   end
-  local stamp = math.max(now, newest)
+  local stamp = now
+  if m > 0 then stamp = math.max(now, at(m)) end
+  local e = struct.pack('>I8', stamp)
+  local n = 0
+  if not fresh then n = redis.pcall('APPEND', key, e) end
+  if type(n) ~= 'number' or n == 0 or n > 8 * (2 * limit + 17) then
+    redis.call('SET', key, LOG_MARK .. string.sub(s, 8 * f - 7) .. e, 'PX', ttl)
+  else
+    redis.call('PEXPIRE', key, ttl)
+  end
   local oldest = stamp
   if count > 0 then oldest = at(f) end
-  local whole = 16 + 8 * cap <= #head
-  if not whole and f > 0 and 2 * f < cap then
-    redis.call('SETRANGE', key, 16 + 8 * h, struct.pack('>I8', stamp))
-    redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', (h + 1) % cap, cap, stamp))
-    redis.call('PEXPIRE', key, ttl)
-  elseif not whole and f == 0 and h == 0 then
-    redis.call('SETRANGE', key, 16 + 8 * cap, struct.pack('>I8', stamp))
-    redis.call('SETRANGE', key, 0, struct.pack('>I4I4I8', 0, cap + 1, stamp))
-    redis.call('PEXPIRE', key, ttl)
-  else
-    local v = head
-    if not whole then v = redis.call('GET', key) end
-    local a, b = 17 + 8 * ((h + f) % cap), 16 + 8 * h
-    local live
-    if count == 0 then live = ''
-    elseif a <= b then live = string.sub(v, a, b)
-    else live = string.sub(v, a, 16 + 8 * cap) .. string.sub(v, 17, b) end
-    redis.call('SET', key, struct.pack('>I4I4I8', 0, count + 1, stamp) .. live .. struct.pack('>I8', stamp), 'PX', ttl)
-  end
   return {1, count + 1, 0, oldest + window - now}
 end
 `
+
+// logMark starts every log (LOG_MARK in SlidingLogLua): 8 bytes that, read as an entry, are a
+// time of 1970 (0x776C6F67 µs), so that reading it with the entries changes no decision.
+const logMark = "\x00\x00\x00\x00wlog"
 
 // script is one decision, for a Call: KEYS[1] = Call.Key, ARGV = Call.Args.
 var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`)
@@ -132,12 +110,12 @@ var script = redis.NewScript(SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1
 // RedisLimiter is an exact sliding-window limiter whose state lives in Redis,
 // shared by every process that uses the same Redis and prefix.
 //
-// Each Allow is one atomic script call (EVALSHA of a Lua script over a ring of the
+// Each Allow is one atomic script call (EVALSHA of a Lua script over a log of the
 // latest accepted times, [SlidingLogLua]; EVAL once after a SCRIPT FLUSH or
 // failover). Calls of concurrent Allows are sent to Redis together, one pipeline
 // per round trip (package internal/autopipe): a lone call goes at once. The script uses the Redis server clock (TIME), never the caller's,
 // so instances with skewed clocks still agree. Each key is one Redis key,
-// prefix + key + [RingSuffix], so Redis Cluster works too (a hash tag in key
+// prefix + key + [LogSuffix], so Redis Cluster works too (a hash tag in key
 // stays the key's).
 type RedisLimiter struct {
 	calls  *autopipe.Pipeliner
@@ -145,11 +123,12 @@ type RedisLimiter struct {
 	cfg    atomic.Pointer[config]
 }
 
-// RingSuffix ends the Redis key of every ring (prefix + key + RingSuffix). Releases before
-// the ring kept a sorted set under prefix + key: a new name, so that during a rolling upgrade
-// old and new instances never read each other's keys as the wrong type (each version then
-// counts on its own for at most a window, and the old sorted sets expire within a window).
-const RingSuffix = ":ring"
+// LogSuffix ends the Redis key of every log (prefix + key + LogSuffix). Each change of the
+// stored form came with a new name — a sorted set under prefix + key, then a ring with a header
+// under prefix + key + ":ring", now the log — so that during a rolling upgrade old and new
+// instances never read each other's keys in the wrong form (each version then counts on its own
+// for at most a window, and the old keys expire within a window).
+const LogSuffix = ":log"
 
 var _ Limiter = (*RedisLimiter)(nil)
 
@@ -192,9 +171,9 @@ func (l *RedisLimiter) Allow(ctx context.Context, key string) (Decision, error) 
 // script calls sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3]) with Key as KEYS[1] and Args as
 // ARGV[1..3], and [Call.Decision] turns that call's reply into a Decision.
 type Call struct {
-	// Key is the Redis key of the ring (the limiter's prefix + the caller's key + RingSuffix).
+	// Key is the Redis key of the log (the limiter's prefix + the caller's key + LogSuffix).
 	Key string
-	// Args are the limit, the window in microseconds and the ring's TTL in milliseconds. The
+	// Args are the limit, the window in microseconds and the log's TTL in milliseconds. The
 	// slice has no spare capacity: appending to it copies it.
 	Args []any
 
@@ -206,7 +185,7 @@ type Call struct {
 // of Redis then, and [Call.Deny] is the decision.
 func (l *RedisLimiter) Prepare(key string) (c Call, ok bool) {
 	cfg := l.cfg.Load()
-	c = Call{Key: l.prefix + key + RingSuffix, cfg: cfg}
+	c = Call{Key: l.prefix + key + LogSuffix, cfg: cfg}
 	if cfg.limit <= 0 {
 		return c, false
 	}

@@ -57,11 +57,11 @@ func TestRedis100PerMinute(t *testing.T) {
 	if d, _ := l.Allow(ctx, "chan-2"); !d.Allowed || d.Remaining != 99 {
 		t.Fatalf("other key: %+v", d)
 	}
-	// The ring holds exactly the accepted calls and expires with the window.
-	if n := ringEntries(t, c, prefix+"chan-1"+RingSuffix); n != 100 {
-		t.Fatalf("ring holds %d entries, want 100 (rejected calls must not be stored)", n)
+	// The log holds exactly the accepted calls and expires with the window.
+	if n := logEntries(t, c, prefix+"chan-1"+LogSuffix); n != 100 {
+		t.Fatalf("log holds %d entries, want 100 (rejected calls must not be stored)", n)
 	}
-	if ttl := c.PTTL(ctx, prefix+"chan-1"+RingSuffix).Val(); ttl <= 50*time.Second || ttl > time.Minute {
+	if ttl := c.PTTL(ctx, prefix+"chan-1"+LogSuffix).Val(); ttl <= 50*time.Second || ttl > time.Minute {
 		t.Fatalf("PTTL = %v, want about the window", ttl)
 	}
 }
@@ -123,8 +123,8 @@ func TestRedisExactAcrossInstances(t *testing.T) {
 				t.Fatalf("round %d: Remaining values %v are not 0..99", round, remaining)
 			}
 		}
-		if n := ringEntries(t, check, prefix+key+RingSuffix); n != 100 {
-			t.Fatalf("round %d: ring holds %d entries, want 100", round, n)
+		if n := logEntries(t, check, prefix+key+LogSuffix); n != 100 {
+			t.Fatalf("round %d: log holds %d entries, want 100", round, n)
 		}
 	}
 }

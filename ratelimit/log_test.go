@@ -14,7 +14,7 @@ import (
 )
 
 // clockedScript is SlidingLogLua deciding at a time the test gives (ARGV[4] seconds, ARGV[5]
-// microseconds) instead of Redis TIME, so that every path of the ring can be driven exactly.
+// microseconds) instead of Redis TIME, so that every path of the log can be driven exactly.
 func clockedScript(t testing.TB) *redis.Script {
 	t.Helper()
 	const time = "redis.call('TIME')"
@@ -44,12 +44,12 @@ func (l *slidingLog) allow(now int64, limit int, window int64) [4]int64 {
 	return [4]int64{1, int64(len(l.times)), 0, l.times[0] + window - now}
 }
 
-// TestRingMatchesSlidingLog drives the ring and the reference through the same random calls
+// TestLogMatchesSlidingLog drives the log and the reference through the same random calls
 // (bursts, gaps shorter and longer than the window, the limit raised and lowered) on a clock
-// the test controls, and compares every decision: the ring's head wraps, the ring grows (by a
-// slot, and by a rewrite when its head is not at the start), shrinks when most of a large ring
-// left the window, and is searched beyond its first read.
-func TestRingMatchesSlidingLog(t *testing.T) {
+// the test controls, and compares every decision: the log is read whole and by its tail, grows
+// by appends, is rewritten with its live entries when it passes 2 × limit + 16, and is read
+// whole again when more than the limit are inside the window after the limit was lowered.
+func TestLogMatchesSlidingLog(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
 	prefix := uniquePrefix(t, c)
@@ -58,7 +58,7 @@ func TestRingMatchesSlidingLog(t *testing.T) {
 	const window = int64(60_000_000) // µs
 	limits := []int{1, 2, 5, 17, 100, 250}
 	for k := range 6 {
-		key := prefix + "k" + strconv.Itoa(k) + RingSuffix
+		key := prefix + "k" + strconv.Itoa(k) + LogSuffix
 		var ref slidingLog
 		now := int64(1_760_000_000_000_000) + rng.Int64N(1_000_000)
 		limit := limits[k]
@@ -77,7 +77,7 @@ func TestRingMatchesSlidingLog(t *testing.T) {
 				now += 1 + rng.Int64N(20)
 			}
 			if now-ref.newest() >= window {
-				// The ring would have expired by its TTL (the window): do what Redis does.
+				// The log would have expired by its TTL (the window): do what Redis does.
 				c.Del(ctx, key)
 			}
 			want := ref.allow(now, limit, window)
@@ -87,13 +87,13 @@ func TestRingMatchesSlidingLog(t *testing.T) {
 				t.Fatalf("key %d call %d: %v", k, i, err)
 			}
 			if [4]int64(reply) != want {
-				t.Fatalf("key %d call %d (limit %d, %d stored): ring %v, sliding log %v", k, i, limit, len(ref.times), reply, want)
+				t.Fatalf("key %d call %d (limit %d, %d stored): log %v, sliding log %v", k, i, limit, len(ref.times), reply, want)
 			}
 			if want[0] == 1 {
 				accepted++
 			}
-			if n := ringEntries(t, c, key); n > 250 || n < len(ref.times) {
-				t.Fatalf("key %d call %d: ring of %d slots for %d live entries", k, i, n, len(ref.times))
+			if n := logEntries(t, c, key); n > 2*250+16 || n < len(ref.times) {
+				t.Fatalf("key %d call %d: log of %d entries for %d live ones", k, i, n, len(ref.times))
 			}
 		}
 		t.Logf("key %d: %d of 4000 accepted", k, accepted)
@@ -108,10 +108,10 @@ func (l *slidingLog) newest() int64 {
 	return l.times[len(l.times)-1]
 }
 
-// TestRingReplacesForeignKeys: a key of another type (a sorted set of an older release, say) or
-// a string that is not a ring counts as empty; no error reaches the caller, and the first
-// accepted call replaces it with a ring.
-func TestRingReplacesForeignKeys(t *testing.T) {
+// TestLogReplacesForeignKeys: a key of another type (a sorted set of an older release, say) or
+// a string that is not a log counts as empty; no error reaches the caller, and the first
+// accepted call replaces it with a log.
+func TestLogReplacesForeignKeys(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
 	prefix := uniquePrefix(t, c)
@@ -120,10 +120,10 @@ func TestRingReplacesForeignKeys(t *testing.T) {
 		"zset":      func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 1, Member: "m"}).Err() },
 		"list":      func(key string) error { return c.RPush(ctx, key, "x").Err() },
 		"short":     func(key string) error { return c.Set(ctx, key, "abc", 0).Err() },
-		"bad-count": func(key string) error { return c.Set(ctx, key, strings.Repeat("\xff", 40), 0).Err() },
-		"truncated": func(key string) error {
-			return c.Set(ctx, key, "\x00\x00\x00\x00\x00\x00\x00\x09"+strings.Repeat("\x00", 24), 0).Err()
-		},
+		// whole entries, read by their tail, the newest far ahead of TIME
+		"far-ahead": func(key string) error { return c.Set(ctx, key, strings.Repeat("\xff", 40), 0).Err() },
+		// whole entries, read whole, without the mark
+		"unmarked": func(key string) error { return c.Set(ctx, key, strings.Repeat("\x00", 24), 0).Err() },
 	} {
 		call, _ := l.Prepare(name)
 		if err := put(call.Key); err != nil {
@@ -138,8 +138,8 @@ func TestRingReplacesForeignKeys(t *testing.T) {
 				t.Fatalf("%s, call %d: %+v", name, i, d)
 			}
 		}
-		if n := ringEntries(t, c, call.Key); n != 3 {
-			t.Fatalf("%s: the ring holds %d entries, want 3", name, n)
+		if n := logEntries(t, c, call.Key); n != 3 {
+			t.Fatalf("%s: the log holds %d entries, want 3", name, n)
 		}
 	}
 }
