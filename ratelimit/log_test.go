@@ -62,7 +62,7 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 		var ref slidingLog
 		now := int64(1_760_000_000_000_000) + rng.Int64N(1_000_000)
 		limit := limits[k]
-		accepted := 0
+		accepted, rewrites, stored := 0, 0, 0
 		for i := range 4000 {
 			switch r := rng.IntN(1000); {
 			case r < 5: // the limit changes
@@ -79,6 +79,7 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 			if now-ref.newest() >= window {
 				// The log would have expired by its TTL (the window): do what Redis does.
 				c.Del(ctx, key)
+				stored = 0
 			}
 			want := ref.allow(now, limit, window)
 			reply, err := script.Run(ctx, c, []string{key}, limit, window, window/1000,
@@ -92,11 +93,62 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 			if want[0] == 1 {
 				accepted++
 			}
-			if n := logEntries(t, c, key); n > 2*250+16 || n < len(ref.times) {
+			n := logEntries(t, c, key)
+			switch {
+			case n < len(ref.times):
 				t.Fatalf("key %d call %d: log of %d entries for %d live ones", k, i, n, len(ref.times))
+			case want[0] == 1 && n > 2*limit+16:
+				t.Fatalf("key %d call %d: log of %d entries after an accepted call, limit %d", k, i, n, limit)
+			case want[0] == 1 && stored > 0 && n != stored+1:
+				// rewritten: with the live entries only
+				rewrites++
+				if n != len(ref.times) {
+					t.Fatalf("key %d call %d: log rewritten with %d entries for %d live ones", k, i, n, len(ref.times))
+				}
 			}
+			stored = n
 		}
-		t.Logf("key %d: %d of 4000 accepted", k, accepted)
+		t.Logf("key %d: %d of 4000 accepted, %d rewrites", k, accepted, rewrites)
+	}
+}
+
+// TestLogClockStepsBack: when Redis TIME goes back (a clock step, a failover to a server whose
+// clock is behind), a new entry takes the newest entry's time, so the log stays in order and the
+// limit holds; a log whose newest entry is more than a window ahead of TIME counts as empty, so
+// that it cannot hold the limit shut until the clock catches up.
+func TestLogClockStepsBack(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.RedisClient(t, testenv.Redis(t))
+	key := uniquePrefix(t, c) + "k" + LogSuffix
+	script := clockedScript(t)
+	const window = int64(60_000_000)
+	at := func(sec int64) [4]int64 {
+		t.Helper()
+		r, err := script.Run(ctx, c, []string{key}, 3, window, window/1000, sec, 0).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return [4]int64(r)
+	}
+	base := int64(1_760_000_000)
+	for i, step := range []struct {
+		sec  int64
+		want [4]int64
+	}{
+		{base + 100, [4]int64{1, 1, 0, window}},
+		{base + 90, [4]int64{1, 2, 0, window + 10_000_000}}, // 10 s back: stamped base+100
+		{base + 95, [4]int64{1, 3, 0, window + 5_000_000}},
+		{base + 96, [4]int64{0, 3, window + 4_000_000, window + 4_000_000}},
+		{base + 165, [4]int64{1, 1, 0, window}}, // all three (base+100) left the window
+		{base + 80, [4]int64{1, 1, 0, window}},  // 85 s back, more than a window: counts as empty
+	} {
+		if got := at(step.sec); got != step.want {
+			t.Fatalf("step %d (t=%d): %v, want %v", i, step.sec-base, got, step.want)
+		}
+		logEntries(t, c, key) // in order
+	}
+	if n := logEntries(t, c, key); n != 1 {
+		t.Fatalf("the log holds %d entries after counting as empty, want 1", n)
 	}
 }
 
