@@ -145,20 +145,21 @@ func selfCPU() float64 {
 // (INFO cpu: command dispatch, replies and socket I/O included) and µs per call inside it (INFO
 // commandstats, the case's command):
 //
-//   - ring: the limit's script (ratelimit.SlidingLogLua, 100 per minute);
-//   - minimal: a script making only the ring's three commands (TIME, GETRANGE, SET) on the
-//     same keys, with none of its decisions;
+//   - log: the limit's script (ratelimit.SlidingLogLua, 100 per minute);
+//   - minimal: a script making only the log's four commands (TIME, GETRANGE, APPEND, PEXPIRE)
+//     on the same keys, with none of its decisions;
 //   - empty: a script that returns at once (an EVALSHA's own cost);
 //   - set: a plain SET, no script.
 //
 // Run with a fixed count, for example -benchtime 200000x.
 func BenchmarkRedisFloor(b *testing.B) {
-	ring := ratelimit.SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`
+	limit := ratelimit.SlidingLogLua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`
 	for _, bc := range []struct{ name, lua string }{
-		{"ring", ring},
+		{"log", limit},
 		{"minimal", `local t = redis.call('TIME')
-local h = redis.pcall('GETRANGE', KEYS[1], 0, 143)
-redis.call('SET', KEYS[1], t[1] .. t[2], 'PX', ARGV[3])
+local s = redis.pcall('GETRANGE', KEYS[1], -808, -1)
+redis.call('APPEND', KEYS[1], '01234567')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {1, 1, 0, 0}`},
 		{"empty", `return {1, 1, 0, 0}`},
 		{"set", ""},

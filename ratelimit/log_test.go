@@ -169,9 +169,9 @@ func TestLogReplacesForeignKeys(t *testing.T) {
 	prefix := uniquePrefix(t, c)
 	l := NewRedis(c, 3, time.Minute, prefix)
 	for name, put := range map[string]func(key string) error{
-		"zset":      func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 1, Member: "m"}).Err() },
-		"list":      func(key string) error { return c.RPush(ctx, key, "x").Err() },
-		"short":     func(key string) error { return c.Set(ctx, key, "abc", 0).Err() },
+		"zset":  func(key string) error { return c.ZAdd(ctx, key, redis.Z{Score: 1, Member: "m"}).Err() },
+		"list":  func(key string) error { return c.RPush(ctx, key, "x").Err() },
+		"short": func(key string) error { return c.Set(ctx, key, "abc", 0).Err() },
 		// whole entries, read by their tail, the newest far ahead of TIME
 		"far-ahead": func(key string) error { return c.Set(ctx, key, strings.Repeat("\xff", 40), 0).Err() },
 		// whole entries, read whole, without the mark

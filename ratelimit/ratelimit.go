@@ -9,11 +9,11 @@
 // Two implementations share the algorithm, a sliding log of accepted
 // timestamps:
 //
-//   - [RedisLimiter] keeps the log as a ring of the latest accepted times in
-//     one Redis string and decides in one atomic Lua script (one EVALSHA;
-//     concurrent calls share round trips, one pipeline each), using the Redis
-//     server clock, so the limit is exact across any number of processes
-//     sharing one Redis.
+//   - [RedisLimiter] keeps the log in one Redis string (appended to, rewritten
+//     with its live times now and then) and decides in one atomic Lua script
+//     (one EVALSHA; concurrent calls share round trips, one pipeline each),
+//     using the Redis server clock, so the limit is exact across any number of
+//     processes sharing one Redis.
 //   - [MemoryLimiter] keeps a per-key ring buffer in process memory; it is exact
 //     for one process.
 //
