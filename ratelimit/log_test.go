@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"encoding/binary"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -149,6 +150,31 @@ func TestLogClockStepsBack(t *testing.T) {
 	}
 	if n := logEntries(t, c, key); n != 1 {
 		t.Fatalf("the log holds %d entries after counting as empty, want 1", n)
+	}
+}
+
+// TestLogWholeReadAligned: a string longer than the tail read whose tail is more than the limit
+// of entries inside the window is read whole, and its entries are taken from its end, as the
+// tail's were, even when its length is not whole entries (not a log this script wrote): the
+// refusal counts them exactly, no error.
+func TestLogWholeReadAligned(t *testing.T) {
+	ctx := context.Background()
+	c := testenv.RedisClient(t, testenv.Redis(t))
+	key := uniquePrefix(t, c) + "k" + LogSuffix
+	script := clockedScript(t)
+	const window = int64(60_000_000)
+	at := int64(1_760_000_000) * 1_000_000
+	entry := binary.BigEndian.AppendUint64(nil, uint64(at))
+	if err := c.Set(ctx, key, "x"+strings.Repeat(string(entry), 5), 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	now := at + 1_000_000
+	r, err := script.Run(ctx, c, []string{key}, 3, window, window/1000, now/1_000_000, now%1_000_000).Int64Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := [4]int64{0, 5, window - 1_000_000, window - 1_000_000}; [4]int64(r) != want {
+		t.Fatalf("got %v, want %v", r, want)
 	}
 }
 

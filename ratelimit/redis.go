@@ -77,6 +77,7 @@ local function sliding_log(key, limit, window, ttl)
   if m == limit + 1 and f == 1 then
     -- more than the limit inside (it was lowered): the whole log, for the exact count and reset
     s = redis.call('GET', key)
+    s = string.sub(s, #s % 8 + 1) -- (whole entries, aligned from the end as the tail read was)
     m = #s / 8
     f = first()
   end
