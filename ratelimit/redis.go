@@ -33,7 +33,8 @@ import (
 // the log holds more than 2 × limit + 16 entries, the accepting call rewrites it with the live
 // entries only (one SET), so the string stays small and a call's cost does not grow with the
 // limit. Only after the limit was lowered can more than limit + 1 entries be inside the window;
-// a rejected call then reads the whole log once more, so that its count and reset are exact.
+// a rejected call then reads the whole log once more (its entries counted from its end, as the
+// tail's were), so that its count and reset are exact.
 //
 // On reject, the slot frees when the entry at index count-limit of the live ones (oldest first)
 // leaves the window; normally count == limit and that is the oldest entry, but after the limit
