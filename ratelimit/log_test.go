@@ -14,16 +14,37 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// clockedScript is SlidingLogLua deciding at a time the test gives (ARGV[4] seconds, ARGV[5]
+// window is the clocked tests' window, in microseconds (their keys' TTL is the window too).
+const window = int64(60_000_000)
+
+// clockedLog is SlidingLogLua deciding at a time the test gives (ARGV[4] seconds, ARGV[5]
 // microseconds) instead of Redis TIME, so that every path of the log can be driven exactly.
-func clockedScript(t testing.TB) *redis.Script {
+type clockedLog struct {
+	script *redis.Script
+	c      redis.UniversalClient
+}
+
+// clockedScript returns SlidingLogLua on a test clock, run on c.
+func clockedScript(t testing.TB, c redis.UniversalClient) clockedLog {
 	t.Helper()
 	const time = "redis.call('TIME')"
 	if strings.Count(SlidingLogLua, time) != 1 {
 		t.Fatalf("SlidingLogLua should call TIME once")
 	}
 	lua := strings.Replace(SlidingLogLua, time, "{ARGV[4], ARGV[5]}", 1)
-	return redis.NewScript(lua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`)
+	return clockedLog{redis.NewScript(lua + `return sliding_log(KEYS[1], ARGV[1], ARGV[2], ARGV[3])`), c}
+}
+
+// decide is one call for key at now (µs) under limit and window: its reply {allowed, count,
+// retry_after_us, reset_us}.
+func (l clockedLog) decide(t testing.TB, key string, limit int, now int64) [4]int64 {
+	t.Helper()
+	r, err := l.script.Run(context.Background(), l.c, []string{key}, limit, window, window/1000,
+		now/1_000_000, now%1_000_000).Int64Slice()
+	if err != nil {
+		t.Fatalf("%s at %d µs, limit %d: %v", key, now, limit, err)
+	}
+	return [4]int64(r)
 }
 
 // slidingLog is the reference: every accepted time of one key, in microseconds.
@@ -54,9 +75,8 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
 	prefix := uniquePrefix(t, c)
-	script := clockedScript(t)
+	log := clockedScript(t, c)
 	rng := rand.New(rand.NewPCG(21, 1))
-	const window = int64(60_000_000) // µs
 	limits := []int{1, 2, 5, 17, 100, 250}
 	for k := range 6 {
 		key := prefix + "k" + strconv.Itoa(k) + LogSuffix
@@ -83,12 +103,8 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 				stored = 0
 			}
 			want := ref.allow(now, limit, window)
-			reply, err := script.Run(ctx, c, []string{key}, limit, window, window/1000,
-				now/1_000_000, now%1_000_000).Int64Slice()
-			if err != nil {
-				t.Fatalf("key %d call %d: %v", k, i, err)
-			}
-			if [4]int64(reply) != want {
+			reply := log.decide(t, key, limit, now)
+			if reply != want {
 				t.Fatalf("key %d call %d (limit %d, %d stored): log %v, sliding log %v", k, i, limit, len(ref.times), reply, want)
 			}
 			if want[0] == 1 {
@@ -118,19 +134,9 @@ func TestLogMatchesSlidingLog(t *testing.T) {
 // limit holds; a log whose newest entry is more than a window ahead of TIME counts as empty, so
 // that it cannot hold the limit shut until the clock catches up.
 func TestLogClockStepsBack(t *testing.T) {
-	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
 	key := uniquePrefix(t, c) + "k" + LogSuffix
-	script := clockedScript(t)
-	const window = int64(60_000_000)
-	at := func(sec int64) [4]int64 {
-		t.Helper()
-		r, err := script.Run(ctx, c, []string{key}, 3, window, window/1000, sec, 0).Int64Slice()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return [4]int64(r)
-	}
+	log := clockedScript(t, c)
 	base := int64(1_760_000_000)
 	for i, step := range []struct {
 		sec  int64
@@ -143,7 +149,7 @@ func TestLogClockStepsBack(t *testing.T) {
 		{base + 165, [4]int64{1, 1, 0, window}}, // all three (base+100) left the window
 		{base + 80, [4]int64{1, 1, 0, window}},  // 85 s back, more than a window: counts as empty
 	} {
-		if got := at(step.sec); got != step.want {
+		if got := log.decide(t, key, 3, step.sec*1_000_000); got != step.want {
 			t.Fatalf("step %d (t=%d): %v, want %v", i, step.sec-base, got, step.want)
 		}
 		logEntries(t, c, key) // in order
@@ -161,20 +167,14 @@ func TestLogWholeReadAligned(t *testing.T) {
 	ctx := context.Background()
 	c := testenv.RedisClient(t, testenv.Redis(t))
 	key := uniquePrefix(t, c) + "k" + LogSuffix
-	script := clockedScript(t)
-	const window = int64(60_000_000)
 	at := int64(1_760_000_000) * 1_000_000
 	entry := binary.BigEndian.AppendUint64(nil, uint64(at))
 	if err := c.Set(ctx, key, "x"+strings.Repeat(string(entry), 5), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	now := at + 1_000_000
-	r, err := script.Run(ctx, c, []string{key}, 3, window, window/1000, now/1_000_000, now%1_000_000).Int64Slice()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := [4]int64{0, 5, window - 1_000_000, window - 1_000_000}; [4]int64(r) != want {
-		t.Fatalf("got %v, want %v", r, want)
+	got := clockedScript(t, c).decide(t, key, 3, at+1_000_000)
+	if want := [4]int64{0, 5, window - 1_000_000, window - 1_000_000}; got != want {
+		t.Fatalf("got %v, want %v", got, want)
 	}
 }
 
