@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,8 +23,15 @@ import (
 // side and nothing of this instance's network: no resolver, no address (a tenant who points a
 // webhook at an internal name must not learn how it resolves, or that it does). The full error
 // goes to the operator's log (Debug for every attempt, a rate-limited Warn).
+//
+// So a host name that does not resolve and one that resolves only to addresses deliveries may
+// not go to are one class, ClassDNS: were they two, a tenant could tell which internal names
+// this instance's resolver knows. ClassAddressNotAllowed is for a URL that names an address
+// itself (an IP literal), whose class says nothing the URL did not.
 const (
-	// ClassDNS: the receiver's host name did not resolve.
+	// ClassDNS: the receiver's host name did not resolve to an address deliveries may go to:
+	// it did not resolve, or only to addresses deliveries may not go to (which of the two is
+	// not told).
 	ClassDNS = "dns_error"
 	// ClassConnectionRefused: nothing listens on the receiver's port.
 	ClassConnectionRefused = "connection_refused"
@@ -31,9 +39,9 @@ const (
 	ClassConnectionReset = "connection_reset"
 	// ClassConnectionError: any other failure to reach the receiver.
 	ClassConnectionError = "connection_error"
-	// ClassAddressNotAllowed: the host resolves to an address deliveries may not go to
-	// (loopback, private, link-local and other special-purpose ranges; see
-	// Config.AllowPrivateTargets).
+	// ClassAddressNotAllowed: the URL's host is an address (an IP literal) deliveries may not
+	// go to (loopback, private, link-local and other special-purpose ranges; see
+	// Config.AllowPrivateTargets). A host name whose addresses are all refused is ClassDNS.
 	ClassAddressNotAllowed = "address_not_allowed"
 	// ClassTLS: the TLS handshake failed (an untrusted, expired or mismatched certificate, no
 	// TLS on the port, no common protocol version).
@@ -48,8 +56,10 @@ const (
 // one too: redirects are never followed (the target must be the URL the tenant registered).
 func HTTPClass(status int) string { return "http_" + strconv.Itoa(status) }
 
-// classify returns the class of a failed request's error (see the Class constants).
-func classify(err error) string {
+// classify returns the class of a failed request's error (see the Class constants); host is
+// the request URL's host (without its port): an address refused for a host that is a name,
+// not an IP literal, is ClassDNS, like a name that does not resolve.
+func classify(err error, host string) string {
 	var dnsErr *net.DNSError
 	var certErr *tls.CertificateVerificationError
 	var recordErr tls.RecordHeaderError
@@ -60,6 +70,9 @@ func classify(err error) string {
 	var timeoutErr interface{ Timeout() bool }
 	switch {
 	case errors.Is(err, ssrf.ErrProhibitedIP), errors.Is(err, ssrf.ErrProhibitedNetwork), errors.Is(err, ssrf.ErrProhibitedPort):
+		if _, notIP := netip.ParseAddr(host); notIP != nil {
+			return ClassDNS // a name: whether it resolves is not told
+		}
 		return ClassAddressNotAllowed
 	case errors.As(err, &dnsErr):
 		return ClassDNS

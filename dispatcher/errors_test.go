@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,6 +59,9 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 		{"status 500", status500.URL + "/hook", "http_500", true},
 		{"redirect", redirect.URL + "/hook", "http_302", true},
 		{"private address refused", status500.URL + "/hook", ClassAddressNotAllowed, false},
+		// An internal name that resolves (to a refused address) is told like one that does not.
+		{"internal name refused", "http://localhost:" + status500.URL[strings.LastIndexByte(status500.URL, ':')+1:] + "/hook", ClassDNS, false},
+		{"unresolvable host, private targets refused", "https://wabarelay-test.invalid/hook", ClassDNS, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -94,5 +98,46 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 			}
 			t.Logf("tenant sees %q; operator log: %v", *row.lastErr, fields["error"])
 		})
+	}
+}
+
+// TestClassifyHidesWhetherNamesResolve: with private targets refused, the class of a failed
+// request (made by the delivery client itself, against real names and a real listener) does
+// not tell whether a host name resolves: a name of this host that resolves to a refused
+// address (localhost) and a name that resolves nowhere get the same class, dns_error. An
+// address named in the URL itself is address_not_allowed: that says nothing the URL did not.
+func TestClassifyHidesWhetherNamesResolve(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t.Error("a request reached a refused address")
+	}))
+	t.Cleanup(srv.Close)
+	port := srv.URL[strings.LastIndexByte(srv.URL, ':')+1:]
+	if addrs, err := net.LookupHost("localhost"); err != nil || len(addrs) == 0 {
+		t.Fatalf("localhost does not resolve here (%v): the test needs a name that does", err)
+	}
+	client := newClient(Config{Timeout: 5 * time.Second, Workers: 1})
+	class := func(url string) string {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodPost, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			t.Fatalf("%s: answered %d; want a refused dial", url, resp.StatusCode)
+		}
+		return classify(err, req.URL.Hostname())
+	}
+	resolves := class("http://localhost:" + port + "/hook")
+	unresolvable := class("http://wabarelay-test.invalid:" + port + "/hook")
+	if resolves != unresolvable || resolves != ClassDNS {
+		t.Errorf("a name that resolves to a refused address: %q, a name that does not resolve: %q; want both %q",
+			resolves, unresolvable, ClassDNS)
+	}
+	for _, literal := range []string{"http://127.0.0.1:" + port + "/hook", "http://[::1]:" + port + "/hook"} {
+		if got := class(literal); got != ClassAddressNotAllowed {
+			t.Errorf("%s: %q, want %q", literal, got, ClassAddressNotAllowed)
+		}
 	}
 }

@@ -372,7 +372,7 @@ func (d *Dispatcher) attempt(ctx context.Context, j job, claimed time.Time) resu
 	resp, err := d.client.Do(req)
 	if err != nil {
 		r.duration = time.Since(r.started)
-		r.errMsg, r.detail = classify(err), err.Error()
+		r.errMsg, r.detail = classify(err, req.URL.Hostname()), err.Error()
 		return r
 	}
 	r.statusCode = resp.StatusCode
