@@ -140,9 +140,9 @@ func TestRelayTokenNeverLeaks(t *testing.T) {
 }
 
 // TestRelayCallerCredentialsStripped: through Caddy, a caller's access_token never reaches the
-// upstream (query, %-escaped query, form body; a multipart field is refused 400), a query that
-// does not parse is refused 400 without an upstream call, and the same idempotency key and body
-// with another query answers 422.
+// upstream (query, %-escaped query, form body, JSON send body; a multipart field is refused
+// 400), a query that does not parse is refused 400 without an upstream call, and the same
+// idempotency key and body with another query answers 422.
 func TestRelayCallerCredentialsStripped(t *testing.T) {
 	e := newRelayEnv(t, "")
 	base := e.caddy("")
@@ -162,6 +162,11 @@ func TestRelayCallerCredentialsStripped(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	do(t, req)
+	// a JSON send body's access_token (issue 31): stripped, the send goes out without it
+	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken,
+		`{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"hi"},"access_token":"callers"}`); r.status != 200 {
+		t.Fatalf("JSON send with an access_token: %d %s", r.status, r.body)
+	}
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
 	mw.WriteField("messaging_product", "whatsapp")
@@ -185,7 +190,7 @@ func TestRelayCallerCredentialsStripped(t *testing.T) {
 		t.Fatalf("first send: %d %s", r.status, r.body)
 	}
 	expectRelayError(t, call(t, "POST", base+"/"+pnid+"/messages?to=19999999999", ch.ChannelToken, body), 422, relay.MsgIdemMismatch)
-	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 2 {
-		t.Fatalf("upstream sends = %d, want 2 (the form send and the first keyed one)", n)
+	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 3 {
+		t.Fatalf("upstream sends = %d, want 3 (the form send, the JSON one and the first keyed one)", n)
 	}
 }

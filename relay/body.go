@@ -18,15 +18,47 @@ const IdempotencyKeyField = "idempotency_key"
 // name repeats, as encoding/json reads it). found is false, and body is returned as is, when the
 // body is not a JSON object or has no such member. The value must be a string.
 func RemoveKey(body []byte, name string) (out []byte, value string, found bool, err error) {
-	if bytes.IndexByte(body, '\\') < 0 && !bytes.Contains(body, []byte(name)) {
-		return body, "", false, nil // no escape that could spell name, and name is not there
+	out, raw, _ := removeMembers(body, name, "")
+	if raw == nil {
+		return body, "", false, nil
+	}
+	if err := json.Unmarshal(raw, &value); err != nil {
+		return body, "", true, ErrKeyNotString
+	}
+	return out, value, true, nil
+}
+
+// cleanSendBody takes out of a send's body what the upstream must not see: its idempotency_key
+// (returned, as RemoveKey does) and any top-level access_token member of the caller's, whatever
+// its value (the relay sends the channel's token in Authorization; a token in the body would
+// travel next to it, as one in the query or a form body would: request.go). A body that is not a
+// JSON object is returned as it is.
+func cleanSendBody(body []byte) (out []byte, key string, found bool, err error) {
+	out, raw, _ := removeMembers(body, IdempotencyKeyField, accessTokenParam)
+	if raw == nil {
+		return out, "", false, nil
+	}
+	if err := json.Unmarshal(raw, &key); err != nil {
+		return body, "", true, ErrKeyNotString
+	}
+	return out, key, true, nil
+}
+
+// removeMembers removes every top-level member named name or drop (unless drop is "") from the
+// JSON object body and returns the body with the rest of its bytes unchanged, the raw value of
+// the last member named name (nil when there is none) and whether anything was removed. A body
+// that is not a JSON object, or has neither member, is returned as it is.
+func removeMembers(body []byte, name, drop string) (out, nameValue []byte, removed bool) {
+	if bytes.IndexByte(body, '\\') < 0 && !bytes.Contains(body, []byte(name)) &&
+		(drop == "" || !bytes.Contains(body, []byte(drop))) {
+		return body, nil, false // no escape that could spell a name, and neither name is there
 	}
 	if !json.Valid(body) {
-		return body, "", false, nil
+		return body, nil, false
 	}
 	i := skipWS(body, 0)
 	if i >= len(body) || body[i] != '{' {
-		return body, "", false, nil
+		return body, nil, false
 	}
 	i++
 	type span struct{ start, end int } // [start, end) of a member to cut, separators included
@@ -39,17 +71,17 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 		}
 		memberStart := i
 		keyEnd := skipString(body, i)
-		match := keyIs(body[i:keyEnd], name)
+		isName := keyIs(body[i:keyEnd], name)
+		match := isName || drop != "" && keyIs(body[i:keyEnd], drop)
 		i = skipWS(body, keyEnd) + 1 // ':'
 		valStart := skipWS(body, i)
 		valEnd := skipValue(body, valStart)
 		i = skipWS(body, valEnd)
 		last := body[i] == '}'
+		if isName {
+			nameValue = body[valStart:valEnd]
+		}
 		if match {
-			found = true
-			if err := json.Unmarshal(body[valStart:valEnd], &value); err != nil {
-				return body, "", true, ErrKeyNotString
-			}
 			switch {
 			case !last: // cut the member and the comma after it, up to the next member
 				next := skipWS(body, i+1)
@@ -59,8 +91,7 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 			default: // the only member
 				cuts = append(cuts, span{memberStart, valEnd})
 			}
-		}
-		if !match {
+		} else {
 			prevKeptEnd = valEnd
 		}
 		if last {
@@ -68,8 +99,8 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 		}
 		i++ // ','
 	}
-	if !found {
-		return body, "", false, nil
+	if len(cuts) == 0 {
+		return body, nil, false
 	}
 	// Cuts may overlap (repeated members); apply their union.
 	slices.SortFunc(cuts, func(a, b span) int { return a.start - b.start })
@@ -82,7 +113,7 @@ func RemoveKey(body []byte, name string) (out []byte, value string, found bool, 
 		pos = max(pos, c.end)
 	}
 	out = append(out, body[pos:]...)
-	return out, value, true, nil
+	return out, nameValue, true
 }
 
 // keyIs reports whether the JSON string raw (valid JSON, quotes included) decodes to name.

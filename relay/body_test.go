@@ -77,3 +77,45 @@ func FuzzRemoveKey(f *testing.F) {
 		}
 	})
 }
+
+// TestCleanSendBody: a send's body loses its idempotency_key and every top-level access_token
+// member, whatever the token's value and however its name is spelled in JSON; the rest of the
+// body keeps its bytes, and a nested access_token (a message's text) stays.
+func TestCleanSendBody(t *testing.T) {
+	cases := []struct{ in, out, key string }{
+		{`{"to":"1","access_token":"callers"}`, `{"to":"1"}`, ""},
+		{`{"access_token":"callers","to":"1"}`, `{"to":"1"}`, ""},
+		{`{"access_token":"callers"}`, `{}`, ""},
+		{`{"to":"1","access_token":42,"access_token":{"a":[1]},"type":"text"}`, `{"to":"1","type":"text"}`, ""},
+		{`{"access\u005ftoken":"esc","to":"1"}`, `{"to":"1"}`, ""},
+		{`{"to":"1","idempotency_key":"k","access_token":"t"}`, `{"to":"1"}`, "k"},
+		{`{"access_token":"t","idempotency_key":"k"}`, `{}`, "k"},
+		{`{"idempotency_key":"k","to":"1","access_token":null}`, `{"to":"1"}`, "k"},
+		{`{"text":{"body":"access_token","access_token":"inner"},"access_token":"x"}`, `{"text":{"body":"access_token","access_token":"inner"}}`, ""},
+	}
+	for _, tc := range cases {
+		out, key, found, err := cleanSendBody([]byte(tc.in))
+		if err != nil || string(out) != tc.out || key != tc.key || found != (tc.key != "") {
+			t.Errorf("cleanSendBody(%s) = %s, %q, %v, %v; want %s, %q", tc.in, out, key, found, err, tc.out, tc.key)
+			continue
+		}
+		var a, b map[string]any
+		json.Unmarshal([]byte(tc.in), &a)
+		if json.Unmarshal(out, &b) != nil {
+			t.Errorf("output is not JSON: %s", out)
+		}
+		delete(a, "idempotency_key")
+		delete(a, "access_token")
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("semantic change: %v vs %v", a, b)
+		}
+	}
+	for _, in := range []string{`{"to":"1"}`, `{"text":{"access_token":"x"}}`, `not json "access_token"`, `["access_token"]`} {
+		if out, _, found, err := cleanSendBody([]byte(in)); found || err != nil || string(out) != in {
+			t.Errorf("cleanSendBody(%s) changed it: %s %v %v", in, out, found, err)
+		}
+	}
+	if _, _, found, err := cleanSendBody([]byte(`{"access_token":"t","idempotency_key":5}`)); !found || err != ErrKeyNotString {
+		t.Errorf("non-string key: %v %v", found, err)
+	}
+}

@@ -254,11 +254,12 @@ func (relay *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.Rela
 	return true
 }
 
-// send relays a `POST …/messages`: its body's idempotency_key is taken out and, when present,
-// at most one upstream send happens per (channel, key); repeats replay the stored answer. Once
-// a send has started it runs to its end even if the caller hangs up, so that its real answer
-// is stored and replayed to the caller's retry. Every exit that answers is recorded in the call
-// log, if any (start: the call's arrival).
+// send relays a `POST …/messages`: its body's idempotency_key (and any access_token of the
+// caller's) is taken out and, when a key is present, at most one upstream send happens per
+// (channel, key); repeats replay the stored answer. Once a send has started it runs to its end
+// even if the caller hangs up, so that its real answer is stored and replayed to the caller's
+// retry. Every exit that answers is recorded in the call log, if any (start: the call's
+// arrival).
 func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel, up Upstream, start time.Time) {
 	var c Call // what the call log records: each exit sets its status and outcome
 	logged := relay.CallLog != nil
@@ -281,7 +282,7 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 	if logged {
 		c.Recipient = recipientOf(body)
 	}
-	stripped, key, found, err := RemoveKey(body, IdempotencyKeyField)
+	stripped, key, found, err := cleanSendBody(body) // the key out, and a caller's access_token
 	if err != nil {
 		c.Status, c.Outcome = relay.refuse(w, OutcomeInvalidRequest, http.StatusUnprocessableEntity, err.Error()), OutcomeInvalidRequest
 		return

@@ -147,6 +147,35 @@ func (u *upstreamRecord) serve(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// TestRelaySendBodyAccessToken: a caller's access_token in a JSON send body (any value, any
+// position, an escaped name, beside an idempotency key) never reaches the upstream; the rest of
+// the body does, byte for byte, and a retry with the same key (with or without the token)
+// replays the first answer.
+func TestRelaySendBodyAccessToken(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	var u upstreamRecord
+	send := "/" + tPNID + "/messages"
+	for _, c := range []struct{ in, out string }{
+		{`{"messaging_product":"whatsapp","to":"15551234567","access_token":"callers"}`, `{"messaging_product":"whatsapp","to":"15551234567"}`},
+		{`{"access_token":{"token":"callers"},"to":"15551234567"}`, `{"to":"15551234567"}`},
+		{`{"to":"15551234567","access\u005ftoken":"callers"}`, `{"to":"15551234567"}`},
+		{`{"to":"15551234567","text":{"body":"my access_token"}}`, `{"to":"15551234567","text":{"body":"my access_token"}}`},
+		{`{"to":"15551234567","access_token":"callers","idempotency_key":"k1"}`, `{"to":"15551234567"}`},
+	} {
+		n := len(u.bodies)
+		if w := f.serve("POST", send, c.in, u.serve); w.Code != 200 {
+			t.Fatalf("%s: %d %s", c.in, w.Code, w.Body)
+		}
+		if len(u.bodies) != n+1 || string(u.bodies[n]) != c.out {
+			t.Fatalf("%s: the upstream got %q, want %q", c.in, u.bodies[n:], c.out)
+		}
+	}
+	w := f.serve("POST", send, `{"to":"15551234567","idempotency_key":"k1"}`, u.serve)
+	if w.Code != 200 || w.Header().Get("Idempotent-Replayed") != "true" || len(u.bodies) != 5 {
+		t.Fatalf("the same send without the token: %d %s (replayed %q), %d upstream calls", w.Code, w.Body, w.Header().Get("Idempotent-Replayed"), len(u.bodies))
+	}
+}
+
 // TestRelayCallerAccessToken: a caller's access_token never reaches the upstream — not in the
 // query (also %-escaped), not in a form body, not as a multipart field (refused 400) — and a
 // query that does not parse is refused 400 before any upstream call or rate-limit count.
