@@ -138,21 +138,23 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 // requeueSQL puts failed deliveries of webhook $1 (the log rows selected by the condition
 // appended to it) back in the queue with a fresh schedule (attempt counting restarts): due now,
 // or held if the webhook is paused. It returns the requeued ids. A delivery of an ordered
-// webhook keeps its conversation and its place in it (created_at, event_id): it goes before
-// the later ones still queued, after the one in flight (claimableSQL).
+// webhook keeps its conversation: when the conversation has rows queued it waits behind their
+// head, then goes before the later ones (the first waiting row in inbound order is promoted
+// next, see claimableSQL).
 const requeueSQL = `
 	WITH f AS (
 		UPDATE deliveries d SET status = 'pending', attempts = 0, updated_at = now()
 		WHERE d.webhook_id = $1 AND d.status = 'failed' AND `
 
-const requeueTail = `
+var requeueTail = `
 		RETURNING d.id, d.created_at, d.event_id, d.webhook_id, d.conversation
 	)
 	INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, conversation)
 	SELECT f.id, f.created_at, f.event_id, f.webhook_id,
-	       CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = f.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END, now(),
-	       f.conversation
-	FROM f
+	       ` + queueStatusSQL("f.webhook_id", "f.conversation", "f.conv_rank",
+	`CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = f.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END`) + `,
+	       now(), f.conversation
+	FROM (SELECT f.*, row_number() OVER (PARTITION BY f.conversation ORDER BY f.created_at, f.event_id, f.id) AS conv_rank FROM f) f
 	ON CONFLICT (delivery_id) DO NOTHING`
 
 // RetryDelivery re-queues a failed delivery of one of the org's webhooks with a fresh

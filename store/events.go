@@ -145,6 +145,9 @@ type ClaimedDelivery struct {
 	// Traceparent is the W3C traceparent stored with the event (IncomingItem.Traceparent): its
 	// attempts continue that trace. Empty when the event was stored without tracing.
 	Traceparent string
+	// Conversation is the delivery's conversation (ConversationKey) when its webhook was
+	// ordered when it was queued; nil otherwise. Recording its end promotes the next one.
+	Conversation *int64
 }
 
 // EncodeEvent returns the JSON delivered to webhooks for an event (see Event), with data
@@ -527,9 +530,8 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 // webhook: a log row, and a queue row — claimed for this instance (up to its post's claim Max,
 // active webhooks), pending (active) or held (paused). A webhook with ordering "conversation"
 // gets the item's conversation on both rows, and no hand-off (its claims keep the order, see
-// claimableSQL); its delivery is due no sooner than the latest of its conversation already
-// queued (one index probe), so that it does not sit due but waiting in front of the claims
-// while an earlier one waits for a retry.
+// claimableSQL); its queue row waits behind the conversation's rows already queued, or earlier
+// in the statement (queueStatusSQL: one index probe).
 //
 // It runs on a generic plan (queryGeneric): planned per call, it spent more time in the planner
 // than running. It inserts into deliveries, a partitioned table, into which a generic plan
@@ -553,7 +555,8 @@ var storeDeliveriesSQL = `
 		FROM m
 	), n AS (
 		SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, ` + newDeliveryIDSQL("$5") + ` AS id,
-		       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed
+		       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed,
+		       CASE WHEN h.conv IS NOT NULL THEN row_number() OVER (PARTITION BY h.webhook_id, h.conv ORDER BY h.event_id) END AS conv_rank
 		FROM h
 	), log AS (
 		` + insertDeliveryLog + `
@@ -561,11 +564,8 @@ var storeDeliveriesSQL = `
 	), q AS (
 		` + insertDeliveryQueue + `
 		SELECT n.id, $5, n.event_id, n.webhook_id,
-		       CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END,
-		       CASE WHEN n.conv IS NULL THEN $5 ELSE greatest($5, (
-		         SELECT o.next_attempt_at FROM delivery_queue o WHERE o.webhook_id = n.webhook_id AND o.conversation = n.conv
-		         ORDER BY o.created_at DESC, o.event_id DESC, o.delivery_id DESC LIMIT 1)) END,
-		       CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
+		       ` + queueStatusSQL("n.webhook_id", "n.conv", "n.conv_rank", `CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END`) + `,
+		       $5, CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
 		FROM n ORDER BY n.event_id, n.webhook_id
 	)
 	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`

@@ -217,7 +217,7 @@ UPDATE delivery_queue d
 SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
 FROM p, webhooks w
 WHERE d.delivery_id = p.delivery_id AND w.id = d.webhook_id
-RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url`
+RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, d.conversation`
 
 // ClaimProbes claims the due probes of failing webhooks (see claimProbesSQL), at most limit,
 // with their payloads. Each is marked Probe.
@@ -229,7 +229,7 @@ func (q *Queue) ClaimProbes(ctx context.Context, instance string, lease time.Dur
 	var out []ClaimedDelivery
 	for rows.Next() {
 		d := ClaimedDelivery{Probe: true}
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &d.Conversation); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("claim probes: %w", err)
 		}

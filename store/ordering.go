@@ -37,18 +37,87 @@ func ConversationKey(phoneNumberID, customer string) int64 {
 	return int64(h.Sum64())
 }
 
-// claimableSQL is the ordering rule of a queue row q, for claimSQL: a row with no conversation
-// (its webhook's ordering was none when it was created) is always claimable; a row of a
-// conversation waits while an earlier row of the conversation (inbound order: created_at,
-// event_id, delivery_id; any state: pending, in flight or held) is in the queue, or while
-// another of its rows is in flight (one whose place was taken by a retried earlier one). Two
-// index probes (delivery_queue_conversation, delivery_queue_conversation_flight), evaluated
-// only for rows of ordered webhooks.
-const claimableSQL = `(q.conversation IS NULL OR (
-	NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = q.webhook_id AND o.conversation = q.conversation
-	            AND (o.created_at, o.event_id, o.delivery_id) < (q.created_at, q.event_id, q.delivery_id))
-	AND NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = q.webhook_id AND o.conversation = q.conversation
-	                AND o.status = 'in_flight' AND o.delivery_id <> q.delivery_id)))`
+// An ordered webhook's queued rows of one conversation (migration 022): the head — the row
+// that goes next — is pending, in flight or held (a "live" row); the rows behind it are
+// 'waiting', in no index a claim reads (delivery_queue_due holds pending rows only). A claim
+// therefore sees one row per conversation, however long the conversation's backlog: an org
+// cannot slow other orgs' claims by piling deliveries up behind a head that is in flight.
+//
+// A new row of a conversation is queued waiting when the conversation has a row already
+// (queueStatusSQL); when its last live row leaves the queue (delivered, failed for good, or
+// failed as held too long), the first waiting row is promoted (promoteSQL). Concurrent writers
+// of one conversation are kept consistent by locks, not by a single statement's snapshot: a
+// new waiting row key-share-locks the row it queues behind, so that the row cannot be deleted
+// until the new one is committed; a deletion (Queue.Record, FailHeld) takes the
+// conversation's advisory lock (conversationLockSQL) before it deletes and promotes in a
+// later statement of its transaction, which sees every row committed before its delete
+// returned.
+
+// claimableSQL is the ordering rule of a queue row q, for claimSQL and claimProbesSQL: a row
+// with no conversation (its webhook's ordering was none when it was created) is always
+// claimable; a row of a conversation waits while another live row of the conversation is in
+// flight, or is earlier in inbound order (created_at, event_id, delivery_id). Its waiting rows
+// are not read: one probe of delivery_queue_conversation_live, which holds a conversation's
+// one or two live rows, evaluated only for rows of ordered webhooks. (Two live rows exist only
+// when two intake transactions queued the conversation's first row concurrently.)
+const claimableSQL = `(q.conversation IS NULL OR NOT EXISTS (
+	SELECT 1 FROM delivery_queue o WHERE o.webhook_id = q.webhook_id AND o.conversation = q.conversation
+	AND o.status <> 'waiting' AND o.delivery_id <> q.delivery_id
+	AND (o.status = 'in_flight' OR (o.created_at, o.event_id, o.delivery_id) < (q.created_at, q.event_id, q.delivery_id))))`
+
+// queueStatusSQL returns the SQL expression of a new queue row's status: 'waiting' when the row
+// has a conversation (conv, of webhook) and either an earlier row of the same statement has it
+// too (rank, the row's place among them, counted from 1) or the queue holds a row of it — then
+// the newest such row is key-share-locked, so that it stays until this row is committed and the
+// deletion that ends the conversation's live rows sees this one and promotes it —, else live
+// (the expression live: pending, held or in flight).
+func queueStatusSQL(webhook, conv, rank, live string) string {
+	return `CASE WHEN ` + conv + ` IS NOT NULL AND (` + rank + ` > 1 OR EXISTS (
+		SELECT 1 FROM delivery_queue o WHERE o.webhook_id = ` + webhook + ` AND o.conversation = ` + conv + `
+		ORDER BY o.created_at DESC, o.event_id DESC, o.delivery_id DESC LIMIT 1 FOR KEY SHARE)) THEN 'waiting' ELSE ` + live + ` END`
+}
+
+// conversationLockSQL takes the transaction-scoped advisory locks of conversations ($1, keys of
+// ConversationKey), in key order: deletions of one conversation's rows (and their promotions)
+// run one at a time. The key is the conversation alone: two webhooks' deliveries of a
+// conversation share it, which only serialises their deletions.
+const conversationLockSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT DISTINCT k FROM unnest($1::bigint[]) AS k ORDER BY k) x`
+
+// promoteSQL promotes the first waiting row (inbound order) of each conversation given
+// ($1 webhook ids, $2 conversations) that has no live row left: to pending, or held if its
+// webhook is paused. It returns how many became pending. It must run in the transaction that
+// deleted the conversation's rows, after their statement and under conversationLockSQL.
+const promoteSQL = `
+WITH c AS (
+	SELECT DISTINCT c.webhook_id, c.conversation FROM unnest($1::uuid[], $2::bigint[]) AS c(webhook_id, conversation)
+	WHERE NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation
+	                  AND o.status <> 'waiting')
+), p AS (
+	UPDATE delivery_queue q
+	SET status = CASE WHEN w.status = 'paused' THEN 'held' ELSE 'pending' END
+	FROM c JOIN webhooks w ON w.id = c.webhook_id
+	WHERE q.delivery_id = (SELECT o.delivery_id FROM delivery_queue o
+	                       WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation AND o.status = 'waiting'
+	                       ORDER BY o.created_at, o.event_id, o.delivery_id LIMIT 1)
+	RETURNING q.status
+)
+SELECT count(*) FILTER (WHERE status = 'pending') FROM p`
+
+// promote runs promoteSQL in tx for the conversations of webhooks (parallel slices) and
+// announces the deliveries it made due.
+func promote(ctx context.Context, tx pgx.Tx, webhooks []uuid.UUID, convs []int64) error {
+	if len(convs) == 0 {
+		return nil
+	}
+	var due int
+	if err := tx.QueryRow(ctx, promoteSQL, webhooks, convs).Scan(&due); err != nil {
+		return fmt.Errorf("promote waiting deliveries: %w", err)
+	}
+	if due > 0 {
+		return notifyDeliveries(ctx, tx)
+	}
+	return nil
+}
 
 // ErrBadOrdering is returned for an ordering other than OrderingNone and OrderingConversation.
 var ErrBadOrdering = errors.New("unknown webhook ordering")

@@ -142,11 +142,12 @@ func TestClaimOrderedConversation(t *testing.T) {
 	e.want(e.claim())
 	e.record("ordered:y1", true, 0)
 	e.want(e.claim(), "ordered:y2")
-	var waiting int
-	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND next_attempt_at > now() + interval '50 minutes'`,
-		e.ordered).Scan(&waiting)
-	if waiting != 3 {
-		t.Fatalf("%d of x's deliveries wait for x1's retry, want 3 (x1, x2, x3)", waiting)
+	// x1 is pending an hour ahead; x2 and x3 wait behind it, out of the claims' index
+	var later, waiting int
+	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > now() + interval '50 minutes'),
+		count(*) FILTER (WHERE status = 'waiting') FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&later, &waiting)
+	if later != 1 || waiting != 2 {
+		t.Fatalf("x's deliveries: %d pending for x1's retry (want 1), %d waiting (want 2: x2, x3)", later, waiting)
 	}
 	// a new message of x waits for x1's retry too, not due meanwhile
 	e.store(0, "x4")
@@ -304,4 +305,167 @@ func (e *orderingEnv) idOf(n string) uuid.UUID {
 	}
 	e.t.Fatalf("no event %q", n)
 	return uuid.Nil
+}
+
+// TestOrderedBacklogInFlightBounded: while a conversation's head is in flight (a receiver that
+// does not answer), its backlog grows from 1,000 to 100,000 deliveries (the intake's, then
+// replays' copies of them); a claim reads a bounded number of queue rows whatever the size —
+// the backlog waits outside the claims' index — and still takes another conversation's head.
+func TestOrderedBacklogInFlightBounded(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	e.store(0, "x0")
+	e.want(e.claim(), "ordered:x0", "plain:x0") // x0 in flight on the ordered webhook, never answered
+	e.record("plain:x0", true, 0)
+	for b := range 10 {
+		names := make([]string, 100)
+		for k := range names {
+			names[k] = fmt.Sprintf("x%d", 1+b*100+k)
+		}
+		e.store(0, names...)
+	}
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain) // only the ordered webhook's backlog matters here
+	var waiting int
+	e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'waiting'`, e.ordered).Scan(&waiting)
+	if waiting != 1000 {
+		t.Fatalf("the intake queued %d of x's 1,000 deliveries waiting behind x0, want all", waiting)
+	}
+	reads := map[int]float64{}
+	for _, size := range []int{1000, 10000, 100000} {
+		// grow x's backlog to size: copies of its waiting rows, as replays of its events queue them
+		e.f.Exec(t, `
+			INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, conversation)
+			SELECT gen_random_uuid(), created_at, event_id, webhook_id, 'waiting', now() - interval '1 minute', conversation
+			FROM delivery_queue WHERE webhook_id = $1 AND status = 'waiting' LIMIT $2`, e.ordered, size-waiting)
+		waiting = size
+		e.f.Exec(t, `ANALYZE delivery_queue`)
+		for _, y := range []string{fmt.Sprintf("y%d", size)} {
+			e.store(0, y)
+		}
+		e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain)
+		took, read, _ := claimCost(t, e.f.Pool, store.QueueClaim{Instance: "i2", Lease: time.Minute, Limit: 100, PerWebhook: 100})
+		if took[e.ordered] != 1 || len(took) != 1 {
+			t.Fatalf("backlog %d: took %v, want y's head only", size, took)
+		}
+		reads[size] = read
+		t.Logf("backlog of %d behind a head in flight: the claim read %.0f queue rows", size, read)
+		if read > 20 {
+			t.Fatalf("backlog %d: the claim read %.0f queue rows to take one, want a few whatever the backlog", size, read)
+		}
+		got := e.claim()
+		e.want(got, fmt.Sprintf("ordered:y%d", size))
+		e.record(got[0], true, 0)
+	}
+	if reads[100000] > reads[1000]+4 {
+		t.Fatalf("rows read per claim grew with the backlog: %v", reads)
+	}
+	// x0 finally answers: x1 is next, alone
+	e.record("ordered:x0", true, 0)
+	e.want(e.claim(), "ordered:x1")
+}
+
+// TestOrderedConcurrentWritersNeverStrand: deliveries of one conversation stored by concurrent
+// intake transactions while a dispatcher claims and records them one by one: every delivery is
+// delivered, at most one of the conversation is ever in flight, and the queue ends empty — no
+// row is left waiting behind a head that is gone (the locks of queueStatusSQL and Record).
+func TestOrderedConcurrentWritersNeverStrand(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	const writers, batches = 6, 40
+	done := make(chan error, writers)
+	for w := range writers {
+		go func() {
+			for b := range batches {
+				items := []store.IncomingItem{{Type: "messages", PhoneNumberID: "111", Customer: "x",
+					DedupeKey: fmt.Sprintf("c:%d:%d", w, b), Data: json.RawMessage(`{"message":{"id":"m","from":"x"}}`)}}
+				if _, err := e.f.Store.StoreEvents(ctx, items, store.Claim{}); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	delivered, finished := 0, 0
+	for delivered < writers*batches {
+		c, err := e.q.Claim(ctx, store.QueueClaim{Instance: "i1", Lease: time.Minute, Limit: 100, PerWebhook: 100})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var outs []store.Outcome
+		ordered := 0
+		for _, d := range c.Deliveries {
+			if d.WebhookID == e.ordered {
+				ordered++
+				delivered++
+			}
+			outs = append(outs, store.Outcome{Delivery: d, Started: time.Now(), OK: true})
+		}
+		if ordered > 1 {
+			t.Fatalf("a claim took %d deliveries of one conversation", ordered)
+		}
+		if _, err := e.q.Record(ctx, "i1", outs); err != nil {
+			t.Fatal(err)
+		}
+		if finished < writers {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatal(err)
+				}
+				finished++
+			default:
+			}
+			continue
+		}
+		if len(c.Deliveries) == 0 {
+			var left int
+			e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&left)
+			if left > 0 {
+				var st []string
+				rows, _ := e.f.Pool.Query(ctx, `SELECT status FROM delivery_queue WHERE webhook_id = $1`, e.ordered)
+				for rows.Next() {
+					var s string
+					rows.Scan(&s)
+					st = append(st, s)
+				}
+				t.Fatalf("writers done, %d of %d delivered, nothing claimable, %d left queued: %v", delivered, writers*batches, left, st)
+			}
+		}
+	}
+	if n := e.f.CountWhere(t, "delivery_queue", "webhook_id", e.ordered); n != 0 {
+		t.Fatalf("%d rows left in the ordered webhook's queue", n)
+	}
+}
+
+// TestFailHeldPromotes: a paused ordered webhook's held head and the rows waiting behind it fail
+// together once older than the cutoff; a conversation's rows queued after the cutoff are
+// promoted (held) and go out in order after the webhook resumes.
+func TestFailHeldPromotes(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.ordered, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	e.store(0, "x1", "x2")
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain)
+	cutoff := time.Now() // the next batch is created after it
+	e.store(0, "x3", "x4")
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain)
+	n, err := e.f.Store.FailHeld(ctx, cutoff, "held too long")
+	if err != nil || n != 2 {
+		t.Fatalf("FailHeld: %d %v, want x1 and x2", n, err)
+	}
+	var held, waiting int
+	e.f.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'held'), count(*) FILTER (WHERE status = 'waiting')
+		FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&held, &waiting)
+	if held != 1 || waiting != 1 {
+		t.Fatalf("after FailHeld: %d held, %d waiting; want x3 held, x4 waiting", held, waiting)
+	}
+	if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.ordered, store.WebhookActive); err != nil {
+		t.Fatal(err)
+	}
+	e.want(e.claim(), "ordered:x3")
+	e.record("ordered:x3", true, 0)
+	e.want(e.claim(), "ordered:x4")
 }

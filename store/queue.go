@@ -129,7 +129,7 @@ FROM chosen c, webhooks w
 WHERE d.delivery_id = c.delivery_id AND w.id = d.webhook_id
 RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
 	coalesce(c.hook_n, 0), coalesce(c.org_n, 0), (SELECT count(*) FROM cand), (SELECT count(*) FROM expired),
-	w.previous_secret_expires_at`
+	w.previous_secret_expires_at, d.conversation`
 
 // Claimed is what a claim took.
 type Claimed struct {
@@ -196,7 +196,7 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 		var turn int64
 		var hookN, orgN int
 		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &d.CreatedAt, &d.Attempt, &d.Claim, &d.URL, &turn,
-			&hookN, &orgN, &hooks, &expired, &d.PreviousSecretExpiresAt); err != nil {
+			&hookN, &orgN, &hooks, &expired, &d.PreviousSecretExpiresAt, &d.Conversation); err != nil {
 			rows.Close()
 			return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 		}
@@ -314,7 +314,9 @@ type Outcome struct {
 // claim_seq; attempts still one less than the attempt's number). Only then is the attempt
 // counted and logged: the queue row is deleted (delivered, or failed for good) or rescheduled
 // (held instead of pending if the webhook was paused meanwhile), the delivery log row updated
-// (a HOT update: no indexed column changes) and the attempt appended. The outcome of a claim
+// (a HOT update: no indexed column changes) and the attempt appended. A rescheduled head of an
+// ordered conversation keeps its place: the rows behind it are waiting (see claimableSQL), not
+// due, so nothing steps over them meanwhile. The outcome of a claim
 // that was lost (its lease expired and the delivery was reclaimed) is not recorded: the reclaim
 // makes the same attempt again under the same number (at least once).
 //
@@ -341,14 +343,6 @@ r AS (
 	WHERE q.delivery_id = r.delivery_id AND q.locked_by = $12 AND q.claim_seq = r.claim AND q.attempts = r.attempt - 1
 	  AND NOT r.ok AND r.retry_in >= 0
 	RETURNING q.delivery_id, q.webhook_id, q.conversation, q.created_at, q.event_id, q.next_attempt_at
-), wait AS (
-	-- the later deliveries of a rescheduled one's conversation wait for it: not due before it,
-	-- so that claims do not step over them meanwhile (ordered webhooks only)
-	UPDATE delivery_queue f SET next_attempt_at = a.next_attempt_at
-	FROM again a
-	WHERE a.conversation IS NOT NULL AND f.webhook_id = a.webhook_id AND f.conversation = a.conversation
-	  AND (f.created_at, f.event_id, f.delivery_id) > (a.created_at, a.event_id, a.delivery_id)
-	  AND f.status IN ('pending', 'held') AND f.next_attempt_at < a.next_attempt_at
 ), kept AS (
 	SELECT r.* FROM r WHERE r.delivery_id IN (SELECT delivery_id FROM fin UNION ALL SELECT delivery_id FROM again)
 ), log AS (
@@ -363,18 +357,49 @@ FROM kept k CROSS JOIN async`
 
 // Record records a batch of attempt outcomes of instance's claims and returns how many were
 // recorded (the others' claims were lost: see recordSQL). One statement per day the deliveries
-// were created on ($14, $15: its bounds, see byDay; almost always one).
+// were created on ($14, $15: its bounds, see byDay; almost always one). When the batch ends
+// deliveries of ordered conversations, their conversations are locked first and their next
+// rows promoted after, in the same transaction (see claimableSQL).
 func (q *Queue) Record(ctx context.Context, instance string, outs []Outcome) (int, error) {
 	if len(outs) == 0 {
 		return 0, nil
 	}
+	var hooks []uuid.UUID
+	var convs []int64
+	for _, o := range outs {
+		if c := o.Delivery.Conversation; c != nil && (o.OK || o.RetryIn < 0) {
+			hooks, convs = append(hooks, o.Delivery.WebhookID), append(convs, *c)
+		}
+	}
+	if len(convs) == 0 {
+		return q.record(ctx, q.pool, instance, outs)
+	}
+	var recorded int
+	err := pgx.BeginFunc(ctx, q.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, conversationLockSQL, convs); err != nil {
+			return fmt.Errorf("lock conversations: %w", err)
+		}
+		var err error
+		if recorded, err = q.record(ctx, tx, instance, outs); err != nil {
+			return err
+		}
+		return promote(ctx, tx, hooks, convs)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("record delivery attempts: %w", err)
+	}
+	return recorded, nil
+}
+
+// record runs recordSQL on db for outs, one statement per day.
+func (q *Queue) record(ctx context.Context, db batchSender, instance string, outs []Outcome) (int, error) {
 	recorded := 0
 	for d, is := range byDay(len(outs), func(i int) time.Time { return outs[i].Delivery.CreatedAt }) {
 		group := make([]Outcome, len(is))
 		for k, i := range is {
 			group[k] = outs[i]
 		}
-		tag, err := execGeneric(ctx, q.pool, recordSQL, recordArgs(group, instance, d)...)
+		tag, err := execGeneric(ctx, db, recordSQL, recordArgs(group, instance, d)...)
 		if err != nil {
 			return recorded, fmt.Errorf("record delivery attempts: %w", err)
 		}
@@ -482,19 +507,58 @@ func (q *Queue) Depth(ctx context.Context) (n int64, oldest float64, err error) 
 
 // FailHeld fails the held deliveries (of paused webhooks) created before cutoff, with reason in
 // the delivery log, and returns how many: a webhook paused for good cannot grow the queue and
-// keep its days' partitions forever.
+// keep its days' partitions forever. The waiting deliveries of paused webhooks created before
+// cutoff fail with them (their conversations' heads are held or gone), and the first waiting
+// row left of each conversation that lost its live rows is promoted (held: its webhook is
+// paused), under the conversations' locks (see claimableSQL).
 func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (int, error) {
-	tag, err := s.pool.Exec(ctx, `
-		WITH f AS (
-			DELETE FROM delivery_queue q WHERE q.status = 'held' AND q.created_at < $1
-			RETURNING q.delivery_id, q.created_at
-		)
-		UPDATE deliveries d SET status = 'failed', last_error = $2, updated_at = now()
-		FROM f WHERE d.id = f.delivery_id AND d.created_at = f.created_at`, cutoff, reason)
+	var n int
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `
+			SELECT count(pg_advisory_xact_lock(k)) FROM (
+				SELECT DISTINCT q.conversation AS k FROM delivery_queue q
+				WHERE q.status = 'held' AND q.created_at < $1 AND q.conversation IS NOT NULL ORDER BY 1) x`, cutoff); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `
+			WITH f AS (
+				DELETE FROM delivery_queue q
+				WHERE q.created_at < $1 AND (q.status = 'held' OR (q.status = 'waiting'
+				      AND q.webhook_id IN (SELECT w.id FROM webhooks w WHERE w.status = 'paused')))
+				RETURNING q.delivery_id, q.created_at, q.webhook_id, q.conversation
+			), log AS (
+				UPDATE deliveries d SET status = 'failed', last_error = $2, updated_at = now()
+				FROM f WHERE d.id = f.delivery_id AND d.created_at = f.created_at
+			)
+			SELECT f.webhook_id, f.conversation, count(*) FROM f GROUP BY 1, 2`, cutoff, reason)
+		if err != nil {
+			return err
+		}
+		var hooks []uuid.UUID
+		var convs []int64
+		for rows.Next() {
+			var h uuid.UUID
+			var c *int64
+			var k int
+			if err := rows.Scan(&h, &c, &k); err != nil {
+				rows.Close()
+				return err
+			}
+			n += k
+			if c != nil {
+				hooks, convs = append(hooks, h), append(convs, *c)
+			}
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return promote(ctx, tx, hooks, convs)
+	})
 	if err != nil {
 		return 0, fmt.Errorf("fail held deliveries: %w", err)
 	}
-	return int(tag.RowsAffected()), nil
+	return n, nil
 }
 
 // DropOrphanedQueue deletes queue rows whose webhook no longer exists (an inbound post that raced the

@@ -100,15 +100,19 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 			), n AS (
 				-- nothing when the window holds too many
 				-- an ordered webhook's replays carry the event's conversation, as live deliveries do
-				SELECT m.id AS event_id, m.created_at, $7::uuid AS webhook_id, `+newDeliveryIDSQL("$8")+` AS id,
-				       CASE WHEN (SELECT w.ordering FROM webhooks w WHERE w.id = $7) = 'conversation' THEN m.conversation END AS conv
-				FROM m WHERE (SELECT c.n FROM c) < $6
+				SELECT m.id AS event_id, m.created_at, $7::uuid AS webhook_id, `+newDeliveryIDSQL("$8")+` AS id, o.conv,
+				       row_number() OVER (PARTITION BY o.conv ORDER BY m.created_at, m.id) AS conv_rank
+				FROM m CROSS JOIN LATERAL (SELECT CASE WHEN (SELECT w.ordering FROM webhooks w WHERE w.id = $7) = 'conversation'
+				                                  THEN m.conversation END AS conv) o
+				WHERE (SELECT c.n FROM c) < $6
 			), log AS (
 				`+insertDeliveryLog+`
 				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, n.conv FROM n ORDER BY n.created_at, n.event_id
 			), q AS (
 				`+insertDeliveryQueue+`
-				SELECT n.id, n.created_at, n.event_id, n.webhook_id, $9, $8, NULL, NULL, n.conv FROM n ORDER BY n.created_at, n.event_id
+				SELECT n.id, n.created_at, n.event_id, n.webhook_id, `+queueStatusSQL("n.webhook_id", "n.conv", "n.conv_rank", "$9::text")+`,
+				       $8, NULL, NULL, n.conv
+				FROM n ORDER BY n.created_at, n.event_id
 			)
 			SELECT c.n FROM c`,
 			pgx.QueryExecModeCacheDescribe, channels, orgID, kinds, r.Since, r.Until, MaxReplayEvents+1, webhookID,
