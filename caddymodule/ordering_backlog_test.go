@@ -59,7 +59,7 @@ func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
 		}
 		w.WriteHeader(http.StatusNoContent)
 	}})
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays %s %s %s\n timeout 5m\n lease 10m\n root_ca %s\n allow_private_targets\n}",
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays %s %s %s\n timeout 5m\n lease 10m\n failure_threshold 1000\n root_ca %s\n allow_private_targets\n}",
 		testAppSecret, testVerifyToken, retryDelay, retryDelay, retryDelay, testenv.CAFile(t, stuck.Certificate()))
 	origin := e.caddyWith("", appExtra, "handle /webhooks/upstream {\n wabarelay_inbound\n}")
 
