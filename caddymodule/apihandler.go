@@ -77,6 +77,11 @@ func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
 		ConnectBase:    a.ConnectBase,
 		ConnectLinkTTL: time.Duration(a.ConnectLinkTTL),
 		Logger:         logger,
+		OnReplayBacklog: func() {
+			if a.metrics != nil {
+				a.metrics.replayBacklog.Inc()
+			}
+		},
 		AfterChannelDeleted: func(d store.DeletedChannel) {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()

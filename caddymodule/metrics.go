@@ -36,6 +36,7 @@ type metrics struct {
 	deliveries     *prometheus.CounterVec
 	attemptLatency prometheus.Histogram
 	healthChanges  *prometheus.CounterVec
+	replayBacklog  prometheus.Counter
 }
 
 var (
@@ -84,6 +85,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 				Buckets: prometheus.ExponentialBuckets(0.005, 2, 12)}),
 			healthChanges: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "webhook_health_changes_total", Help: "Webhook health changes by kind: failing (receiver failing, deliveries held), recovered (a 2xx ended it), paused (failing for disable_after)."}, []string{"change"}),
+			replayBacklog: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+				Name: "replay_backlog_refused_total", Help: "Replays refused because the webhook's queued deliveries would exceed the replay backlog limit (200,000)."}),
 		}
 	})
 	if reg != nil {
@@ -92,7 +95,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
 			theMetrics.inboundMalformed, theMetrics.inboundOverflow,
 			theMetrics.deliveries, theMetrics.attemptLatency,
-			theMetrics.healthChanges} {
+			theMetrics.healthChanges, theMetrics.replayBacklog} {
 			var are prometheus.AlreadyRegisteredError
 			if err := reg.Register(c); err != nil && !errors.As(err, &are) {
 				panic(err)

@@ -37,7 +37,7 @@ func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
 	const retryDelay = 2 * time.Second
 	var mu sync.Mutex
 	answered := map[string]time.Time{} // message id → when its failed first attempt was answered
-	late := map[string]time.Duration{}  // message id → its retry's arrival after its due time
+	late := map[string]time.Duration{} // message id → its retry's arrival after its due time
 	other := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, r *http.Request) {
 		var ev struct {
 			Data struct {

@@ -61,6 +61,9 @@ type Options struct {
 	// was deleted whose business account no other channel uses: the place to unsubscribe the
 	// app from it upstream, best effort.
 	AfterChannelDeleted func(store.DeletedChannel)
+	// OnReplayBacklog, if set, is called when a replay is refused because the webhook's queued
+	// deliveries would exceed store.MaxReplayBacklog (a metric counts them).
+	OnReplayBacklog func()
 	// OnAuthenticated, if set, is called after a request's API key is accepted, e.g. to put
 	// the key id into the access log.
 	OnAuthenticated func(r *http.Request, key store.APIKey)

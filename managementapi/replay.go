@@ -13,7 +13,10 @@ import (
 
 // Messages of POST /webhooks/{id}/replay (the window's are formatted with the limit).
 const (
-	MsgReplayTooLarge   = "Replay window holds more than 100000 events; narrow it"
+	MsgReplayTooLarge = "Replay window holds more than 100000 events; narrow it"
+	// MsgReplayBacklog: the webhook's queued deliveries and the replay's would exceed
+	// store.MaxReplayBacklog.
+	MsgReplayBacklog    = "Replay would leave more than 200000 deliveries queued for this webhook; wait for them to go out or narrow the window"
 	MsgReplayUntilOrder = `"until" must be after "since"`
 	MsgReplayWindow     = `"until" must be at most 7 days after "since"`
 	MsgReplayRetention  = `"since" must be within the event retention (%s)`
@@ -46,8 +49,14 @@ func (s *Service) replay(ctx context.Context, p Principal, webhookID string, src
 		return 0, e
 	}
 	n, err := s.opt.Store.Replay(ctx, p.Key.OrgID, wid, r)
-	if errors.Is(err, store.ErrReplayTooLarge) {
+	switch {
+	case errors.Is(err, store.ErrReplayTooLarge):
 		return 0, unprocessable("%s", MsgReplayTooLarge)
+	case errors.Is(err, store.ErrReplayBacklog):
+		if s.opt.OnReplayBacklog != nil {
+			s.opt.OnReplayBacklog()
+		}
+		return 0, unprocessable("%s", MsgReplayBacklog)
 	}
 	return n, s.storeError(err)
 }

@@ -564,7 +564,8 @@ func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (
 // DropOrphanedQueue deletes queue rows whose webhook no longer exists (an inbound post that raced the
 // webhook's deletion) and returns how many. Their log rows go with their day's partition.
 func (s *Store) DropOrphanedQueue(ctx context.Context) (int, error) {
-	tag, err := s.pool.Exec(ctx, `DELETE FROM delivery_queue q WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)`)
+	tag, err := s.pool.Exec(ctx, `DELETE FROM delivery_queue q WHERE NOT EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id)
+		AND NOT EXISTS (SELECT 1 FROM deleted_webhooks x WHERE x.id = q.webhook_id)`) // (those: SweepDeletedWebhooks, in batches)
 	if err != nil {
 		return 0, fmt.Errorf("drop orphaned queue rows: %w", err)
 	}

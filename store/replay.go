@@ -22,6 +22,15 @@ const MaxReplayWindow = 7 * 24 * time.Hour
 // events for the webhook.
 var ErrReplayTooLarge = errors.New("replay window holds too many events")
 
+// MaxReplayBacklog is the most deliveries a webhook may have queued (any state) after a replay:
+// a replay that would queue more is refused (ErrReplayBacklog) and queues nothing. Live events
+// are never refused by it: it bounds what replays can pile up, not what the intake delivers.
+const MaxReplayBacklog = 200000
+
+// ErrReplayBacklog is returned by Replay when the webhook's queued deliveries and the replay's
+// would exceed MaxReplayBacklog.
+var ErrReplayBacklog = errors.New("replay would exceed the webhook's queued deliveries limit")
+
 // Replay selects the stored events to send again to one webhook.
 type Replay struct {
 	// Since and Until bound the events' created_at: Since ≤ created_at < Until.
@@ -42,16 +51,22 @@ type Replay struct {
 // held if the webhook is paused. Events of channels deleted since are not replayed: the scope
 // is the channels that exist.
 //
-// The count and the inserts are one statement (one snapshot): a window holding more than
+// A replay is idempotent per webhook: an event that has a delivery to the webhook in the
+// queue already (pending, in flight, held or waiting) is not queued again, so replaying a
+// window again and again adds nothing while its deliveries are queued. The webhook's queued
+// deliveries after the replay may not exceed MaxReplayBacklog (ErrReplayBacklog).
+//
+// The counts and the inserts are one statement (one snapshot): a window holding more than
 // MaxReplayEvents events gives ErrReplayTooLarge and queues nothing. The webhook's row is
-// share-locked for the transaction, so a pause, resume or deletion waits for the replay and
-// then applies to its deliveries too. Unknown webhook: ErrWebhookNotFound.
+// locked for the transaction (FOR NO KEY UPDATE), so concurrent replays to one webhook run one
+// after the other (each sees the other's deliveries), and a pause, resume or deletion waits
+// for the replay and then applies to its deliveries too. Unknown webhook: ErrWebhookNotFound.
 func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay) (int, error) {
-	var queued int
+	var queued, backlog int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var status, scope string
 		var kinds []string
-		err := tx.QueryRow(ctx, `SELECT status, scope, events FROM webhooks WHERE id = $1 AND org_id = $2 FOR SHARE`,
+		err := tx.QueryRow(ctx, `SELECT status, scope, events FROM webhooks WHERE id = $1 AND org_id = $2 FOR NO KEY UPDATE`,
 			webhookID, orgID).Scan(&status, &scope, &kinds)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrWebhookNotFound
@@ -94,9 +109,13 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				SELECT e.id, e.created_at, e.conversation FROM events e
 				WHERE e.channel_id = ANY($1::uuid[]) AND e.org_id = $2 AND e.type = ANY($3::text[])
 				  AND e.created_at >= $4::timestamptz AND e.created_at < $5::timestamptz
+				  AND NOT EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = $7 AND q.event_id = e.id)
 				LIMIT $6
 			), c AS (
 				SELECT count(*) AS n FROM m
+			), b AS (
+				-- the webhook's queued deliveries, counted up to the limit (delivery_queue_event)
+				SELECT count(*) AS n FROM (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = $7 LIMIT $10) x
 			), n AS (
 				-- nothing when the window holds too many
 				-- an ordered webhook's replays carry the event's conversation, as live deliveries do
@@ -104,7 +123,7 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				       row_number() OVER (PARTITION BY o.conv ORDER BY m.created_at, m.id) AS conv_rank
 				FROM m CROSS JOIN LATERAL (SELECT CASE WHEN (SELECT w.ordering FROM webhooks w WHERE w.id = $7) = 'conversation'
 				                                  THEN m.conversation END AS conv) o
-				WHERE (SELECT c.n FROM c) < $6
+				WHERE (SELECT c.n FROM c) < $6 AND (SELECT c.n FROM c) + (SELECT b.n FROM b) <= $10
 			), log AS (
 				`+insertDeliveryLog+`
 				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, n.conv FROM n ORDER BY n.created_at, n.event_id
@@ -114,21 +133,24 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				       $8, NULL, NULL, n.conv
 				FROM n ORDER BY n.created_at, n.event_id
 			)
-			SELECT c.n FROM c`,
+			SELECT c.n, b.n FROM c, b`,
 			pgx.QueryExecModeCacheDescribe, channels, orgID, kinds, r.Since, r.Until, MaxReplayEvents+1, webhookID,
-			s.now().UTC(), queueStatus).Scan(&queued)
+			s.now().UTC(), queueStatus, MaxReplayBacklog+1).Scan(&queued, &backlog)
 		switch {
 		case err != nil:
 			return err
 		case queued > MaxReplayEvents:
 			return ErrReplayTooLarge
+		case queued+backlog > MaxReplayBacklog:
+			return ErrReplayBacklog
 		case queued > 0 && queueStatus == "pending":
 			return notifyDeliveries(ctx, tx)
 		}
 		return nil
 	})
 	switch {
-	case errors.Is(err, ErrWebhookNotFound), errors.Is(err, ErrChannelsNotInOrg), errors.Is(err, ErrReplayTooLarge):
+	case errors.Is(err, ErrWebhookNotFound), errors.Is(err, ErrChannelsNotInOrg), errors.Is(err, ErrReplayTooLarge),
+		errors.Is(err, ErrReplayBacklog):
 		return 0, err
 	case err != nil:
 		return 0, fmt.Errorf("replay: %w", err)

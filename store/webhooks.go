@@ -261,12 +261,14 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 	return w, nil
 }
 
-// DeleteWebhook deletes one of the org's webhooks with its assignments.
+// DeleteWebhook deletes one of the org's webhooks with its assignments. Its deliveries, queued
+// or logged, and their attempts go with it, afterwards: the webhook is marked in
+// deleted_webhooks in the same transaction and SweepDeletedWebhooks removes them in batches
+// (the maintenance runs it), so that deleting a webhook with millions of deliveries does not
+// hold the request. Meanwhile nothing reads them: claims, lists and metrics join webhooks. No
+// foreign key does this (migrations 005, 006, 011); an inbound post that raced the delete and
+// still queued a delivery for it leaves a queue row that DropOrphanedQueue removes.
 func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
-	// Its deliveries, queued or logged, and their attempts go with it: live ones are cancelled
-	// that way. No foreign key does this (migrations 005, 006, 011); an inbound post that raced the
-	// delete and still queued a delivery for it leaves a queue row that is never claimed and that
-	// DropOrphanedQueue removes.
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM webhooks WHERE id = $1 AND org_id = $2`, id, orgID)
 		if err != nil {
@@ -275,16 +277,63 @@ func (s *Store) DeleteWebhook(ctx context.Context, orgID, id uuid.UUID) error {
 		if tag.RowsAffected() == 0 {
 			return ErrWebhookNotFound
 		}
-		_, err = tx.Exec(ctx, `
-			WITH q AS (DELETE FROM delivery_queue WHERE webhook_id = $1),
-			     d AS (DELETE FROM deliveries WHERE webhook_id = $1 RETURNING id)
-			DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id`, id)
+		_, err = tx.Exec(ctx, `INSERT INTO deleted_webhooks (id) VALUES ($1) ON CONFLICT DO NOTHING`, id)
 		return err
 	})
 	if err != nil && !errors.Is(err, ErrWebhookNotFound) {
 		return fmt.Errorf("delete webhook: %w", err)
 	}
 	return err
+}
+
+// SweepBatch is how many rows of one table SweepDeletedWebhooks removes per statement.
+const SweepBatch = 10000
+
+// SweepDeletedWebhooks removes the deliveries of deleted webhooks (see DeleteWebhook): queue
+// rows, delivery log rows and their attempts, at most SweepBatch rows of a table per statement,
+// each statement its own transaction, until none is left or ctx ends. A webhook with nothing
+// left is unmarked. It returns the deliveries removed.
+func (s *Store) SweepDeletedWebhooks(ctx context.Context) (int, error) {
+	total := 0
+	for ctx.Err() == nil {
+		var ids []uuid.UUID
+		rows, err := s.pool.Query(ctx, `SELECT id FROM deleted_webhooks ORDER BY deleted_at LIMIT 100`)
+		if err == nil {
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		}
+		if err != nil {
+			return total, fmt.Errorf("sweep deleted webhooks: %w", err)
+		}
+		if len(ids) == 0 {
+			return total, nil
+		}
+		for _, id := range ids {
+			tag, err := s.pool.Exec(ctx, `DELETE FROM delivery_queue WHERE delivery_id IN (
+				SELECT delivery_id FROM delivery_queue WHERE webhook_id = $1 LIMIT $2)`, id, SweepBatch)
+			if err != nil {
+				return total, fmt.Errorf("sweep deleted webhook's queue: %w", err)
+			}
+			var n int
+			err = s.pool.QueryRow(ctx, `
+				WITH d AS (
+					DELETE FROM deliveries d USING (SELECT id, created_at FROM deliveries WHERE webhook_id = $1 LIMIT $2) x
+					WHERE d.id = x.id AND d.created_at = x.created_at RETURNING d.id
+				), a AS (
+					DELETE FROM delivery_attempts a USING d WHERE a.delivery_id = d.id
+				)
+				SELECT count(*) FROM d`, id, SweepBatch).Scan(&n)
+			if err != nil {
+				return total, fmt.Errorf("sweep deleted webhook's deliveries: %w", err)
+			}
+			total += n
+			if tag.RowsAffected() == 0 && n == 0 {
+				if _, err := s.pool.Exec(ctx, `DELETE FROM deleted_webhooks WHERE id = $1`, id); err != nil {
+					return total, fmt.Errorf("sweep deleted webhooks: %w", err)
+				}
+			}
+		}
+	}
+	return total, ctx.Err()
 }
 
 // lockAssignmentPair locks the org's webhook and channel for an assignment change and returns

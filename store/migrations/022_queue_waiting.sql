@@ -28,3 +28,17 @@ UPDATE delivery_queue q SET status = 'waiting'
 WHERE q.conversation IS NOT NULL AND q.status IN ('pending', 'held')
   AND EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = q.webhook_id AND o.conversation = q.conversation
               AND (o.status = 'in_flight' OR (o.created_at, o.event_id, o.delivery_id) < (q.created_at, q.event_id, q.delivery_id)));
+
+-- A webhook's queued deliveries by event: a replay queues no second delivery of an event that
+-- has one queued for the webhook, and counts the webhook's queued deliveries against
+-- store.MaxReplayBacklog (store/replay.go).
+CREATE INDEX delivery_queue_event ON delivery_queue (webhook_id, event_id);
+
+-- Webhooks deleted whose deliveries are still to be removed (store.DeleteWebhook marks,
+-- store.SweepDeletedWebhooks removes them in batches): a webhook with a large backlog is
+-- deleted at once, its rows afterwards. No claim, list or metric reads a deleted webhook's rows
+-- meanwhile: they all join webhooks.
+CREATE TABLE deleted_webhooks (
+	id         uuid PRIMARY KEY,
+	deleted_at timestamptz NOT NULL DEFAULT now()
+);
