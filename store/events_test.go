@@ -340,6 +340,21 @@ func TestDeleteWebhookCancelsDeliveries(t *testing.T) {
 		}
 		return n
 	}
+	// the delete marks the webhook; its rows are claimed by no one and swept afterwards
+	c, err := store.NewQueue(pool).Claim(ctx, store.QueueClaim{Instance: "i", Lease: time.Minute, Limit: 10, PerWebhook: 10})
+	if err != nil || len(c.Deliveries) != 2 || c.Deliveries[0].WebhookID != hooks[1] || c.Deliveries[1].WebhookID != hooks[1] {
+		t.Fatalf("claim after the delete: %+v %v, want the other webhook's 2", c.Deliveries, err)
+	}
+	if err := store.NewQueue(pool).Release(ctx, "i", []store.Handback{{ID: c.Deliveries[0].ID, Claim: c.Deliveries[0].Claim},
+		{ID: c.Deliveries[1].ID, Claim: c.Deliveries[1].Claim}}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.SweepDeletedWebhooks(ctx); err != nil || n != 2 {
+		t.Fatalf("sweep: %d %v, want the 2 deliveries", n, err)
+	}
+	if n := count(`SELECT count(*) FROM deleted_webhooks`); n != 0 {
+		t.Fatalf("%d webhooks still marked after the sweep", n)
+	}
 	if n := count(`SELECT count(*) FROM deliveries WHERE webhook_id = $1`, hooks[0]); n != 0 {
 		t.Fatalf("%d deliveries of the deleted webhook left", n)
 	}

@@ -62,7 +62,7 @@ type Replay struct {
 // after the other (each sees the other's deliveries), and a pause, resume or deletion waits
 // for the replay and then applies to its deliveries too. Unknown webhook: ErrWebhookNotFound.
 func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay) (int, error) {
-	var queued, backlog int
+	var window, queued, backlog int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var status, scope string
 		var kinds []string
@@ -106,24 +106,26 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 		}
 		err = tx.QueryRow(ctx, `
 			WITH m AS (
-				SELECT e.id, e.created_at, e.conversation FROM events e
+				SELECT e.id, e.created_at, e.conversation,
+				       EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = $7 AND q.event_id = e.id) AS queued
+				FROM events e
 				WHERE e.channel_id = ANY($1::uuid[]) AND e.org_id = $2 AND e.type = ANY($3::text[])
 				  AND e.created_at >= $4::timestamptz AND e.created_at < $5::timestamptz
-				  AND NOT EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = $7 AND q.event_id = e.id)
 				LIMIT $6
 			), c AS (
-				SELECT count(*) AS n FROM m
+				-- the window's events, and those of them with no delivery to the webhook queued
+				SELECT count(*) AS n, count(*) FILTER (WHERE NOT m.queued) AS fresh FROM m
 			), b AS (
 				-- the webhook's queued deliveries, counted up to the limit (delivery_queue_event)
 				SELECT count(*) AS n FROM (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = $7 LIMIT $10) x
 			), n AS (
-				-- nothing when the window holds too many
+				-- nothing when the window holds too many, or the webhook's queue would hold too many;
 				-- an ordered webhook's replays carry the event's conversation, as live deliveries do
 				SELECT m.id AS event_id, m.created_at, $7::uuid AS webhook_id, `+newDeliveryIDSQL("$8")+` AS id, o.conv,
 				       row_number() OVER (PARTITION BY o.conv ORDER BY m.created_at, m.id) AS conv_rank
 				FROM m CROSS JOIN LATERAL (SELECT CASE WHEN (SELECT w.ordering FROM webhooks w WHERE w.id = $7) = 'conversation'
 				                                  THEN m.conversation END AS conv) o
-				WHERE (SELECT c.n FROM c) < $6 AND (SELECT c.n FROM c) + (SELECT b.n FROM b) <= $10
+				WHERE NOT m.queued AND (SELECT c.n FROM c) < $6 AND (SELECT c.fresh FROM c) + (SELECT b.n FROM b) <= $10
 			), log AS (
 				`+insertDeliveryLog+`
 				SELECT n.id, n.event_id, n.webhook_id, 'pending', 0, n.created_at, $8, n.conv FROM n ORDER BY n.created_at, n.event_id
@@ -133,13 +135,13 @@ func (s *Store) Replay(ctx context.Context, orgID, webhookID uuid.UUID, r Replay
 				       $8, NULL, NULL, n.conv
 				FROM n ORDER BY n.created_at, n.event_id
 			)
-			SELECT c.n, b.n FROM c, b`,
+			SELECT c.n, c.fresh, b.n FROM c, b`,
 			pgx.QueryExecModeCacheDescribe, channels, orgID, kinds, r.Since, r.Until, MaxReplayEvents+1, webhookID,
-			s.now().UTC(), queueStatus, MaxReplayBacklog+1).Scan(&queued, &backlog)
+			s.now().UTC(), queueStatus, MaxReplayBacklog+1).Scan(&window, &queued, &backlog)
 		switch {
 		case err != nil:
 			return err
-		case queued > MaxReplayEvents:
+		case window > MaxReplayEvents:
 			return ErrReplayTooLarge
 		case queued+backlog > MaxReplayBacklog:
 			return ErrReplayBacklog

@@ -181,9 +181,15 @@ func TestReplay(t *testing.T) {
 	if n, err := s.Replay(ctx, rf.orgA.ID, statuses.ID, store.Replay{Since: window.Since, Until: window.Until, Types: []string{"messages"}}); n != 0 || err != nil {
 		t.Errorf("kind outside the webhook's events: queued %d %v", n, err)
 	}
-	// a second replay queues the events again (new deliveries, same event ids)
+	// a second replay while the first's deliveries are queued queues nothing (idempotent per
+	// webhook); once they have gone out, a replay queues the events again (new deliveries, same
+	// event ids)
+	if n, err := s.Replay(ctx, rf.orgA.ID, statuses.ID, window); n != 0 || err != nil {
+		t.Errorf("second replay, the first's deliveries queued: queued %d %v, want 0", n, err)
+	}
+	f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, statuses.ID) // (as delivered)
 	if n, err := s.Replay(ctx, rf.orgA.ID, statuses.ID, window); n != 4 || err != nil {
-		t.Errorf("second replay: queued %d %v", n, err)
+		t.Errorf("replay after the first's went out: queued %d %v", n, err)
 	}
 	if n := f.CountWhere(t, "deliveries", "webhook_id", statuses.ID); n != 8 {
 		t.Errorf("%d deliveries after two replays, want 8", n)
