@@ -28,7 +28,7 @@ func planNodes(n planNode, into []planNode) []planNode {
 // statement has had, then deallocates it. args are the parameters, given to EXECUTE as
 // literals (a utility statement takes no protocol parameters); nil: every parameter NULL, for
 // a generic plan, which does not look at them.
-func explainPrepared(t *testing.T, tx pgx.Tx, name, sql string, args []any, options string) (planNode, int64) {
+func explainPrepared(t testing.TB, tx pgx.Tx, name, sql string, args []any, options string) (planNode, int64) {
 	t.Helper()
 	ctx := context.Background()
 	if _, err := tx.Exec(ctx, "PREPARE "+name+" AS "+sql); err != nil {

@@ -40,7 +40,7 @@ func (n planNode) tableRows(into map[string]float64) {
 // claimCost runs claimSQL for c inside transactions that are rolled back and returns the rows
 // it claimed per webhook, the rows it read from delivery_queue (kept or filtered out: the work
 // of a claim, as a count rather than a time) and the shared buffers it touched.
-func claimCost(t *testing.T, pool *pgxpool.Pool, c store.QueueClaim) (took map[uuid.UUID]int, queueRows float64, buffers int) {
+func claimCost(t testing.TB, pool *pgxpool.Pool, c store.QueueClaim) (took map[uuid.UUID]int, queueRows float64, buffers int) {
 	t.Helper()
 	ctx := context.Background()
 	args := store.ClaimArgs(c)
