@@ -36,5 +36,16 @@ func (h *Handler) replay(w http.ResponseWriter, r *http.Request, s *session) {
 		h.webhookPage(w, r, page{Session: s, Error: e.Message}, e.Status, id)
 		return
 	}
-	h.webhookPage(w, r, page{Session: s, Notice: fmt.Sprintf("%d events queued.", n)}, http.StatusOK, id)
+	h.webhookPage(w, r, page{Session: s, Notice: replayNotice(n)}, http.StatusOK, id)
+}
+
+// replayNotice is the webhook page's notice after a replay that queued n deliveries.
+func replayNotice(n int) string {
+	switch n {
+	case 0:
+		return "No events queued: every event of the window already has a delivery to this webhook queued."
+	case 1:
+		return "1 event queued."
+	}
+	return fmt.Sprintf("%d events queued.", n)
 }
