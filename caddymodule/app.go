@@ -237,6 +237,10 @@ type RelayLogConfig struct {
 	// Interval is the longest a call waits before its batch is written. Default: 1s
 	// (relaylog.DefaultInterval).
 	Interval caddy.Duration `json:"interval,omitempty"`
+	// PerChannel is the most calls of one channel written as rows of their own in one second
+	// (per instance); its further calls in that second are counted, like refusals. Default: 100
+	// (relaylog.DefaultPerChannel).
+	PerChannel int `json:"per_channel,omitempty"`
 }
 
 // RateLimitConfig is a request limit per window.
@@ -394,7 +398,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 	if c := a.RelayLog; c == nil || !c.Off {
 		var cfg relaylog.Config
 		if c != nil {
-			cfg = relaylog.Config{Buffer: c.Buffer, Batch: c.Batch, Interval: time.Duration(c.Interval)}
+			cfg = relaylog.Config{Buffer: c.Buffer, Batch: c.Batch, Interval: time.Duration(c.Interval), PerChannel: c.PerChannel}
 		}
 		a.relayLog = relaylog.New(a.store, cfg, relayLogObserver{a.metrics}, a.logger.Named("relay_log"))
 	}

@@ -77,6 +77,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			buffer   <n>
 //			batch    <n>
 //			interval <duration>
+//			per_channel <n>                   # rows a second per channel; the rest counted
 //		}
 //	}
 func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
@@ -286,7 +287,7 @@ func (c *LimitsConfig) unmarshal(d *caddyfile.Dispenser) error {
 	return nil
 }
 
-// unmarshal reads `relay_log off` or `relay_log { buffer batch interval }`.
+// unmarshal reads `relay_log off` or `relay_log { buffer batch interval per_channel }`.
 func (c *RelayLogConfig) unmarshal(d *caddyfile.Dispenser) error {
 	if d.NextArg() {
 		if d.Val() != "off" || d.NextArg() {
@@ -307,6 +308,8 @@ func (c *RelayLogConfig) unmarshal(d *caddyfile.Dispenser) error {
 			err = intArg(d, &c.Batch)
 		case "interval":
 			err = durationArg(d, &c.Interval)
+		case "per_channel":
+			err = intArg(d, &c.PerChannel)
 		default:
 			return d.Errf("unrecognized relay_log option %q", d.Val())
 		}

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,15 +78,22 @@ func upstreamWebhook(t *testing.T, e *env, pn, list string, item any) {
 	}
 }
 
-// seedRelayLog records relay calls on channel ch of org at time at: n of each status.
+// seedRelayLog records n relay calls on channel ch of org at time at, with this status, outcome
+// and upstream error code, through the relay log's write (store.WriteRelayLog: rows, counts and
+// the per-minute counts the chart reads).
 func seedRelayLog(t *testing.T, e *env, org, ch uuid.UUID, at time.Time, status, outcome string, code, n int) {
 	t.Helper()
-	var errCode *int
-	if code != 0 {
-		errCode = &code
+	st, err := strconv.Atoi(status)
+	if err != nil {
+		t.Fatal(err)
 	}
-	e.Exec(t, `INSERT INTO relay_log (at, org_id, channel_id, status, outcome, error_code, latency_us)
-		SELECT $1, $2, $3, $4::int, $5, $6, 1000 FROM generate_series(1, $7::int)`, at, org, ch, status, outcome, errCode, n)
+	calls := make([]store.RelayCall, n)
+	for i := range calls {
+		calls[i] = store.RelayCall{At: at, OrgID: org, ChannelID: ch, Status: st, Outcome: outcome, ErrorCode: code, Latency: time.Millisecond}
+	}
+	if err := e.Store.WriteRelayLog(context.Background(), calls); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // messagesEnv is an org with an active channel and a webhook taking its statuses, and its

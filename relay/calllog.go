@@ -12,7 +12,8 @@ import (
 )
 
 // Call is one relay call on the send path (`POST …/messages`), or a refusal of one, as the
-// relay log records it (docs/relay.md, "Relay log").
+// relay log records it (docs/relay.md, "Relay log"): a row of its own for a call that went
+// upstream or was replayed, a count for a refusal (relaylog.Writer, store.KeepsRow).
 type Call struct {
 	// At is when the call arrived.
 	At time.Time
@@ -43,10 +44,6 @@ type CallLog interface {
 	Record(c Call)
 }
 
-// maxRecipient bounds the recipient recorded: a "to" longer than this is no address of the
-// upstream's and is not recorded.
-const maxRecipient = store.MaxWAMIDLen
-
 // maxPeek caps the copy of a passed-through send answer kept to read its wamid (a send's
 // answer is a few hundred bytes; a longer one is not looked into).
 const maxPeek = 16 << 10
@@ -71,8 +68,11 @@ func recipientOf(body []byte) string {
 	if !ok {
 		return ""
 	}
+	// A "to" longer than a phone number written with separators (or a business-scoped user id)
+	// is no address of the upstream's and is not recorded (issue 31: the log's rows are bounded
+	// in size as in number).
 	s, ok := stringValue(v)
-	if !ok || len(s) > maxRecipient {
+	if !ok || !store.RecipientRecorded(s) {
 		return ""
 	}
 	return s

@@ -2,6 +2,13 @@
 // on its send path to a [Writer] ([relay.CallLog]), which keeps it in a bounded buffer and
 // writes the buffer to Postgres in batches from a goroutine of its own. The relay never waits
 // for its log: a call that finds the buffer full, or whose batch fails, is dropped and counted.
+//
+// What one channel can make the writer write is bounded (issue 31): a refusal of the relay's own
+// (store.KeepsRow false: a 429, an inactive channel, a bad body…) is never a row of its own but
+// is counted, in memory, per channel, second, outcome and status, and written as one row with
+// its count (store.RelayCall.Calls, relay_counts); so is every call of a channel beyond
+// Config.PerChannel rows in one second. A flood of refusals takes no place in the buffer, and
+// costs the database one row per channel, second and outcome.
 package relaylog
 
 import (
@@ -10,6 +17,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/relay"
@@ -21,6 +29,12 @@ const (
 	DefaultBuffer   = 16384
 	DefaultBatch    = 1000
 	DefaultInterval = time.Second
+	// DefaultPerChannel is Config.PerChannel's default: as many rows a second as the relay's
+	// default limit lets a channel send in a minute.
+	DefaultPerChannel = 100
+	// maxCounts bounds the counts kept in memory between two batches (rows of relay_counts to
+	// write); a call that would need one more is dropped and counted.
+	maxCounts = 65536
 	// DefaultStopTimeout bounds Stop's final flush.
 	DefaultStopTimeout = 5 * time.Second
 	// writeTimeout bounds the write of one batch: a database slower than this loses the batch
@@ -42,6 +56,10 @@ type Config struct {
 	Interval time.Duration
 	// StopTimeout bounds the final flush of Stop. Default: 5s (DefaultStopTimeout).
 	StopTimeout time.Duration
+	// PerChannel is the most calls of one channel that become rows of their own in one second
+	// (of this instance's clock); the channel's further calls in that second are counted
+	// (relay_counts) like refusals. Default: 100 (DefaultPerChannel).
+	PerChannel int
 }
 
 func (c Config) withDefaults() Config {
@@ -56,6 +74,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = DefaultStopTimeout
+	}
+	if c.PerChannel <= 0 {
+		c.PerChannel = DefaultPerChannel
 	}
 	return c
 }
@@ -98,6 +119,24 @@ type Writer struct {
 
 	written, dropped atomic.Int64
 	lastWarn         time.Time // the run goroutine's
+
+	mu sync.Mutex // guards what follows
+	// second is the second (Unix time) rows counts the rows of; rows are the calls of each channel
+	// that became rows of their own in it.
+	second int64
+	rows   map[uuid.UUID]int
+	// counts are the calls counted since the last batch, by relay_counts row.
+	counts map[countKey]int
+}
+
+// countKey is a row of relay_counts: calls of one channel in one second with one outcome and
+// status.
+type countKey struct {
+	second  int64
+	org     uuid.UUID
+	channel uuid.UUID
+	outcome relay.Outcome
+	status  int
 }
 
 // New returns a writer to sink sized by cfg. obs and logger may be nil.
@@ -107,23 +146,75 @@ func New(sink Sink, cfg Config, obs Observer, logger *zap.Logger) *Writer {
 		logger = zap.NewNop()
 	}
 	return &Writer{sink: sink, cfg: cfg, obs: obs, logger: logger,
-		buf: make(chan relay.Call, cfg.Buffer), stopping: make(chan struct{}), done: make(chan struct{})}
+		buf: make(chan relay.Call, cfg.Buffer), stopping: make(chan struct{}), done: make(chan struct{}),
+		rows: map[uuid.UUID]int{}, counts: map[countKey]int{}}
 }
 
 // Config returns the writer's configuration, defaults applied.
 func (w *Writer) Config() Config { return w.cfg }
 
-// Record takes one call for the log without waiting: when the buffer is full, or the writer is
-// stopped, the call is dropped and counted.
+// Record takes one call for the log without waiting. A call that keeps a row of its own
+// (store.KeepsRow), within its channel's Config.PerChannel rows of the current second, goes to
+// the buffer; any other is counted in memory and written with the next batch as a count. When
+// the buffer (or the counts' table) is full, or the writer is stopped, the call is dropped and
+// counted.
 func (w *Writer) Record(c relay.Call) {
-	if !w.stopped.Load() {
+	if w.stopped.Load() {
+		w.drop(1)
+		return
+	}
+	if store.KeepsRow(string(c.Outcome)) && w.rowAllowed(c.ChannelID) {
 		select {
 		case w.buf <- c:
-			return
 		default:
+			w.drop(1)
 		}
+		return
 	}
-	w.drop(1)
+	k := countKey{second: c.At.Unix(), org: c.OrgID, channel: c.ChannelID, outcome: c.Outcome, status: c.Status}
+	w.mu.Lock()
+	n, ok := w.counts[k]
+	counted := ok || len(w.counts) < maxCounts
+	if counted {
+		w.counts[k] = n + 1
+	}
+	w.mu.Unlock()
+	if !counted {
+		w.drop(1)
+	}
+}
+
+// rowAllowed counts a row of its own for the channel in the current second, and reports whether
+// it is within Config.PerChannel.
+func (w *Writer) rowAllowed(channel uuid.UUID) bool {
+	now := time.Now().Unix()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now != w.second {
+		w.second = now
+		clear(w.rows)
+	}
+	n := w.rows[channel]
+	if n >= w.cfg.PerChannel {
+		return false
+	}
+	w.rows[channel] = n + 1
+	return true
+}
+
+// takeCounts appends the calls counted since the last call to batch, one store.RelayCall per
+// relay_counts row, and forgets them; it returns the batch and how many calls they stand for.
+func (w *Writer) takeCounts(batch []store.RelayCall) ([]store.RelayCall, int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	calls := 0
+	for k, n := range w.counts {
+		batch = append(batch, store.RelayCall{At: time.Unix(k.second, 0), OrgID: k.org, ChannelID: k.channel,
+			Outcome: string(k.outcome), Status: k.status, Calls: n})
+		calls += n
+	}
+	clear(w.counts)
+	return batch, calls
 }
 
 // Written returns how many calls were written so far.
@@ -148,7 +239,8 @@ func (w *Writer) Stop() {
 		w.stopped.Store(true)
 		w.start.Do(func() {}) // no start after Stop
 		if !w.running.Load() {
-			w.drop(len(w.buf))
+			_, counted := w.takeCounts(nil)
+			w.drop(len(w.buf) + counted)
 			return
 		}
 		close(w.stopping)
@@ -170,20 +262,28 @@ func (w *Writer) drop(n int) {
 	}
 }
 
-// run collects calls into batches and writes one when it is full or the interval has passed,
-// until Stop; then it writes what is buffered within the stop timeout.
+// run collects calls into batches and writes one, with the calls counted meanwhile, when it is
+// full or the interval has passed, until Stop; then it writes what is buffered and counted
+// within the stop timeout.
 func (w *Writer) run() {
 	defer close(w.done)
 	tick := time.NewTicker(w.cfg.Interval)
 	defer tick.Stop()
 	batch := make([]store.RelayCall, 0, w.cfg.Batch)
-	settle := false // a batch was written at the last flush
+	settle := false // a batch with rows was written at the last flush
 	flush := func(ctx context.Context) {
+		rows := len(batch)
+		var counted int
+		batch, counted = w.takeCounts(batch)
 		if len(batch) > 0 {
-			w.write(ctx, batch)
-			batch, settle = batch[:0], true
+			w.write(ctx, batch, rows+counted)
+			batch = batch[:0]
+		}
+		switch {
+		case rows > 0:
+			settle = true
 			w.settle(ctx)
-		} else if settle {
+		case settle:
 			// The statuses stored while the last batch was written did not see its calls, nor
 			// did the settle after it see them: settle once more.
 			settle = false
@@ -212,13 +312,15 @@ func (w *Writer) run() {
 				default:
 				}
 				if ctx.Err() != nil {
-					w.drop(len(batch) + len(w.buf))
+					_, counted := w.takeCounts(nil)
+					w.drop(len(batch) + len(w.buf) + counted)
 					return
 				}
-				if len(batch) == 0 {
-					return
-				}
+				last := len(batch) == 0 // nothing buffered: the counts' flush is the last
 				flush(ctx)
+				if last {
+					return
+				}
 			}
 		}
 	}
@@ -234,23 +336,24 @@ func (w *Writer) settle(ctx context.Context) {
 	}
 }
 
-// write writes one batch, counting it written or dropped.
-func (w *Writer) write(ctx context.Context, batch []store.RelayCall) {
+// write writes one batch of calls (rows and counts, standing for that many calls), counting
+// them written or dropped.
+func (w *Writer) write(ctx context.Context, batch []store.RelayCall, calls int) {
 	ctx, cancel := context.WithTimeout(ctx, writeTimeout)
 	err := w.sink.WriteRelayLog(ctx, batch)
 	cancel()
 	if err != nil {
-		w.drop(len(batch))
+		w.drop(calls)
 		if now := time.Now(); now.Sub(w.lastWarn) >= failureLogEvery {
 			w.lastWarn = now
 			w.logger.Warn("relay log: a batch could not be written; its calls are dropped (counted)",
-				zap.Int("calls", len(batch)), zap.Error(err))
+				zap.Int("calls", calls), zap.Error(err))
 		}
 		return
 	}
-	w.written.Add(int64(len(batch)))
+	w.written.Add(int64(calls))
 	if w.obs != nil {
-		w.obs.Written(len(batch))
+		w.obs.Written(calls)
 	}
 }
 

@@ -3,6 +3,7 @@ package relaylog
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -211,4 +212,70 @@ func TestWriterDropsWithoutWaiting(t *testing.T) {
 	if w.Written() != 1+buffer || f.Count(t, "relay_log") != 1+buffer {
 		t.Fatalf("a failed batch written: %d", w.Written())
 	}
+}
+
+// TestWriterBoundsAChannel (issue 31): a flood of refusals from one channel takes no place in the
+// buffer and is written as counts — one relay_counts row per second, outcome and status —, and
+// a channel's calls beyond PerChannel rows in one second are counted too (with their outcome);
+// every call is written (counted as written), and the chart's minutes count them all.
+func TestWriterBoundsAChannel(t *testing.T) {
+	f := testenv.NewStore(t)
+	org := f.Org(t).ID
+	ch := f.Channel(t, org, &testenv.ChannelOpts{Connection: f.Connection()}).ID
+	obs := &counts{}
+	const perChannel, buffer = 20, 64
+	w := New(f.Store, Config{Buffer: buffer, PerChannel: perChannel, Interval: 20 * time.Millisecond}, obs, nil)
+	w.Start()
+	defer w.Stop()
+
+	start := time.Now()
+	const refusals, sends = 20000, 300
+	for i := range refusals {
+		c := relay.Call{At: time.Now(), OrgID: org, ChannelID: ch, Status: 429, Outcome: relay.OutcomeRateLimited,
+			IdempotencyKey: strings.Repeat("k", 255), Recipient: strings.Repeat("9", 256)}
+		if i%2 == 1 {
+			c.Status, c.Outcome = 422, relay.OutcomeIdempotencyConflict
+		}
+		w.Record(c)
+	}
+	for i := range sends {
+		c := call(ch, fmt.Sprintf("wamid.bound%d", i))
+		c.OrgID = org
+		w.Record(c)
+	}
+	seconds := int(time.Since(start)/time.Second) + 1 // the seconds the calls were recorded in
+	testenv.Eventually(t, testenv.Patience, func() bool { return w.Written() == refusals+sends }, "every call written")
+	if w.Dropped() != 0 {
+		t.Fatalf("%d calls dropped (buffer %d): the refusals took its place", w.Dropped(), buffer)
+	}
+	rows := f.CountWhere(t, "relay_log", "channel_id", ch)
+	if rows < perChannel || rows > perChannel*seconds {
+		t.Fatalf("%d relay_log rows for %d sends in %d s, want %d a second", rows, sends, seconds, perChannel)
+	}
+	var countRows, refused, folded int
+	if err := f.Pool.QueryRow(context.Background(), `
+		SELECT count(*), coalesce(sum(calls) FILTER (WHERE outcome <> 'ok'), 0), coalesce(sum(calls) FILTER (WHERE outcome = 'ok'), 0)
+		FROM relay_counts WHERE channel_id = $1 AND org_id = $2`, ch, org).Scan(&countRows, &refused, &folded); err != nil {
+		t.Fatal(err)
+	}
+	if refused != refusals || rows+folded != sends {
+		t.Fatalf("relay_counts: %d refusals, %d sends counted beside %d rows; want %d and %d", refused, folded, rows, refusals, sends)
+	}
+	// One row per second and outcome (two refusal outcomes, and the folded sends), however many
+	// batches the seconds' calls were written in.
+	if countRows > 3*(seconds+1) {
+		t.Fatalf("%d relay_counts rows for %d seconds of calls", countRows, seconds)
+	}
+	minutes, err := f.Store.SendsPerMinute(context.Background(), org, ch, start.Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ok, limited, other int
+	for _, m := range minutes {
+		ok, limited, other = ok+m.OK, limited+m.RateLimited, other+m.Refused
+	}
+	if ok != sends || limited != refusals/2 || other != refusals/2 {
+		t.Fatalf("per minute: %d ok, %d rate limited, %d refused; want %d, %d, %d", ok, limited, other, sends, refusals/2, refusals/2)
+	}
+	t.Logf("%d refusals and %d sends in %d s: %d relay_log rows, %d relay_counts rows", refusals, sends, seconds, rows, countRows)
 }

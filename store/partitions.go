@@ -10,10 +10,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The history tables are partitioned by UTC day (migration 011; relay_log, migration 020). A
-// partition is named <table>_pYYYYMMDD and holds [that day, the next day); the partition the
-// migration made for the rows it copied has no lower bound but is named, and dropped, the same
-// way.
+// The history tables are partitioned by UTC day (migration 011; relay_log, migration 020; its
+// counts, relay_counts and relay_minutes, migration 023). A partition is named
+// <table>_pYYYYMMDD and holds [that day, the next day); the partition a migration made for the
+// rows it copied (011, 023) has no lower bound but is named, and dropped, the same way.
 var partitioned = []struct {
 	table string
 	// extra runs after the partition is created (%[1]s: the partition's name)
@@ -24,6 +24,8 @@ var partitioned = []struct {
 	{table: "deliveries", with: " WITH (fillfactor = 80)"},
 	{table: "delivery_attempts"},
 	{table: "relay_log"},
+	{table: "relay_counts"},  // migration 023
+	{table: "relay_minutes"}, // migration 023
 }
 
 // partitionLockKey is the pg_advisory_xact_lock key serialising partition changes across
@@ -42,7 +44,7 @@ func partitionedTables() []string {
 	return names
 }
 
-var partitionName = regexp.MustCompile(`^(events|deliveries|delivery_attempts|relay_log)_p(\d{8})$`)
+var partitionName = regexp.MustCompile(`^(events|deliveries|delivery_attempts|relay_log|relay_counts|relay_minutes)_p(\d{8})$`)
 
 func day(t time.Time) time.Time {
 	y, m, d := t.UTC().Date()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -11,13 +12,16 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// The relay log (migrations 020 and 021): relay_log holds one row per relay call on the send
-// path and per refusal of one, written in batches by relaylog.Writer. It is the only record of
-// the relay's side of a message (messages holds what the statuses say; the timeline's reads join
-// the two, store/timeline.go). This file holds relay_log's writes and its per-channel counts, and
-// the retention of messages.
+// The relay log (migrations 020, 021 and 023): relay_log holds one row per relay call on the
+// send path that went upstream or was replayed, written in batches by relaylog.Writer. It is the
+// only record of the relay's side of a message (messages holds what the statuses say; the
+// timeline's reads join the two, store/timeline.go). The relay's own refusals, and the calls of
+// a channel beyond its bound of rows a second, are counted instead (relay_counts: one row per
+// channel, second, outcome and status), and every call is counted per channel and minute for the
+// dashboard's chart (relay_minutes). This file holds those writes and the chart's read, and the
+// retention of messages.
 
-// RelayCall is one row of the relay log: relay.Call in the store's terms.
+// RelayCall is one row of the relay log (relay.Call in the store's terms), or a count of calls.
 type RelayCall struct {
 	At        time.Time
 	OrgID     uuid.UUID
@@ -29,22 +33,65 @@ type RelayCall struct {
 	// ErrorCode and ErrorSubcode are the upstream's error code and subcode (0: none).
 	ErrorCode, ErrorSubcode int
 	Latency                 time.Duration
-	// IdempotencyKey, Recipient and WAMID are "" when absent; values that are not text are not
-	// stored.
+	// IdempotencyKey, Recipient and WAMID are "" when absent; values that are not text, a key
+	// over MaxIdempotencyKeyLen bytes, a recipient RecipientRecorded refuses and a wamid over
+	// MaxWAMIDLen bytes are not stored.
 	IdempotencyKey string
 	Replayed       bool
 	Recipient      string
 	WAMID          string
+	// Calls is 0 for one call that is a row of relay_log of its own, when its outcome keeps one
+	// (KeepsRow). A call whose outcome does not (a refusal), and Calls > 0 (that many calls of one
+	// channel, second, outcome and status, folded by the writer), are counted in relay_counts
+	// instead: their At is taken to the second, and only the channel, org, outcome and status
+	// are kept.
+	Calls int
+}
+
+// Caps on what a relay_log row stores (issue 31): a value over its cap is not stored (NULL).
+const (
+	// MaxRecipientLen caps the recipient ("to") stored: a phone number has at most 15 digits
+	// (E.164); 24 bytes leave room for a "+", spaces, dashes and parentheses. A longer "to" is
+	// no number, and is not recorded (but a business-scoped user id: RecipientRecorded).
+	MaxRecipientLen = 24
+	// MaxIdempotencyKeyLen caps the idempotency key stored: the relay refuses longer keys (422).
+	MaxIdempotencyKeyLen = 255
+	// maxBSUIDLen caps a business-scoped user id taken as a recipient: "user." and 64 hex
+	// digits (the upstream's planned usernames; docs/relay.md "Relay log").
+	maxBSUIDLen = 69
+)
+
+// RecipientRecorded reports whether a send's "to" is recorded: one of at most MaxRecipientLen
+// bytes (a phone number, however written), or a business-scoped user id ("user.…", at most 69
+// bytes). Any other is left out of the log.
+func RecipientRecorded(to string) bool {
+	return len(to) <= MaxRecipientLen || len(to) <= maxBSUIDLen && strings.HasPrefix(to, "user.")
+}
+
+// KeepsRow reports whether a call with this outcome (relay.Outcome) is a row of relay_log of its
+// own: the calls that went upstream (ok, upstream_4xx, upstream_5xx, upstream_error) and those
+// answered from the idempotency store (replayed) — the calls the rate limit counts. Every other
+// outcome is one of the relay's own refusals, which cost the caller nothing against its limit:
+// they are counted (relay_counts), never written one by one.
+func KeepsRow(outcome string) bool {
+	switch outcome {
+	case "ok", "upstream_4xx", "upstream_5xx", "upstream_error", "replayed":
+		return true
+	}
+	return false
 }
 
 // relayLogColumns are relay_log's columns in the order WriteRelayLog copies them.
 var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome", "error_code", "error_subcode",
 	"latency_us", "idempotency_key", "replayed", "recipient", "wamid"}
 
-// WriteRelayLog writes a batch of relay calls into relay_log with one COPY, nothing else (the
-// log's whole cost on the database: a heap row and two index entries per call, bench/README.md
-// "Issue 20: relay log on and off"). A day without a partition has it created, and the batch is
-// tried once more. The writer then calls SettleMessages.
+// WriteRelayLog writes a batch of relay calls in one transaction: the calls that keep rows
+// (KeepsRow, Calls 0) into relay_log with one COPY (a heap row and one or two partial index
+// entries per send, besides its wamid's: bench/README.md "Issue 20: relay log on and off"); the
+// others added to relay_counts, one row per channel, second, outcome and status; and every call
+// added to relay_minutes, one row per channel and minute (two upserts of a few rows each, sent
+// as one batch). A day without a partition has it created, and the batch is tried once more.
+// The writer then calls SettleMessages.
 //
 // Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
 // per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
@@ -53,9 +100,19 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	if len(calls) == 0 {
 		return nil
 	}
+	rows, counts, minutes := splitRelayCalls(calls)
 	write := func(tx pgx.Tx) error {
-		_, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(calls))
-		return err
+		if len(rows) > 0 {
+			if _, err := tx.CopyFrom(ctx, pgx.Identifier{"relay_log"}, relayLogColumns, newRelayLogRows(rows)); err != nil {
+				return err
+			}
+		}
+		b := &pgx.Batch{}
+		if len(counts) > 0 {
+			b.Queue(relayCountsUpsertSQL, counts.args()...)
+		}
+		b.Queue(relayMinutesUpsertSQL, minutes.args()...)
+		return tx.SendBatch(ctx, b).Close()
 	}
 	err := s.inTx(ctx, write)
 	if isMissingPartition(err) {
@@ -70,6 +127,137 @@ func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	}
 	return nil
 }
+
+// relayCountsUpsertSQL adds counted calls to relay_counts: $1… one row per channel, second,
+// outcome and status (distinct), in key order so that concurrent batches lock rows in one order.
+const relayCountsUpsertSQL = `
+	INSERT INTO relay_counts AS c (at, org_id, channel_id, outcome, status, calls)
+	SELECT * FROM unnest($1::timestamptz[], $2::uuid[], $3::uuid[], $4::text[], $5::int[], $6::int[])
+	ORDER BY 3, 1, 4, 5
+	ON CONFLICT (channel_id, at, outcome, status) DO UPDATE SET calls = c.calls + excluded.calls`
+
+// relayMinutesUpsertSQL adds calls to relay_minutes: $1… one row per channel and minute
+// (distinct), in key order.
+const relayMinutesUpsertSQL = `
+	INSERT INTO relay_minutes AS m (minute, org_id, channel_id, ok, upstream_error, rate_limited, refused)
+	SELECT * FROM unnest($1::timestamptz[], $2::uuid[], $3::uuid[], $4::int[], $5::int[], $6::int[], $7::int[])
+	ORDER BY 3, 1
+	ON CONFLICT (channel_id, minute) DO UPDATE
+	SET ok = m.ok + excluded.ok, upstream_error = m.upstream_error + excluded.upstream_error,
+	    rate_limited = m.rate_limited + excluded.rate_limited, refused = m.refused + excluded.refused`
+
+// relayCountKey is the primary key of a row of relay_counts.
+type relayCountKey struct {
+	at      time.Time
+	channel uuid.UUID
+	outcome string
+	status  int
+}
+
+// relayMinuteKey is the primary key of a row of relay_minutes.
+type relayMinuteKey struct {
+	minute  time.Time
+	channel uuid.UUID
+}
+
+// relayCount is a row of relay_counts: its org (a channel's calls are one org's; the first
+// call's is kept) and calls.
+type relayCount struct {
+	org   uuid.UUID
+	calls int
+}
+
+// relayCounts are a batch's counted calls, by relay_counts row.
+type relayCounts map[relayCountKey]*relayCount
+
+func (c relayCounts) args() []any {
+	ats, orgs, chs := make([]time.Time, 0, len(c)), make([]uuid.UUID, 0, len(c)), make([]uuid.UUID, 0, len(c))
+	outcomes, statuses, calls := make([]string, 0, len(c)), make([]int32, 0, len(c)), make([]int32, 0, len(c))
+	for k, n := range c {
+		ats, orgs, chs = append(ats, k.at), append(orgs, n.org), append(chs, k.channel)
+		outcomes, statuses, calls = append(outcomes, k.outcome), append(statuses, int32(k.status)), append(calls, clampInt32(n.calls))
+	}
+	return []any{ats, orgs, chs, outcomes, statuses, calls}
+}
+
+// relayMinute is a row of relay_minutes: its org (the first call's) and its calls by class
+// (SendMinute's, in its order).
+type relayMinute struct {
+	org   uuid.UUID
+	calls [4]int
+}
+
+// relayMinutes are a batch's calls by relay_minutes row.
+type relayMinutes map[relayMinuteKey]*relayMinute
+
+func (m relayMinutes) args() []any {
+	minutes, orgs, chs := make([]time.Time, 0, len(m)), make([]uuid.UUID, 0, len(m)), make([]uuid.UUID, 0, len(m))
+	var classes [4][]int32
+	for k, n := range m {
+		minutes, orgs, chs = append(minutes, k.minute), append(orgs, n.org), append(chs, k.channel)
+		for i := range classes {
+			classes[i] = append(classes[i], clampInt32(n.calls[i]))
+		}
+	}
+	return []any{minutes, orgs, chs, classes[0], classes[1], classes[2], classes[3]}
+}
+
+// The classes of the per-minute chart (SendMinute's fields, relay_minutes' columns).
+const (
+	classOK = iota
+	classUpstreamError
+	classRateLimited
+	classRefused
+)
+
+// sendClass returns the chart's class of a call (see SendMinute).
+func sendClass(status int, outcome string) int {
+	switch {
+	case status == 429:
+		return classRateLimited
+	case outcome == "ok" || outcome == "replayed" && status < 400:
+		return classOK
+	case outcome == "upstream_4xx" || outcome == "upstream_5xx" || outcome == "upstream_error" || outcome == "replayed":
+		return classUpstreamError
+	}
+	return classRefused
+}
+
+// splitRelayCalls sorts a batch into the calls that are rows of relay_log, the counted ones by
+// relay_counts row, and every call by relay_minutes row and class.
+func splitRelayCalls(calls []RelayCall) (rows []RelayCall, counts relayCounts, minutes relayMinutes) {
+	minutes = relayMinutes{}
+	for i := range calls {
+		c := &calls[i]
+		n := 1
+		if c.Calls > 0 || !KeepsRow(c.Outcome) {
+			n = max(c.Calls, 1)
+			if counts == nil {
+				counts = relayCounts{}
+			}
+			k := relayCountKey{c.At.UTC().Truncate(time.Second), c.ChannelID, c.Outcome, c.Status}
+			r := counts[k]
+			if r == nil {
+				r = &relayCount{org: c.OrgID}
+				counts[k] = r
+			}
+			r.calls += n
+		} else {
+			rows = append(rows, *c)
+		}
+		k := relayMinuteKey{c.At.UTC().Truncate(time.Minute), c.ChannelID}
+		m := minutes[k]
+		if m == nil {
+			m = &relayMinute{org: c.OrgID}
+			minutes[k] = m
+		}
+		m.calls[sendClass(c.Status, c.Outcome)] += n
+	}
+	return rows, counts, minutes
+}
+
+// clampInt32 is n capped to an int column.
+func clampInt32(n int) int32 { return int32(min(n, math.MaxInt32)) }
 
 // RelayPendingFor is how long a messages row waits for its relay call's time (relay_pending,
 // migration 021): a status can come before the log row of its send, which the writer writes
@@ -155,6 +343,12 @@ func (r *relayLogRows) Next() bool {
 	w.code, w.subcode = pgNullInt(c.ErrorCode), pgNullInt(c.ErrorSubcode)
 	w.latency = pgtype.Int4{Int32: latencyUS(c.Latency), Valid: true}
 	w.key, w.recipient, w.wamid = pgNullText(c.IdempotencyKey), pgNullText(c.Recipient), pgNullText(c.WAMID)
+	if len(c.IdempotencyKey) > MaxIdempotencyKeyLen {
+		w.key = pgtype.Text{}
+	}
+	if !RecipientRecorded(c.Recipient) {
+		w.recipient = pgtype.Text{}
+	}
 	w.replayed = pgtype.Bool{Bool: c.Replayed, Valid: true}
 	return true
 }
@@ -194,29 +388,23 @@ type SendMinute struct {
 	Refused int
 }
 
-// SendsPerMinute returns the relay calls of one channel of org since since, counted per
+// SendsPerMinute returns the relay calls of one channel of org since since's minute, counted per
 // minute by outcome class: only minutes with calls, oldest first. A channel of another org has
-// none.
+// none. It reads relay_minutes (migration 023), which the relay log's writer adds every call to:
+// one row per minute, 1,440 for a day, whatever the channel's traffic.
 func (s *Store) SendsPerMinute(ctx context.Context, orgID, channelID uuid.UUID, since time.Time) ([]SendMinute, error) {
-	rows, err := s.pool.Query(ctx, `
-		SELECT date_trunc('minute', at),
-		       count(*) FILTER (WHERE status <> 429 AND (outcome = 'ok' OR outcome = 'replayed' AND status < 400)),
-		       count(*) FILTER (WHERE status <> 429 AND (outcome IN ('upstream_4xx', 'upstream_5xx', 'upstream_error')
-		                                                 OR outcome = 'replayed' AND status >= 400)),
-		       count(*) FILTER (WHERE status = 429),
-		       count(*)
-		FROM relay_log
-		WHERE channel_id = $2 AND org_id = $1 AND at >= $3
-		GROUP BY 1 ORDER BY 1`, orgID, channelID, since)
+	rows, err := queryGuarded(ctx, s.pool, `
+		SELECT minute, ok, upstream_error, rate_limited, refused
+		FROM relay_minutes
+		WHERE channel_id = $2 AND minute >= $3 AND org_id = $1 AND ok + upstream_error + rate_limited + refused > 0
+		ORDER BY minute`, orgID, channelID, since.UTC().Truncate(time.Minute))
 	if err != nil {
 		return nil, fmt.Errorf("sends per minute: %w", err)
 	}
 	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (SendMinute, error) {
 		var m SendMinute
-		var total int
-		err := r.Scan(&m.Minute, &m.OK, &m.UpstreamError, &m.RateLimited, &total)
+		err := r.Scan(&m.Minute, &m.OK, &m.UpstreamError, &m.RateLimited, &m.Refused)
 		m.Minute = m.Minute.UTC()
-		m.Refused = total - m.OK - m.UpstreamError - m.RateLimited
 		return m, err
 	})
 	if err != nil {

@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -183,5 +185,129 @@ func TestRetentionRelayLog(t *testing.T) {
 	ahead := "relay_log_p" + now.AddDate(0, 0, store.PartitionsAhead).Format("20060102")
 	if !testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, ahead) {
 		t.Fatalf("no partition %s ahead", ahead)
+	}
+}
+
+// TestWriteRelayLogCounts (issue 31): the relay's refusals, and calls the writer folded
+// (Calls > 0), are counted in relay_counts — one row per channel, second, outcome and status,
+// added to by later batches —, never written to relay_log one by one; every call is counted per
+// minute in relay_minutes; a row's recipient over MaxRecipientLen and key over
+// MaxIdempotencyKeyLen are not stored.
+func TestWriteRelayLogCounts(t *testing.T) {
+	f := testenv.NewStore(t)
+	s := f.Store
+	ctx := context.Background()
+	org, ch := uuid.New(), uuid.New()
+	sec := time.Now().UTC().Truncate(time.Second)
+	long := strings.Repeat("k", store.MaxIdempotencyKeyLen)
+	batch := []store.RelayCall{
+		// a send: a row, its 255-byte key kept, its 25-byte "to" not
+		{At: sec, OrgID: org, ChannelID: ch, Status: 200, Outcome: "ok", IdempotencyKey: long,
+			Recipient: strings.Repeat("1", store.MaxRecipientLen+1), WAMID: "wamid.C1"},
+		{At: sec.Add(time.Millisecond), OrgID: org, ChannelID: ch, Status: 200, Outcome: "ok", IdempotencyKey: long + "x",
+			Recipient: "+1 (555) 123-4567", WAMID: "wamid.C2"},
+	}
+	for i := range 500 { // refusals in one second, with the longest key and "to": counted
+		batch = append(batch, store.RelayCall{At: sec.Add(time.Duration(i) * time.Millisecond), OrgID: org, ChannelID: ch,
+			Status: 429, Outcome: "rate_limited", IdempotencyKey: long, Recipient: strings.Repeat("9", 256)})
+	}
+	batch = append(batch,
+		store.RelayCall{At: sec, OrgID: org, ChannelID: ch, Status: 403, Outcome: "inactive"},
+		store.RelayCall{At: sec.Add(time.Second), OrgID: org, ChannelID: ch, Status: 422, Outcome: "invalid_request"},
+		// calls folded by the writer beyond its per-channel bound: counted with their outcome
+		store.RelayCall{At: sec, OrgID: org, ChannelID: ch, Status: 200, Outcome: "ok", Calls: 40})
+	if err := s.WriteRelayLog(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	// A later batch (another instance's, or the next interval's) adds to the same rows.
+	if err := s.WriteRelayLog(ctx, []store.RelayCall{
+		{At: sec.Add(999 * time.Millisecond), OrgID: org, ChannelID: ch, Status: 429, Outcome: "rate_limited", Calls: 7},
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	if n := f.Count(t, "relay_log"); n != 2 {
+		t.Fatalf("%d relay_log rows, want the 2 sends", n)
+	}
+	var kept []string
+	rows, err := f.Pool.Query(ctx, `SELECT wamid || ' key=' || coalesce(length(idempotency_key)::text, 'null') || ' to=' || coalesce(recipient, 'null')
+		FROM relay_log ORDER BY at`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"wamid.C1 key=255 to=null", "wamid.C2 key=null to=+1 (555) 123-4567"}; !slices.Equal(kept, want) {
+		t.Fatalf("relay_log rows %q, want %q", kept, want)
+	}
+	rows, err = f.Pool.Query(ctx, `SELECT format('%s %s %s %s', at - $2, outcome, status, calls)
+		FROM relay_counts WHERE channel_id = $1 AND org_id = $3 ORDER BY at, outcome, status`, ch, sec, org)
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"00:00:00 inactive 403 1", "00:00:00 ok 200 40", "00:00:00 rate_limited 429 507", "00:00:01 invalid_request 422 1"}
+	if !slices.Equal(counts, want) {
+		t.Fatalf("relay_counts:\n got %q\nwant %q", counts, want)
+	}
+	got, err := s.SendsPerMinute(ctx, org, ch, sec.Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := store.SendMinute{}
+	for _, m := range got {
+		total.OK, total.RateLimited, total.Refused = total.OK+m.OK, total.RateLimited+m.RateLimited, total.Refused+m.Refused
+	}
+	if total.OK != 42 || total.RateLimited != 507 || total.Refused != 2 || len(got) > 2 {
+		t.Fatalf("sends per minute %+v, want 42 ok, 507 rate limited, 2 refused", got)
+	}
+}
+
+// TestMigration023CountsTheLastDay: migration 023 counts the chart's minutes of the last day
+// from the rows relay_log has (refusals included, written one by one before it), into a
+// partition without a lower bound up to tomorrow; the writer's counts add to them, and the days
+// after are made as usual.
+func TestMigration023CountsTheLastDay(t *testing.T) {
+	ctx := context.Background()
+	conn, f := oldDatabase(t, 22)
+	org, ch := f.Org(t).ID, uuid.New()
+	now := time.Now().UTC()
+	at := now.Add(-time.Minute).Truncate(time.Minute).Add(7 * time.Second)
+	old := now.AddDate(0, 0, -2)
+	if err := f.Store.EnsurePartitions(ctx, old, now); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		at      time.Time
+		status  int
+		outcome string
+		n       int
+	}{{at, 200, "ok", 2}, {at, 429, "rate_limited", 3}, {at, 403, "inactive", 1}, {at, 400, "upstream_4xx", 1}, {old, 200, "ok", 5}} {
+		if _, err := conn.Exec(ctx, `INSERT INTO relay_log (at, org_id, channel_id, status, outcome, latency_us)
+			SELECT $1, $2, $3, $4, $5, 10 FROM generate_series(1, $6::int)`, r.at, org, ch, r.status, r.outcome, r.n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := store.Migrate(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Store.WriteRelayLog(ctx, []store.RelayCall{{At: at, OrgID: org, ChannelID: ch, Status: 429, Outcome: "rate_limited"}}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := f.Store.SendsPerMinute(ctx, org, ch, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []store.SendMinute{{Minute: at.Truncate(time.Minute), OK: 2, UpstreamError: 1, RateLimited: 4, Refused: 1}}
+	if !slices.Equal(got, want) {
+		t.Fatalf("sends per minute after 023:\n got %+v\nwant %+v", got, want)
+	}
+	tomorrow := "relay_minutes_p" + now.AddDate(0, 0, 1).Format("20060102")
+	if !testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, tomorrow) {
+		t.Fatalf("no partition %s after the migration's", tomorrow)
 	}
 }

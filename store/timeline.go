@@ -163,8 +163,50 @@ const UnreportedWindow = 10 * time.Minute
 const maxTies = 1000
 
 // keySearchWindow is how far back the dashboard's search looks for an idempotency key (the
-// relay log's channel index, filtered): the idempotency store keeps a key a day.
+// relay log's index of keyed sends, relay_log_channel_key: channel, key, time): the idempotency
+// store keeps a key a day.
 const keySearchWindow = 24 * time.Hour
+
+// maxUnreportedScan bounds the relay log's rows a list reads to find a channel's sends not
+// reported on yet (unreportedSends): the latest sends of the window, in the order of the index
+// of sends (relay_log_channel_sends), whatever the filters. Twice the sends a channel makes in
+// UnreportedWindow at the relay's default limit (100 a minute); a channel sending faster lists
+// its older unreported sends once their first status comes (or by their wamid).
+const maxUnreportedScan = 2000
+
+// maxKeyedMessages bounds the sends one idempotency key finds for the search.
+const maxKeyedMessages = 100
+
+// readGuardSQL sets, for the rest of its transaction, what planGuardSQL sets but a plan made for
+// each call (custom, with the call's values: which filters are set decides the index): no plan
+// shape that reads every matching row before it returns one — no sequential or bitmap scan, no
+// hash or merge join. The timeline's list and the relay log's chart read a channel's rows in an
+// index's order up to a limit; a bitmap scan and a sort, or a hash of the messages the
+// unreported sends are checked against, would read all of them (issue 31: the planner chose
+// both once a channel had a few thousand rows).
+const readGuardSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
+	set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`
+
+// queryGuarded runs sql under readGuardSQL: the guard and the statement in one pipeline, one
+// round trip and one implicit transaction (the guard's settings end with it), as queryGeneric
+// does for the hot statements' generic plans.
+func queryGuarded(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {
+	b := &pgx.Batch{}
+	b.Queue(readGuardSQL)
+	b.Queue(sql, args...)
+	br := db.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
 
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
 // first (see MessageFilter). An unknown channel, or one of another org, is ErrChannelNotFound.
@@ -198,12 +240,14 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	// the caller wrote.
 	to, digits := recipientKey(f.To), phoneDigits(f.To)
 	search := recipientKey(f.Search)
-	var keyed []string                                            // the wamids the searched text is the idempotency key of
-	if f.Search != "" && !strings.HasPrefix(f.Search, "wamid.") { // (a message id is no key)
-		rows, err := s.pool.Query(ctx, `
-			SELECT DISTINCT wamid FROM relay_log
-			WHERE channel_id = $1 AND org_id = $2 AND at >= $3 AND idempotency_key = $4 AND wamid IS NOT NULL
-			LIMIT 100`, channelID, orgID, now.Add(-keySearchWindow), f.Search)
+	// The wamids the searched text is the idempotency key of (a message id is no key).
+	var keyed []string
+	if f.Search != "" && !strings.HasPrefix(f.Search, "wamid.") && len(f.Search) <= MaxIdempotencyKeyLen {
+		rows, err := queryGuarded(ctx, s.pool, `
+			SELECT DISTINCT wamid FROM (
+				SELECT wamid FROM relay_log
+				WHERE channel_id = $1 AND idempotency_key = $4 AND at >= $3 AND wamid IS NOT NULL AND org_id = $2
+				LIMIT $5) k`, channelID, orgID, now.Add(-keySearchWindow), f.Search, maxKeyedMessages)
 		if err != nil {
 			return nil, fmt.Errorf("list messages: %w", err)
 		}
@@ -214,19 +258,45 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 
 	// The reported messages. The cursor is compared as (created_at, wamid), the order the
 	// channel indexes of migration 020 hold (created_at DESC, wamid DESC): a page is an index
-	// range read in order.
-	rows, err := s.pool.Query(ctx, `
+	// range read in order. A search is two index reads, never a filter over the channel's
+	// messages: the wamids it names (the text itself, the sends of the key it is) by primary
+	// key, and the recipient it is through the channel's recipient index, in order up to the
+	// page's limit.
+	sql := `
 		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
 		FROM messages m
 		WHERE m.channel_id = $1 AND m.org_id = $2
 		  AND ($3 = '' OR m.status = $3)
 		  AND ($4 = '' OR m.recipient = $4)
-		  AND ($5 = '' OR m.wamid = $5 OR m.recipient = $6 OR m.wamid = ANY($7))
-		  AND ($8::timestamptz IS NULL OR (m.created_at, m.wamid) < ($8, $9) AND m.created_at <= $8)
+		  AND ($5::timestamptz IS NULL OR (m.created_at, m.wamid) < ($5, $6) AND m.created_at <= $5)
 		ORDER BY m.created_at DESC, m.wamid DESC
-		LIMIT $10`,
-		// Planned for each call: which filters are set decides the index.
-		pgx.QueryExecModeCacheDescribe, channelID, orgID, f.Status, to, f.Search, search, keyed, before, f.After, f.Limit)
+		LIMIT $7`
+	args := []any{channelID, orgID, f.Status, to, before, f.After, f.Limit}
+	if f.Search != "" {
+		args = []any{channelID, orgID, f.Status, to, append([]string{f.Search}, keyed...), search, before, f.After, f.Limit}
+		sql = `
+		SELECT * FROM (
+			SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
+			FROM messages m
+			WHERE m.wamid = ANY($5::text[]) AND m.channel_id = $1 AND m.org_id = $2
+			  AND ($3 = '' OR m.status = $3)
+			  AND ($4 = '' OR m.recipient = $4)
+			  AND ($7::timestamptz IS NULL OR (m.created_at, m.wamid) < ($7, $8) AND m.created_at <= $7)
+			UNION
+			(SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
+			 FROM messages m
+			 WHERE m.channel_id = $1 AND m.recipient = $6 AND m.org_id = $2
+			   AND ($3 = '' OR m.status = $3)
+			   AND ($4 = '' OR m.recipient = $4)
+			   AND ($7::timestamptz IS NULL OR (m.created_at, m.wamid) < ($7, $8) AND m.created_at <= $7)
+			 ORDER BY m.created_at DESC, m.wamid DESC
+			 LIMIT $9)
+		) m
+		ORDER BY m.created_at DESC, m.wamid DESC
+		LIMIT $9`
+	}
+	// Planned for each call: which filters are set decides the index.
+	rows, err := queryGuarded(ctx, s.pool, sql, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list messages: %w", err)
 	}
@@ -279,22 +349,33 @@ func recipientKey(s string) string {
 // reported on: status accepted, read from relay_log. digits is f.To's digits.
 func (s *Store) unreportedSends(ctx context.Context, orgID, channelID uuid.UUID, f MessageFilter, floor time.Time,
 	before *time.Time, digits string) ([]MessageSummary, error) {
-	// In the order of relay_log's channel index (at only: a tie-break on wamid would make
-	// Postgres sort the whole window), then every call of the last one's time, so that the
-	// merge cuts a group of equal times where the order (at, wamid) says.
+	// In the order of relay_log's index of sends (relay_log_channel_sends, migration 023: the
+	// channel's sends with a wamid that are not replays; at only: a tie-break on wamid would make
+	// Postgres sort the whole window), then every call of the last one's time, so that the merge
+	// cuts a group of equal times where the order (at, wamid) says. The index is read from the
+	// cursor back for at most maxUnreportedScan rows, and the filters apply to those: a list reads
+	// no more of the relay log whatever the filters and however many of the window's sends are
+	// reported on already.
 	read := func(floor time.Time, limit int, tie *time.Time) ([]MessageSummary, error) {
-		rows, err := s.pool.Query(ctx, `
+		rows, err := queryGuarded(ctx, s.pool, `
 			SELECT r.wamid, coalesce(r.recipient, ''), r.at, r.idempotency_key
-			FROM relay_log r
-			WHERE r.channel_id = $1 AND r.org_id = $2 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
-			  AND ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
+			FROM (
+				SELECT r.wamid, r.recipient, r.at, r.idempotency_key
+				FROM relay_log r
+				WHERE r.channel_id = $1 AND r.at >= $3 AND r.wamid IS NOT NULL AND NOT r.replayed
+				  AND ($7::timestamptz IS NULL OR r.at <= $7)
+				  AND ($10::timestamptz IS NULL OR r.at = $10)
+				  AND r.org_id = $2
+				ORDER BY r.at DESC
+				LIMIT $11
+			) r
+			WHERE ($4 = '' OR r.recipient = $4 OR regexp_replace(r.recipient, '[^0-9]', '', 'g') = $5)
 			  AND ($6 = '' OR r.wamid = $6 OR r.recipient = $6 OR r.idempotency_key = $6)
-			  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8) AND r.at <= $7)
-			  AND ($10::timestamptz IS NULL OR r.at = $10)
+			  AND ($7::timestamptz IS NULL OR (r.at, r.wamid) < ($7, $8))
 			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = r.wamid)
 			ORDER BY r.at DESC
 			LIMIT $9`,
-			pgx.QueryExecModeCacheDescribe, channelID, orgID, floor, f.To, digits, f.Search, before, f.After, limit, tie)
+			channelID, orgID, floor, f.To, digits, f.Search, before, f.After, limit, tie, max(maxUnreportedScan, limit))
 		if err != nil {
 			return nil, err
 		}

@@ -628,3 +628,118 @@ func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
 		t.Error("Maintain let go of a young row")
 	}
 }
+
+// TestMessageReadsBounded (issue 31): what a channel's page reads — its list, filtered by status
+// or recipient, searched by wamid, recipient or key, and its per-minute chart — is bounded
+// whatever its log holds: measured in rows read (EXPLAIN ANALYZE of the statements the reads
+// run), before and after a flood of refusals (counted by the writer, and 20,000 relay_log rows
+// of them as a log from before migration 023 holds) and 3,000 more reported sends in the
+// unreported window; another org's channel reads the same rows as before the flood.
+func TestMessageReadsBounded(t *testing.T) {
+	e := newTimelineEnv(t)
+	ctx := context.Background()
+	otherOrg := e.f.Org(t).ID
+	other, _ := e.channel(t, otherOrg)
+	e.insertMessages(t, e.ch, "a", 100)
+	now := time.Now().UTC()
+	var calls []store.RelayCall
+	for i := range 20 {
+		calls = append(calls, store.RelayCall{At: now.Add(-time.Duration(i) * time.Second), OrgID: otherOrg, ChannelID: other.ID,
+			Status: 200, Outcome: "ok", Recipient: "15550001111", WAMID: fmt.Sprintf("wamid.other%d", i)})
+	}
+	if err := e.f.Store.WriteRelayLog(ctx, calls); err != nil {
+		t.Fatal(err)
+	}
+
+	type read struct {
+		name string
+		f    store.MessageFilter
+	}
+	reads := []read{
+		{"list", store.MessageFilter{}}, {"accepted", store.MessageFilter{Status: "accepted"}},
+		{"delivered", store.MessageFilter{Status: "delivered"}}, {"to", store.MessageFilter{To: "r1"}},
+		{"search wamid", store.MessageFilter{Search: "wamid.a7"}}, {"search to", store.MessageFilter{Search: "r2"}},
+		{"search key", store.MessageFilter{Search: "k5"}},
+	}
+	// cost returns the rows each read of a channel of org reads, by read and table.
+	cost := func(org uuid.UUID, ch uuid.UUID) map[string]map[string]float64 {
+		out := map[string]map[string]float64{}
+		for _, r := range reads {
+			r.f.Limit = 51 // the dashboard's page and one more
+			out[r.name] = testenv.ReadCost(t, e.f.DSN, func(s *store.Store) {
+				if _, err := s.ListMessages(ctx, org, ch, r.f); err != nil {
+					t.Fatalf("%s: %v", r.name, err)
+				}
+			})
+		}
+		out["chart"] = testenv.ReadCost(t, e.f.DSN, func(s *store.Store) {
+			if _, err := s.SendsPerMinute(ctx, org, ch, time.Now().Add(-24*time.Hour)); err != nil {
+				t.Fatal(err)
+			}
+		})
+		return out
+	}
+	before, otherBefore := cost(e.org, e.ch.ID), cost(otherOrg, other.ID)
+
+	// The flood: 50,000 refusals over a minute through the writer's path (counted), 20,000 rows
+	// of refusals written one by one (a log from before migration 023), 3,000 sends reported on.
+	calls = calls[:0]
+	for i := range 50000 {
+		calls = append(calls, store.RelayCall{At: now.Add(-time.Duration(i%60) * time.Second), OrgID: e.org, ChannelID: e.ch.ID,
+			Status: 429, Outcome: "rate_limited", IdempotencyKey: strings.Repeat("k", 255), Recipient: strings.Repeat("9", 256)})
+	}
+	if err := e.f.Store.WriteRelayLog(ctx, calls); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.f.CountWhere(t, "relay_counts", "channel_id", e.ch.ID); n > 60 {
+		t.Fatalf("50,000 refusals in 60 seconds made %d relay_counts rows", n)
+	}
+	e.f.Exec(t, `
+		INSERT INTO relay_log (at, org_id, channel_id, status, outcome, latency_us, idempotency_key, recipient)
+		SELECT $3::timestamptz - (i % 300) * interval '1 second', $1, $2, 429, 'rate_limited', 10, repeat('k', 255), repeat('9', 256)
+		FROM generate_series(1, 20000) i`, e.org, e.ch.ID, now)
+	e.f.Exec(t, `
+		INSERT INTO relay_log (at, org_id, channel_id, status, outcome, latency_us, recipient, wamid)
+		SELECT $3::timestamptz - (i % 500) * interval '1 second', $1, $2, 200, 'ok', 10, '15552223333', 'wamid.flood' || i
+		FROM generate_series(1, 3000) i`, e.org, e.ch.ID, now)
+	e.f.Exec(t, `
+		INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank)
+		SELECT 'wamid.flood' || i, $1, $2, '15552223333', $3::timestamptz - (i % 500) * interval '1 second', 'delivered', 2
+		FROM generate_series(1, 3000) i`, e.org, e.ch.ID, now)
+	e.f.Exec(t, `ANALYZE relay_log; ANALYZE messages; ANALYZE relay_counts; ANALYZE relay_minutes`)
+	after, otherAfter := cost(e.org, e.ch.ID), cost(otherOrg, other.ID)
+
+	for _, name := range []string{"list", "accepted", "delivered", "to", "search wamid", "search to", "search key", "chart"} {
+		t.Logf("%-12s rows read: before %v, after the flood %v; other org's channel %v, after %v",
+			name, before[name], after[name], otherBefore[name], otherAfter[name])
+		// Every read of the flooded channel: the relay log read through the index of sends,
+		// at most maxUnreportedScan (2,000) of the window's, however many rows it holds;
+		// messages through its channel indexes and the probes of those sends; the chart's
+		// minutes.
+		if n := after[name]["relay_log"]; n > 2000+2*51 {
+			t.Errorf("%s read %.0f relay_log rows after the flood (%.0f before)", name, n, before[name]["relay_log"])
+		}
+		if n := after[name]["messages"]; n > 2000+2*51 {
+			t.Errorf("%s read %.0f messages rows after the flood (%.0f before)", name, n, before[name]["messages"])
+		}
+		if n := after[name]["relay_minutes"]; n > 1440 {
+			t.Errorf("%s read %.0f relay_minutes rows", name, n)
+		}
+		if after[name]["relay_counts"] != 0 {
+			t.Errorf("%s read relay_counts", name)
+		}
+		// Another org's channel reads what it read before.
+		for table, n := range otherAfter[name] {
+			if n > otherBefore[name][table]+5 {
+				t.Errorf("other org's %s read %.0f %s rows after the flood, %.0f before", name, n, table, otherBefore[name][table])
+			}
+		}
+	}
+	// The reads that do not look for unreported sends (a status other than accepted, the chart)
+	// read none of the flood's rows.
+	for _, name := range []string{"delivered", "chart"} {
+		if n := after[name]["relay_log"]; n > 60 {
+			t.Errorf("%s read %.0f relay_log rows after the flood", name, n)
+		}
+	}
+}
