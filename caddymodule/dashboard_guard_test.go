@@ -11,10 +11,10 @@ import (
 )
 
 // TestDashboardSharesGuardAndLimit: through Caddy (the repo's Caddyfile, its management rate
-// limit lowered to 5 a minute), the dashboard charges page reads to the key's management rate
-// limit — the API's own limiter, so the key's API calls are refused too — and counts guessed
-// session cookies in the app's one auth guard, so after 20 the address is refused by the API
-// as well, before any lookup.
+// limit lowered to 5 a minute), the dashboard charges the sign-in and page reads to the key's
+// management rate limit — the API's own limiter, so the key's API calls are refused too — and
+// counts guessed session cookies in the app's one auth guard, so after 20 the address is
+// refused by the API as well, before any lookup (for a key it has not seen authenticate).
 func TestDashboardSharesGuardAndLimit(t *testing.T) {
 	e := newRelayEnv(t, "")
 	origin := e.repoCaddy(testenv.FreePort(t), func(cfg string) string {
@@ -43,7 +43,7 @@ func TestDashboardSharesGuardAndLimit(t *testing.T) {
 		return resp
 	}
 
-	// Sign in, then load pages: 5 a minute, then 429 with Retry-After; the API too.
+	// Sign in (1 of 5), then load pages: 4 more, then 429 with Retry-After; the API too.
 	resp := send("POST", "/dashboard/login", url.Values{"api_key": {key}})
 	var cookie *http.Cookie
 	for _, c := range resp.Cookies() {
@@ -54,14 +54,14 @@ func TestDashboardSharesGuardAndLimit(t *testing.T) {
 	if resp.StatusCode != http.StatusSeeOther || cookie == nil {
 		t.Fatalf("sign-in: %d %v", resp.StatusCode, resp.Header)
 	}
-	for i := 1; i <= 6; i++ {
+	for i := 1; i <= 5; i++ {
 		resp = send("GET", "/dashboard/webhooks", nil, "Cookie", cookie.Name+"="+cookie.Value)
-		if i <= 5 && resp.StatusCode != http.StatusOK {
+		if i <= 4 && resp.StatusCode != http.StatusOK {
 			t.Fatalf("page %d: %d", i, resp.StatusCode)
 		}
 	}
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
-		t.Fatalf("page 6: %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+		t.Fatalf("page 5: %d, Retry-After %q; want 429 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
 	}
 	if r := call(t, "GET", origin+"/v1/channels", "", ""); r.status != http.StatusUnauthorized {
 		t.Fatalf("API without a key: %d", r.status) // sanity: no credential, no failure counted

@@ -9,7 +9,9 @@
 // and, over HTTPS, Secure and named with the __Secure- prefix; the session ends on sign-out and
 // the moment its key is revoked or expires. A session cookie that names no live session counts
 // as an authentication failure in the AuthGuard (like a bad API key), so a flood of guessed
-// cookies is refused with 429 before it costs queries.
+// cookies is refused with 429 before it costs queries; a key or cookie the guard knows valid is
+// never refused by it. A sign-in costs a request of the key's management rate limit, and a key
+// holds at most store.MaxDashboardSessions sessions (a sign-in beyond ends the oldest).
 //
 // Every state-changing request (sign-in included) must come from the dashboard's own origin:
 // Go's http.CrossOriginProtection (Sec-Fetch-Site, else Origin against Host), and an Origin of
@@ -85,7 +87,8 @@ type Options struct {
 	SessionTTL time.Duration
 	// AuthGuard, if set, counts failed sign-ins and session cookies that name no live session
 	// per client address, like the API's bad keys, and refuses an address that failed too often
-	// with 429 before any lookup. Share the API's guard.
+	// with 429 before any lookup. A key or session cookie that authenticated is known to it and
+	// never refused (a shared address must not lock a valid user out). Share the API's guard.
 	AuthGuard *authguard.Guard
 	// Demo, if set, turns on the demo page: a built-in webhook receiver that verifies each
 	// delivery's signature, and a button making the fake upstream send an incoming message.
@@ -307,12 +310,13 @@ func (h *Handler) session(w http.ResponseWriter, r *http.Request) (*session, err
 		return nil, nil
 	}
 	addr := httpx.ClientAddr(r)
-	if !h.guardAllows(w, r, addr) {
+	if !h.guardAllows(w, r, addr, c.Value) {
 		return nil, errGuarded
 	}
 	ds, err := h.opt.Store.DashboardSession(r.Context(), c.Value)
 	if errors.Is(err, store.ErrNoSession) {
 		if g := h.opt.AuthGuard; g != nil {
+			g.Forget(c.Value)
 			g.Fail(addr)
 		}
 		h.setCookie(w, r, "", -1)
@@ -321,17 +325,20 @@ func (h *Handler) session(w http.ResponseWriter, r *http.Request) (*session, err
 	if err != nil {
 		return nil, err
 	}
+	if g := h.opt.AuthGuard; g != nil {
+		g.Valid(c.Value)
+	}
 	return &session{ds}, nil
 }
 
-// guardAllows reports whether the AuthGuard lets addr attempt to authenticate; if not, it
-// answers 429 with Retry-After.
-func (h *Handler) guardAllows(w http.ResponseWriter, r *http.Request, addr string) bool {
+// guardAllows reports whether the AuthGuard lets addr attempt to authenticate with
+// credential (one it knows valid always may); if not, it answers 429 with Retry-After.
+func (h *Handler) guardAllows(w http.ResponseWriter, r *http.Request, addr, credential string) bool {
 	g := h.opt.AuthGuard
 	if g == nil {
 		return true
 	}
-	wait, ok := g.Check(addr)
+	wait, ok := g.Admit(addr, credential)
 	if !ok {
 		w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 		h.render(w, r, http.StatusTooManyRequests, "error", page{Title: "Too many attempts",

@@ -437,8 +437,9 @@ func TestGarbageSessionCookiesAreGuarded(t *testing.T) {
 	}
 }
 
-// TestPageReadsRateLimited: each page load counts against the signed-in key's management rate
-// limit, the same budget its API calls use; over it a page is 429 with Retry-After.
+// TestPageReadsRateLimited: the sign-in and each page load count against the signed-in key's
+// management rate limit, the same budget its API calls use; over it a page is 429 with
+// Retry-After.
 func TestPageReadsRateLimited(t *testing.T) {
 	rdb := testenv.RedisClient(t, testenv.Redis(t))
 	const limit = 6
@@ -449,9 +450,9 @@ func TestPageReadsRateLimited(t *testing.T) {
 		o.API = api.Service()
 	})
 	c := e.client()
-	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel") // GET /channels: 1
+	wantStatus(t, c.signIn(e.key), http.StatusOK, "New channel") // sign-in and GET /channels: 2
 	pages := []string{"/dashboard/webhooks", "/dashboard/api-keys", "/dashboard/channels"}
-	n := 1
+	n := 2
 	for ; n < limit; n++ {
 		wantStatus(t, c.get(pages[n%len(pages)]), http.StatusOK)
 	}

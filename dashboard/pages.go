@@ -19,24 +19,30 @@ import (
 
 // ---- sign-in ----------------------------------------------------------------------------
 
-// login shows the sign-in form (GET) or signs in with an API key (POST).
+// login shows the sign-in form (GET) or signs in with an API key (POST). A sign-in is
+// admitted by the AuthGuard (a key it knows valid always is), then costs a request of the key's
+// management rate limit (over it: 429 with Retry-After, no session), and the key's session
+// beyond store.MaxDashboardSessions ends its oldest.
 func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodGet:
 		h.loginForm(w, r, http.StatusOK, "")
 	case http.MethodPost:
 		addr := httpx.ClientAddr(r)
-		if g := h.opt.AuthGuard; g != nil {
-			if wait, ok := g.Check(addr); !ok {
+		raw := strings.TrimSpace(r.PostFormValue("api_key"))
+		g := h.opt.AuthGuard
+		if g != nil {
+			if wait, ok := g.Admit(addr, raw); !ok {
 				w.Header().Set("Retry-After", strconv.Itoa(int((wait+time.Second-1)/time.Second)))
 				h.loginForm(w, r, http.StatusTooManyRequests, "Too many failed sign-ins from your address. Wait a minute and try again.")
 				return
 			}
 		}
-		key, err := h.opt.Store.AuthenticateAPIKey(r.Context(), strings.TrimSpace(r.PostFormValue("api_key")))
+		key, err := h.opt.Store.AuthenticateAPIKey(r.Context(), raw)
 		switch {
 		case errors.Is(err, store.ErrInvalidAPIKey), errors.Is(err, store.ErrAPIKeyExpired):
-			if g := h.opt.AuthGuard; g != nil {
+			if g != nil {
+				g.Forget(raw)
 				g.Fail(addr)
 			}
 			msg := managementapi.MsgKeyInvalid
@@ -49,10 +55,24 @@ func (h *Handler) login(w http.ResponseWriter, r *http.Request) {
 			h.serverError(w, r, err)
 			return
 		}
+		if g != nil {
+			g.Valid(raw)
+		}
+		if h.opt.API.Charge(r.Context(), key, w.Header()) != nil {
+			h.loginForm(w, r, http.StatusTooManyRequests, httpx.MsgRateLimited+" for this API key. Wait a moment and sign in again.")
+			return
+		}
 		token, _, err := h.opt.Store.CreateDashboardSession(r.Context(), key, h.opt.SessionTTL)
+		if errors.Is(err, store.ErrInvalidAPIKey) {
+			h.loginForm(w, r, http.StatusUnauthorized, managementapi.MsgKeyInvalid)
+			return
+		}
 		if err != nil {
 			h.serverError(w, r, err)
 			return
+		}
+		if g != nil {
+			g.Valid(token)
 		}
 		h.setCookie(w, r, token, 0)
 		h.redirect(w, r, "/channels", "")
@@ -77,6 +97,9 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 		if err := h.opt.Store.DeleteDashboardSession(r.Context(), c.Value); err != nil {
 			h.serverError(w, r, err)
 			return
+		}
+		if g := h.opt.AuthGuard; g != nil {
+			g.Forget(c.Value)
 		}
 	}
 	h.setCookie(w, r, "", -1)

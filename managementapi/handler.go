@@ -69,7 +69,8 @@ type Options struct {
 	OnAuthenticated func(r *http.Request, key store.APIKey)
 	// AuthGuard, if set, counts failed authentications per client address (httpx.ClientAddr)
 	// and refuses an address that failed too often with 429 before any lookup, so a flood of
-	// bad keys costs no queries.
+	// bad keys costs no queries. A key that authenticated is known to the guard (Guard.Valid)
+	// and never refused by it, whatever its address did.
 	AuthGuard *authguard.Guard
 	// MaxWebhooksPerOrg is the most webhooks an org may have: creating one more is refused
 	// with 422 (MsgWebhookLimit). 0 means DefaultMaxWebhooksPerOrg.
@@ -286,7 +287,8 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 	addr := httpx.ClientAddr(r)
 	guard := h.svc.opt.AuthGuard
 	if guard != nil {
-		if retry, ok := guard.Check(addr); !ok {
+		// A key known valid is let through whatever its address did (authguard.Guard.Admit).
+		if retry, ok := guard.Admit(addr, raw); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 			httpx.WriteError(w, http.StatusTooManyRequests, httpx.MsgRateLimited)
 			return store.APIKey{}, false
@@ -294,6 +296,9 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 	}
 	key, err := h.svc.opt.Store.AuthenticateAPIKey(r.Context(), raw)
 	if err == nil {
+		if guard != nil {
+			guard.Valid(raw)
+		}
 		return key, true
 	}
 	msg := MsgKeyInvalid
@@ -305,6 +310,7 @@ func (h *Handler) authenticate(w http.ResponseWriter, r *http.Request) (store.AP
 		return key, false
 	}
 	if guard != nil {
+		guard.Forget(raw)
 		guard.Fail(addr)
 	}
 	httpx.WriteError(w, http.StatusUnauthorized, msg)

@@ -124,6 +124,17 @@ func (c *Cache) Lookup(ctx context.Context, token string) (*store.RelayChannel, 
 	return c.fetch(ctx, token, h)
 }
 
+// Known reports whether token names a channel the cache holds, one that Lookup answers from
+// memory: a credential known valid, which the auth guard never refuses (internal/authguard). It
+// never queries.
+func (c *Cache) Known(token string) bool {
+	h := sha256.Sum256([]byte(token))
+	c.mu.RLock()
+	e := c.byHash[h]
+	c.mu.RUnlock()
+	return e != nil && c.now().Sub(e.fetched) < 2*c.ttl
+}
+
 // fetch loads the token's channel (one load per token at a time, shared by every waiter) and
 // waits for it until ctx ends.
 func (c *Cache) fetch(ctx context.Context, token string, h [32]byte) (*store.RelayChannel, error) {

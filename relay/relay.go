@@ -78,6 +78,8 @@ var ErrUpstreamTimeout = errors.New("relay: upstream timeout")
 // Channels resolves channel tokens ([Cache]).
 type Channels interface {
 	Lookup(ctx context.Context, token string) (*store.RelayChannel, error)
+	// Known reports, from memory, whether token names a channel (see [Cache.Known]).
+	Known(token string) bool
 	MarkDisconnected(ctx context.Context, id uuid.UUID) error
 }
 
@@ -199,18 +201,20 @@ func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) (ch *st
 	if authz == "" {
 		return nil, relay.refuse(w, OutcomeUnauthorized, http.StatusUnauthorized, MsgAuthRequired), OutcomeUnauthorized
 	}
-	// An address that presented too many bad tokens is refused before any lookup.
+	scheme, token, _ := strings.Cut(authz, " ")
+	token = strings.TrimSpace(token)
+	wellFormed := strings.EqualFold(scheme, "Bearer") && store.ValidChannelToken(token)
+	// An address that presented too many bad tokens is refused before any lookup, unless its
+	// token is one the cache knows (a shared address must not lock a valid caller out).
 	addr := httpx.ClientAddr(r)
 	if relay.Guard != nil {
-		if retry, ok := relay.Guard.Check(addr); !ok {
+		if retry, ok := relay.Guard.Check(addr); !ok && !(wellFormed && relay.Channels.Known(token)) {
 			w.Header().Set("Retry-After", strconv.Itoa(int((retry+time.Second-1)/time.Second)))
 			return nil, relay.refuse(w, OutcomeAuthThrottled, http.StatusTooManyRequests, httpx.MsgRateLimited), OutcomeAuthThrottled
 		}
 	}
-	scheme, token, _ := strings.Cut(authz, " ")
-	token = strings.TrimSpace(token)
 	err := ErrUnknownToken
-	if strings.EqualFold(scheme, "Bearer") && store.ValidChannelToken(token) {
+	if wellFormed {
 		ch, err = relay.Channels.Lookup(r.Context(), token)
 	}
 	switch {

@@ -31,9 +31,17 @@ func newSessionToken() string {
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 
+// MaxDashboardSessions is the most sessions one API key holds: a sign-in beyond it ends the
+// key's oldest session (its cookie then names no session). Each sign-in costs a request of the
+// key's management rate limit too (the dashboard charges it), so a key cannot fill the table.
+const MaxDashboardSessions = 20
+
 // CreateDashboardSession starts a session for an authenticated key, lasting ttl (never past
-// the key's own expiry). It returns the cookie token (stored only as its SHA-256) and the
-// session. Expired sessions of every key are removed on the way.
+// the key's own expiry), and ends the key's oldest sessions beyond MaxDashboardSessions. It
+// returns the cookie token (stored only as its SHA-256) and the session. Expired sessions of
+// every key are removed on the way. A key's sign-ins are serialized (its row is locked), so its
+// sessions never exceed the bound, and each is stamped with the clock time it was made under
+// that lock, so the oldest is the one ended.
 func (s *Store) CreateDashboardSession(ctx context.Context, key APIKey, ttl time.Duration) (string, DashboardSession, error) {
 	token := newSessionToken()
 	expires := s.now().Add(ttl)
@@ -43,9 +51,29 @@ func (s *Store) CreateDashboardSession(ctx context.Context, key APIKey, ttl time
 	if _, err := s.pool.Exec(ctx, `DELETE FROM dashboard_sessions WHERE expires_at < now()`); err != nil {
 		return "", DashboardSession{}, fmt.Errorf("prune dashboard sessions: %w", err)
 	}
-	if _, err := s.pool.Exec(ctx,
-		`INSERT INTO dashboard_sessions (token_hash, api_key_id, expires_at) VALUES ($1, $2, $3)`,
-		TokenHash(token), key.ID, expires); err != nil {
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var one int
+		err := tx.QueryRow(ctx, `SELECT 1 FROM api_keys WHERE id = $1 FOR NO KEY UPDATE`, key.ID).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return ErrInvalidAPIKey // deleted since it authenticated
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO dashboard_sessions (token_hash, api_key_id, created_at, expires_at)
+			VALUES ($1, $2, clock_timestamp(), $3)`, TokenHash(token), key.ID, expires); err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `
+			DELETE FROM dashboard_sessions WHERE token_hash IN (
+				SELECT token_hash FROM dashboard_sessions WHERE api_key_id = $1
+				ORDER BY created_at DESC, token_hash OFFSET $2)`, key.ID, MaxDashboardSessions)
+		return err
+	})
+	if errors.Is(err, ErrInvalidAPIKey) {
+		return "", DashboardSession{}, err
+	}
+	if err != nil {
 		return "", DashboardSession{}, fmt.Errorf("create dashboard session: %w", err)
 	}
 	return token, DashboardSession{Key: key, ExpiresAt: expires}, nil

@@ -15,10 +15,20 @@
 // whose last failure (or refused attempt) is the oldest is forgotten to make room. Under a
 // distributed flood the guard thus prefers forgetting an attacker — who regains a few attempts
 // — to refusing an innocent client; there is no shared overflow bucket.
+//
+// A refusal is for credentials the guard does not know. A client address may be shared (NAT, a
+// serverless platform's egress, a /64): one tenant's garbage must not lock another tenant out.
+// So a credential known valid is never refused, whatever its address has done: the callers ask
+// [Guard.Admit] with the credential, which the guard knows valid once [Guard.Valid] recorded
+// it (as its SHA-256, in a bounded table, from memory: no query), or the caller asks
+// [Guard.Check] and lets a credential through that its own in-memory cache knows (the relay's
+// channel cache). A known credential that then fails is forgotten ([Guard.Forget]) and counted
+// as a failure like any other.
 package authguard
 
 import (
 	"container/list"
+	"crypto/sha256"
 	"net/netip"
 	"sync"
 	"time"
@@ -34,6 +44,14 @@ const (
 // FoldPrefix48 is how many failing /64s of one /48 make the guard count the /48 as one client.
 const FoldPrefix48 = 16
 
+// Known credentials: the guard remembers at most MaxKnown credentials that authenticated, each
+// for KnownTTL after its last success; past the bound the least recently successful one is
+// forgotten (it is then refused from a refused address until it succeeds from another one).
+const (
+	MaxKnown = 65536
+	KnownTTL = 24 * time.Hour
+)
+
 // Guard counts authentication failures per client. The zero value is not usable; call [New].
 // Methods are safe for concurrent use.
 type Guard struct {
@@ -47,6 +65,18 @@ type Guard struct {
 	lru   *list.List               // of *bucket, least recently failed (or refused) first
 	// folds holds, per /48 that is not folded, the entries of its /64s.
 	folds map[netip.Prefix]map[*list.Element]struct{}
+
+	// The credentials known valid (their own lock: every successful authentication records one).
+	kmu      sync.Mutex
+	maxKnown int
+	known    map[[sha256.Size]byte]*list.Element // of *knownCred, by the credential's SHA-256
+	knownLRU *list.List                          // of *knownCred, least recently successful first
+}
+
+// knownCred is a credential that authenticated, by its SHA-256.
+type knownCred struct {
+	hash [sha256.Size]byte
+	last time.Time // its last success
 }
 
 // bucket is a fixed window of failures of one client.
@@ -72,7 +102,84 @@ func New(failures int, window time.Duration, maxAddrs int) *Guard {
 		maxAddrs = DefaultMaxAddrs
 	}
 	return &Guard{failures: failures, window: window, maxAddrs: maxAddrs, now: time.Now,
-		addrs: map[string]*list.Element{}, lru: list.New(), folds: map[netip.Prefix]map[*list.Element]struct{}{}}
+		addrs: map[string]*list.Element{}, lru: list.New(), folds: map[netip.Prefix]map[*list.Element]struct{}{},
+		maxKnown: MaxKnown, known: map[[sha256.Size]byte]*list.Element{}, knownLRU: list.New()}
+}
+
+// Admit reports whether addr may attempt to authenticate with credential: always when the
+// credential is known valid ([Guard.Valid]), else as [Guard.Check] says.
+func (g *Guard) Admit(addr, credential string) (retryAfter time.Duration, ok bool) {
+	if retryAfter, ok = g.Check(addr); ok || g.Known(credential) {
+		return 0, true
+	}
+	return retryAfter, false
+}
+
+// Valid records that credential authenticated: it is known valid for KnownTTL from now, or
+// until [Guard.Forget]. Only its SHA-256 is kept.
+func (g *Guard) Valid(credential string) {
+	if credential == "" {
+		return
+	}
+	h := sha256.Sum256([]byte(credential))
+	now := g.now()
+	g.kmu.Lock()
+	defer g.kmu.Unlock()
+	g.expireKnown(now)
+	if e := g.known[h]; e != nil {
+		e.Value.(*knownCred).last = now
+		g.knownLRU.MoveToBack(e)
+		return
+	}
+	for len(g.known) >= g.maxKnown {
+		delete(g.known, g.knownLRU.Remove(g.knownLRU.Front()).(*knownCred).hash)
+	}
+	g.known[h] = g.knownLRU.PushBack(&knownCred{hash: h, last: now})
+}
+
+// Known reports whether credential is known valid: it authenticated within KnownTTL and has
+// not been forgotten since.
+func (g *Guard) Known(credential string) bool {
+	if credential == "" {
+		return false
+	}
+	h := sha256.Sum256([]byte(credential))
+	now := g.now()
+	g.kmu.Lock()
+	defer g.kmu.Unlock()
+	g.expireKnown(now)
+	return g.known[h] != nil
+}
+
+// Forget drops credential from the known valid ones (it failed, or its session ended).
+func (g *Guard) Forget(credential string) {
+	h := sha256.Sum256([]byte(credential))
+	g.kmu.Lock()
+	defer g.kmu.Unlock()
+	if e := g.known[h]; e != nil {
+		g.knownLRU.Remove(e)
+		delete(g.known, h)
+	}
+}
+
+// KnownLen returns the number of credentials known valid (at most MaxKnown).
+func (g *Guard) KnownLen() int {
+	g.kmu.Lock()
+	defer g.kmu.Unlock()
+	return len(g.known)
+}
+
+// expireKnown drops the known credentials whose last success is KnownTTL old. Called with
+// g.kmu held.
+func (g *Guard) expireKnown(now time.Time) {
+	for e := g.knownLRU.Front(); e != nil; e = g.knownLRU.Front() {
+		k := e.Value.(*knownCred)
+		if now.Sub(k.last) < KnownTTL {
+			return
+		}
+		g.knownLRU.Remove(e)
+		delete(g.known, k.hash)
+	}
 }
 
 // Check reports whether addr may attempt to authenticate. When it may not, retryAfter is the

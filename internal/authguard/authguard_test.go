@@ -203,3 +203,58 @@ func TestGuardBoundedMemory(t *testing.T) {
 		t.Fatalf("%d entries after every window ended", n)
 	}
 }
+
+// TestGuardAdmitsKnownCredentials: from an address refused for its failures, a credential known
+// valid is admitted and an unknown one is not; a known credential that fails again is forgotten
+// (and refused from then on), as is one past KnownTTL since its last success.
+func TestGuardAdmitsKnownCredentials(t *testing.T) {
+	g, clock := newGuard(3, time.Hour, 100)
+	const addr = "192.0.2.1"
+	g.Valid("key-a")
+	g.Valid("key-b")
+	for i := 0; i < 3; i++ {
+		g.Fail(addr)
+	}
+	if _, ok := g.Check(addr); ok {
+		t.Fatal("the address is not refused after 3 failures")
+	}
+	for _, c := range []string{"key-a", "key-b"} {
+		if _, ok := g.Admit(addr, c); !ok {
+			t.Errorf("known valid %q refused", c)
+		}
+	}
+	for _, c := range []string{"garbage", ""} {
+		if ra, ok := g.Admit(addr, c); ok || ra <= 0 {
+			t.Errorf("unknown %q: ok=%v retryAfter=%v, want refused", c, ok, ra)
+		}
+	}
+	g.Forget("key-a") // it failed (revoked, say)
+	if _, ok := g.Admit(addr, "key-a"); ok {
+		t.Error("a forgotten credential is admitted")
+	}
+	clock.t = clock.t.Add(KnownTTL - time.Second)
+	g.Valid("key-c")
+	clock.t = clock.t.Add(time.Second)
+	if g.Known("key-b") || !g.Known("key-c") {
+		t.Errorf("after KnownTTL: key-b known %v (want false), key-c known %v (want true)", g.Known("key-b"), g.Known("key-c"))
+	}
+}
+
+// TestGuardKnownBounded: the known credentials never exceed their bound; past it the least
+// recently successful one is forgotten.
+func TestGuardKnownBounded(t *testing.T) {
+	g, clock := newGuard(1, time.Minute, 100)
+	g.maxKnown = 10
+	for i := 0; i < 25; i++ {
+		clock.t = clock.t.Add(time.Millisecond)
+		g.Valid(fmt.Sprint("cred-", i))
+		g.Valid("cred-0") // kept fresh
+		if n := g.KnownLen(); n > 10 {
+			t.Fatalf("%d known credentials, bound 10", n)
+		}
+	}
+	if !g.Known("cred-0") || g.Known("cred-1") || !g.Known("cred-24") {
+		t.Errorf("known: cred-0 %v (want true), cred-1 %v (want false), cred-24 %v (want true)",
+			g.Known("cred-0"), g.Known("cred-1"), g.Known("cred-24"))
+	}
+}
