@@ -37,7 +37,13 @@ const planGuardSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan',
 // little), but the guard would then hold for the rest of the intake's transaction (the
 // messages upsert); not done.
 func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {
-	br, err := sendGuarded(ctx, db, sql, args)
+	return queryUnder(ctx, db, planGuardSQL, sql, args)
+}
+
+// queryUnder runs sql after guard (a statement of set_config calls local to the transaction),
+// both in one pipeline.
+func queryUnder(ctx context.Context, db batchSender, guard, sql string, args []any) (pgx.Rows, error) {
+	br, err := sendUnder(ctx, db, guard, sql, args)
 	if err != nil {
 		return nil, err
 	}
@@ -51,7 +57,7 @@ func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) 
 
 // execGeneric is queryGeneric for a statement whose rows are not read.
 func execGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgconn.CommandTag, error) {
-	br, err := sendGuarded(ctx, db, sql, args)
+	br, err := sendUnder(ctx, db, planGuardSQL, sql, args)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -62,11 +68,11 @@ func execGeneric(ctx context.Context, db batchSender, sql string, args ...any) (
 	return tag, err
 }
 
-// sendGuarded sends planGuardSQL and sql as one batch and reads the guard's answer; the
-// statement's is next in the returned results (closed already on an error).
-func sendGuarded(ctx context.Context, db batchSender, sql string, args []any) (pgx.BatchResults, error) {
+// sendUnder sends guard and sql as one batch and reads the guard's answer; the statement's is
+// next in the returned results (closed already on an error).
+func sendUnder(ctx context.Context, db batchSender, guard, sql string, args []any) (pgx.BatchResults, error) {
 	b := &pgx.Batch{}
-	b.Queue(planGuardSQL)
+	b.Queue(guard)
 	b.Queue(sql, args...)
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {

@@ -192,20 +192,7 @@ const readGuardSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', 
 // round trip and one implicit transaction (the guard's settings end with it), as queryGeneric
 // does for the hot statements' generic plans.
 func queryGuarded(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {
-	b := &pgx.Batch{}
-	b.Queue(readGuardSQL)
-	b.Queue(sql, args...)
-	br := db.SendBatch(ctx, b)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, err
-	}
-	rows, err := br.Query()
-	if err != nil {
-		br.Close()
-		return nil, err
-	}
-	return &batchRows{Rows: rows, br: br}, nil
+	return queryUnder(ctx, db, readGuardSQL, sql, args)
 }
 
 // ListMessages returns a page of the outgoing messages of one of the org's channels, newest
