@@ -536,7 +536,9 @@ func (a *App) Start() error {
 				a.logger.Error("channel change listener panicked", zap.Any("panic", v))
 			}
 		}()
-		a.cache.Listen(lctx, a.database, a.logger, nil)
+		a.cache.Listen(lctx, a.database, a.logger, func() {
+			a.logger.Info("listening for channel changes; relay cache flushed")
+		})
 	}()
 	go a.maintainLoop(lctx)
 	if a.relayLog != nil {

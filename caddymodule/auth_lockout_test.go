@@ -186,7 +186,7 @@ func TestGuardAdmitsKnownCredentials(t *testing.T) {
 	e := newRelayEnv(t, "")
 	ch := e.channel(true) // before Caddy starts, so that no notification drops it from the cache
 	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)
-	e.fix.WaitListen(t, "wabarelay_channels") // the cache is flushed when the listener connects
+	e.waitCacheFlushed() // the cache is flushed when the listener connects
 	send := origin + proxyPrefix + "/" + pnid + "/messages"
 	_, key := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "known"})
 	_, unseen := e.fix.APIKey(t, e.org, &testenv.APIKeyOpts{Name: "unseen"})

@@ -162,6 +162,22 @@ func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
 	return origin
 }
 
+// cacheFlushedLog is (part of) the info line the app logs once its channel change listener has
+// connected and flushed the relay cache.
+const cacheFlushedLog = "listening for channel changes; relay cache flushed"
+
+// waitCacheFlushed waits until every Caddy of e has flushed its relay cache on its listener's
+// first connection: what is cached before that is dropped. (LISTEN showing in pg_stat_activity,
+// testenv.WaitListen, is not enough: the flush follows the LISTEN's reply.)
+func (e *relayEnv) waitCacheFlushed() {
+	e.t.Helper()
+	for origin, c := range e.caddies {
+		if err := c.WaitLog(context.Background(), cacheFlushedLog, testenv.Patience); err != nil {
+			e.t.Fatalf("caddy %s: %v", origin, err)
+		}
+	}
+}
+
 type relayResp struct {
 	status int
 	header http.Header

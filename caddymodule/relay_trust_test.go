@@ -193,7 +193,7 @@ func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 	ch := e.channel(true)
 	base := e.caddy("")
 	// the channel listener flushes the cache when it connects: warm the cache after that
-	e.fix.WaitListen(t, "wabarelay_channels")
+	e.waitCacheFlushed()
 	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken, textBody); r.status != 200 {
 		t.Fatalf("warm-up: %d %s", r.status, r.body)
 	}

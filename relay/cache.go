@@ -240,7 +240,7 @@ func (c *Cache) MarkDisconnected(ctx context.Context, id uuid.UUID) error {
 // Listen keeps a dedicated connection (not from the pool) listening for channel changes and
 // invalidates entries as they arrive, until ctx ends. After every (re)connection it flushes the
 // cache, since notifications may have been missed while disconnected. ready, if not nil, is
-// called after each successful LISTEN.
+// called after each successful LISTEN and the flush that follows it.
 func (c *Cache) Listen(ctx context.Context, dsn string, logger *zap.Logger, ready func()) {
 	(&pglisten.Listener{
 		DSN:      dsn,
