@@ -74,7 +74,8 @@ func (p RetentionPolicy) Check() error {
 }
 
 // Maintain runs one round of history and queue maintenance under policy: partitions created
-// ahead; held deliveries past the hold limit failed; deliveries of deleted webhooks removed (in
+// ahead; held deliveries past the hold limit failed; ordered conversations left waiting behind
+// no head promoted; deliveries of deleted webhooks removed (in
 // batches) and queue rows of webhooks that raced their deletion too;
 // days past the retention dropped (the relay log's too) and messages created before it
 // deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
@@ -96,6 +97,11 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 		logger.Warn("failing held deliveries past max_hold failed", zap.Error(err))
 	} else if n > 0 {
 		logger.Warn("held deliveries of paused webhooks failed: past max_hold", zap.Int("deliveries", n), zap.Duration("max_hold", hold))
+	}
+	if n, err := s.PromoteStranded(ctx); err != nil {
+		logger.Warn("promoting ordered deliveries left waiting failed", zap.Error(err))
+	} else if n > 0 {
+		logger.Warn("ordered conversations had deliveries waiting behind no head (an older release ended their heads): promoted", zap.Int("conversations", n))
 	}
 	if n, err := s.SweepDeletedWebhooks(ctx); err != nil {
 		logger.Warn("removing deliveries of deleted webhooks failed", zap.Error(err))

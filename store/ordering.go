@@ -119,6 +119,55 @@ func promote(ctx context.Context, tx pgx.Tx, webhooks []uuid.UUID, convs []int64
 	return nil
 }
 
+// strandedSQL finds up to $1 conversations that have waiting rows but no live row: none is left
+// by the product itself (see claimableSQL), but an older release, still running during a
+// rolling upgrade to migration 022, ends heads without promoting what waits behind them. One
+// pass over the waiting rows, a probe of delivery_queue_conversation_live per conversation.
+const strandedSQL = `
+SELECT c.webhook_id, c.conversation FROM (
+	SELECT DISTINCT q.webhook_id, q.conversation FROM delivery_queue q WHERE q.status = 'waiting'
+) c
+WHERE NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation
+                  AND o.status <> 'waiting')
+LIMIT $1`
+
+// PromoteStranded promotes the first waiting row of every conversation that has no live row
+// (see strandedSQL), under the conversations' locks, and returns how many conversations it
+// found. The maintenance runs it.
+func (s *Store) PromoteStranded(ctx context.Context) (int, error) {
+	var n int
+	err := s.inTx(ctx, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, strandedSQL, 10000)
+		if err != nil {
+			return err
+		}
+		var hooks []uuid.UUID
+		var convs []int64
+		for rows.Next() {
+			var h uuid.UUID
+			var c int64
+			if err := rows.Scan(&h, &c); err != nil {
+				rows.Close()
+				return err
+			}
+			hooks, convs = append(hooks, h), append(convs, c)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil || len(convs) == 0 {
+			return err
+		}
+		n = len(convs)
+		if _, err := tx.Exec(ctx, conversationLockSQL, convs); err != nil {
+			return err
+		}
+		return promote(ctx, tx, hooks, convs)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("promote stranded conversations: %w", err)
+	}
+	return n, nil
+}
+
 // ErrBadOrdering is returned for an ordering other than OrderingNone and OrderingConversation.
 var ErrBadOrdering = errors.New("unknown webhook ordering")
 

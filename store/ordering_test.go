@@ -469,3 +469,38 @@ func TestFailHeldPromotes(t *testing.T) {
 	e.record("ordered:x3", true, 0)
 	e.want(e.claim(), "ordered:x4")
 }
+
+// TestPromoteStranded: a conversation whose head was ended without promoting the rows behind
+// it (as an older release, still running during a rolling upgrade, ends heads) is found by the
+// maintenance and its first waiting row promoted; a conversation with a live head is left alone.
+func TestPromoteStranded(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	e.store(0, "x1", "x2", "x3", "y1", "y2")
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain)
+	e.want(e.claim(), "ordered:x1", "ordered:y1")
+	// x1 ended the old way: its row deleted, nothing promoted
+	e.f.Exec(t, `DELETE FROM delivery_queue WHERE delivery_id = $1`, e.claimedID("ordered:x1"))
+	e.want(e.claim())
+	n, err := e.f.Store.PromoteStranded(ctx)
+	if err != nil || n != 1 {
+		t.Fatalf("PromoteStranded: %d %v, want x's conversation only", n, err)
+	}
+	e.want(e.claim(), "ordered:x2")
+	if n, err := e.f.Store.PromoteStranded(ctx); err != nil || n != 0 {
+		t.Fatalf("PromoteStranded again: %d %v, want none", n, err)
+	}
+}
+
+// claimedID returns the delivery id of the claimed "<hook>:<name>".
+func (e *orderingEnv) claimedID(which string) uuid.UUID {
+	e.t.Helper()
+	for id, d := range e.claimed {
+		if e.hookName(d.WebhookID)+":"+e.names[d.EventID] == which {
+			delete(e.claimed, id)
+			return id
+		}
+	}
+	e.t.Fatalf("%s is not claimed", which)
+	return uuid.Nil
+}
