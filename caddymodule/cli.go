@@ -169,7 +169,7 @@ func cliOrg() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(o)
+			return env.out.Encode(cliOrgRecord{ID: o.ID, Name: o.Name, CreatedAt: managementapi.Time(o.CreatedAt)})
 		}),
 	}
 	create.Flags().String("name", "", "organization name")
@@ -177,9 +177,46 @@ func cliOrg() *cobra.Command {
 	return org
 }
 
+// The CLI writes timestamps as the management API does (managementapi.Time: RFC 3339 in UTC
+// with milliseconds), never in the machine's time zone or to the database's microsecond.
+
+// cliOrgRecord is the output of `org create`.
+type cliOrgRecord struct {
+	ID        uuid.UUID          `json:"id"`
+	Name      string             `json:"name"`
+	CreatedAt managementapi.Time `json:"created_at"`
+}
+
+// cliAPIKeyRecord is the CLI's form of an API key record: the API's, with the key's org.
+type cliAPIKeyRecord struct {
+	ID         uuid.UUID           `json:"id"`
+	OrgID      uuid.UUID           `json:"org_id"`
+	Name       string              `json:"name"`
+	Prefix     string              `json:"prefix"`
+	CreatedAt  managementapi.Time  `json:"created_at"`
+	ExpiresAt  *managementapi.Time `json:"expires_at"`
+	RevokedAt  *managementapi.Time `json:"revoked_at"`
+	LastUsedAt *managementapi.Time `json:"last_used_at"`
+}
+
+func newCLIAPIKey(k store.APIKey) cliAPIKeyRecord {
+	a := managementapi.NewAPIKey(k)
+	return cliAPIKeyRecord{ID: a.ID, OrgID: k.OrgID, Name: a.Name, Prefix: a.Prefix, CreatedAt: a.CreatedAt,
+		ExpiresAt: a.ExpiresAt, RevokedAt: a.RevokedAt, LastUsedAt: a.LastUsedAt}
+}
+
+// cliTime is t in the API's form; nil stays nil (JSON null).
+func cliTime(t *time.Time) *managementapi.Time {
+	if t == nil {
+		return nil
+	}
+	v := managementapi.Time(*t)
+	return &v
+}
+
 // apiKeyCreated is the output of `apikey create`: the record plus the key, shown this once.
 type apiKeyCreated struct {
-	store.APIKey
+	cliAPIKeyRecord
 	Key string `json:"key"`
 }
 
@@ -207,7 +244,7 @@ func cliAPIKey() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(apiKeyCreated{APIKey: k, Key: key})
+			return env.out.Encode(apiKeyCreated{cliAPIKeyRecord: newCLIAPIKey(k), Key: key})
 		}),
 	}
 	create.Flags().String("org", "", "organization id")
@@ -226,7 +263,11 @@ func cliAPIKey() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return encodeAll(env.out, keys)
+			out := make([]cliAPIKeyRecord, len(keys))
+			for i, k := range keys {
+				out[i] = newCLIAPIKey(k)
+			}
+			return encodeAll(env.out, out)
 		}),
 	}
 	list.Flags().String("org", "", "organization id")
@@ -243,7 +284,7 @@ func cliAPIKey() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(k)
+			return env.out.Encode(newCLIAPIKey(k))
 		}),
 	}
 	revoke.Flags().String("id", "", "API key id")
@@ -307,8 +348,8 @@ func cliChannel() *cobra.Command {
 			}
 			return env.out.Encode(struct {
 				channelState
-				TokenExpiresAt *time.Time `json:"token_expires_at"`
-			}{channelState{ID: c.ID, OrgID: c.OrgID, Name: c.Name, Status: c.Status, InactiveReason: c.InactiveReason}, c.TokenExpiresAt})
+				TokenExpiresAt *managementapi.Time `json:"token_expires_at"`
+			}{channelState{ID: c.ID, OrgID: c.OrgID, Name: c.Name, Status: c.Status, InactiveReason: c.InactiveReason}, cliTime(c.TokenExpiresAt)})
 		}),
 	}
 	reconnect.Flags().String("id", "", "channel id")

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -26,6 +27,9 @@ func TestCLIWithoutKey(t *testing.T) {
 	if err != nil || len(out) != 1 || out[0]["status"] != "inactive" || out[0]["inactive_reason"] != "operator" {
 		t.Fatalf("deactivate without a key: %v %v", out, err)
 	}
+	if _, err := runCLITest(t, "channel", "deactivate", "--id", ch.ID.String()); err != nil {
+		t.Fatalf("channel deactivate: %v", err)
+	}
 	out, err = runCLITest(t, "channel", "reconnect", "--id", ch.ID.String())
 	if err != nil || len(out) != 1 || out[0]["token_expires_at"] == nil {
 		t.Fatalf("reconnect without a key: %v %v", out, err)
@@ -39,6 +43,59 @@ func TestCLIWithoutKey(t *testing.T) {
 	if _, err := runCLITest(t, "channel", "deactivate", "--id", ch.ID.String()); err == nil || !strings.Contains(err.Error(), "WABARELAY_DATABASE_URL") {
 		t.Fatalf("missing database: %v", err)
 	}
+}
+
+// TestCLITimestamps: every timestamp the CLI prints has the management API's form (RFC 3339 in
+// UTC with milliseconds, managementapi.TimeLayout), not the machine's zone: created_at (to the
+// microsecond in the database) and expires_at (to the millisecond) alike.
+func TestCLITimestamps(t *testing.T) {
+	f := testenv.NewStore(t)
+	org := f.Org(t, &testenv.OrgOpts{Name: "acme"})
+	ch := f.Channel(t, org.ID)
+	t.Setenv("WABARELAY_DATABASE_URL", f.DSN)
+	t.Setenv("WABARELAY_ENCRYPTION_KEY", "")
+
+	form := regexp.MustCompile(`^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z$`)
+	check := func(what string, line map[string]any, fields ...string) {
+		t.Helper()
+		for _, k := range fields {
+			s, ok := line[k].(string)
+			if !ok || !form.MatchString(s) {
+				t.Errorf("%s: %s = %#v, want RFC 3339 UTC with milliseconds", what, k, line[k])
+			}
+		}
+	}
+	out, err := runCLITest(t, "org", "create", "--name", "b")
+	if err != nil || len(out) != 1 {
+		t.Fatalf("org create: %v %v", out, err)
+	}
+	check("org create", out[0], "created_at")
+	out, err = runCLITest(t, "apikey", "create", "--org", org.ID.String(), "--expires-in", "30d")
+	if err != nil || len(out) != 1 {
+		t.Fatalf("apikey create: %v %v", out, err)
+	}
+	check("apikey create", out[0], "created_at", "expires_at")
+	keyID := out[0]["id"].(string)
+	out, err = runCLITest(t, "apikey", "revoke", "--id", keyID)
+	if err != nil || len(out) != 1 {
+		t.Fatalf("apikey revoke: %v %v", out, err)
+	}
+	check("apikey revoke", out[0], "created_at", "expires_at", "revoked_at")
+	out, err = runCLITest(t, "apikey", "list", "--org", org.ID.String())
+	if err != nil || len(out) == 0 {
+		t.Fatalf("apikey list: %v %v", out, err)
+	}
+	for _, l := range out {
+		check("apikey list", l, "created_at")
+	}
+	if _, err := runCLITest(t, "channel", "deactivate", "--id", ch.ID.String()); err != nil {
+		t.Fatalf("channel deactivate: %v", err)
+	}
+	out, err = runCLITest(t, "channel", "reconnect", "--id", ch.ID.String())
+	if err != nil || len(out) != 1 {
+		t.Fatalf("channel reconnect: %v %v", out, err)
+	}
+	check("channel reconnect", out[0], "token_expires_at")
 }
 
 // TestCLIRekey: `caddy wabarelay rekey` takes the keys from repeated or comma-separated
