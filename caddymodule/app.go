@@ -478,17 +478,10 @@ func (a *App) Validate() error {
 		return fmt.Errorf("delivery: workers must be 0 (no dispatcher on this instance) or more, got %d", *d.Workers)
 	}
 	if d := a.Delivery; d != nil {
-		// the dispatcher refuses this at start (dispatcher.New): checked here so that
+		// the dispatcher's own rule (dispatcher.New refuses the same at start), so that
 		// `caddy validate` fails as `caddy run` would
-		lease, timeout := dispatcher.DefaultLease, dispatcher.DefaultTimeout
-		if d.Lease > 0 {
-			lease = time.Duration(d.Lease)
-		}
-		if d.Timeout > 0 {
-			timeout = time.Duration(d.Timeout)
-		}
-		if lease <= timeout {
-			return fmt.Errorf("delivery: lease (%v) must be longer than timeout (%v)", lease, timeout)
+		if err := (dispatcher.Config{Lease: time.Duration(d.Lease), Timeout: time.Duration(d.Timeout)}).Validate(); err != nil {
+			return fmt.Errorf("delivery: %w", err)
 		}
 		if err := d.AllowPrivateTargets.check(); err != nil {
 			return fmt.Errorf("delivery: allow_private_targets: %w", err)

@@ -64,6 +64,8 @@ func TestAdaptDeliveryWorkers(t *testing.T) {
 		`{"delivery":{"workers":64}}`: "",
 		`{"delivery":{}}`:             "",
 		`{"delivery":{"workers":-1}}`: "delivery: workers must be 0 (no dispatcher on this instance) or more, got -1",
+		// the dispatcher's lease rule (dispatcher.Config.Validate), the default timeout 10s
+		`{"delivery":{"lease":5000000000}}`: "delivery: dispatcher: lease 5s must exceed the attempt timeout 10s",
 		// max_hold must be shorter than the (default 720h) retention
 		`{"delivery":{"max_hold":2592000000000000}}`:                           "delivery: max_hold must be shorter than retention",
 		`{"delivery":{"retention":604800000000000,"max_hold":86400000000000}}`: "",

@@ -224,20 +224,22 @@ func sameTime(a, b *time.Time) bool {
 	return a == nil && b == nil || a != nil && b != nil && a.Equal(*b)
 }
 
-// New checks cfg, fills in defaults and returns a Dispatcher.
-func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*Dispatcher, error) {
-	if pool == nil || secrets == nil {
-		return nil, errors.New("dispatcher: pool and secrets are required")
-	}
-	if logger == nil {
-		logger = zap.NewNop()
-	}
+// Validate reports the first problem New would find in cfg, its defaults applied (among them
+// the lease rule: a lease must exceed the attempt timeout). The Caddy app calls it so that
+// `caddy validate` fails as `caddy run` would.
+func (cfg Config) Validate() error {
+	_, err := cfg.withDefaults()
+	return err
+}
+
+// withDefaults returns cfg with its defaults filled in, or the first problem.
+func (cfg Config) withDefaults() (Config, error) {
 	if cfg.RetryDelays == nil {
 		cfg.RetryDelays = []time.Duration{30 * time.Second, 2 * time.Minute, 10 * time.Minute}
 	}
 	for _, d := range cfg.RetryDelays {
 		if d < 0 {
-			return nil, fmt.Errorf("dispatcher: negative retry delay %v", d)
+			return cfg, fmt.Errorf("dispatcher: negative retry delay %v", d)
 		}
 	}
 	if cfg.Timeout <= 0 {
@@ -247,7 +249,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cfg.Lease = DefaultLease
 	}
 	if cfg.Lease <= cfg.Timeout {
-		return nil, fmt.Errorf("dispatcher: lease %v must exceed the attempt timeout %v", cfg.Lease, cfg.Timeout)
+		return cfg, fmt.Errorf("dispatcher: lease %v must exceed the attempt timeout %v", cfg.Lease, cfg.Timeout)
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = DefaultWorkers
@@ -268,7 +270,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		cfg.BatchSize = 100
 	}
 	if err := cfg.healthDefaults(); err != nil {
-		return nil, err
+		return cfg, err
 	}
 	if cfg.UserAgent == "" {
 		cfg.UserAgent = DefaultUserAgent
@@ -276,6 +278,21 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 	if cfg.InstanceID == "" {
 		host, _ := os.Hostname()
 		cfg.InstanceID = host + "-" + uuid.NewString()[:8]
+	}
+	return cfg, nil
+}
+
+// New checks cfg, fills in defaults and returns a Dispatcher.
+func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*Dispatcher, error) {
+	if pool == nil || secrets == nil {
+		return nil, errors.New("dispatcher: pool and secrets are required")
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	d := &Dispatcher{
 		queue:     store.NewQueue(pool),

@@ -779,3 +779,22 @@ func otherCA(t *testing.T) *x509.CertPool {
 	p.AddCert(c)
 	return p
 }
+
+// TestConfigValidate: Validate applies the defaults and the lease rule that New applies.
+func TestConfigValidate(t *testing.T) {
+	for _, c := range []struct {
+		cfg Config
+		ok  bool
+	}{
+		{Config{}, true},
+		{Config{Timeout: 30 * time.Second, Lease: 31 * time.Second}, true},
+		{Config{Timeout: 30 * time.Second, Lease: 30 * time.Second}, false},
+		{Config{Timeout: DefaultLease}, false}, // the default lease does not exceed it
+		{Config{Lease: DefaultTimeout}, false},
+		{Config{RetryDelays: []time.Duration{-time.Second}}, false},
+	} {
+		if err := c.cfg.Validate(); (err == nil) != c.ok {
+			t.Errorf("Validate(%+v) = %v, want ok %v", c.cfg, err, c.ok)
+		}
+	}
+}
