@@ -375,6 +375,20 @@ func (d *Dispatcher) attempt(ctx context.Context, j job, claimed time.Time) resu
 		r.errMsg, r.detail = classify(err, req.URL.Hostname()), err.Error()
 		return r
 	}
+	if answered := time.Since(r.started); answered >= d.cfg.Timeout {
+		// An answer that came only after the timeout is a timeout, whatever its status. net/http
+		// returns one: at the deadline it closes the connection, and a TLS connection first sends
+		// close_notify, which a receiver's server may take as the client gone and cancel its
+		// handler; a handler that then returns (a Go one answers 200 by default) gets its answer
+		// out before the socket closes, and the transport hands back that response, which raced
+		// the cancellation, instead of the error. That is no evidence the event was processed.
+		// (Client.Do sets its deadline after r.started: any response that raced it lands here.)
+		resp.Body.Close()
+		r.duration = answered
+		r.errMsg = ClassTimeout
+		r.detail = "HTTP " + resp.Status + " arrived after the " + d.cfg.Timeout.String() + " timeout"
+		return r
+	}
 	r.statusCode = resp.StatusCode
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, ResponseBodyLimit))
 	r.duration = time.Since(r.started)
