@@ -798,3 +798,19 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimTimeout: a claim's time limit is the attempt timeout, never below DefaultTimeout
+// unless half the lease is shorter.
+func TestClaimTimeout(t *testing.T) {
+	for _, c := range []struct{ timeout, lease, want time.Duration }{
+		{200 * time.Millisecond, 30 * time.Second, DefaultTimeout},
+		{DefaultTimeout, DefaultLease, DefaultTimeout},
+		{30 * time.Second, time.Minute, 30 * time.Second},
+		{time.Second, 4 * time.Second, 2 * time.Second},
+	} {
+		d := &Dispatcher{cfg: Config{Timeout: c.timeout, Lease: c.lease}}
+		if got := d.claimTimeout(); got != c.want {
+			t.Errorf("timeout %v, lease %v: claim timeout %v, want %v", c.timeout, c.lease, got, c.want)
+		}
+	}
+}

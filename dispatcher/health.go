@@ -122,7 +122,7 @@ func (d *Dispatcher) claimProbes(ctx, attemptCtx context.Context) {
 	if free <= 0 {
 		return
 	}
-	cctx, cancel := claimContext(ctx, d.cfg.Timeout)
+	cctx, cancel := claimContext(ctx, d.claimTimeout())
 	probes, err := d.queue.ClaimProbes(cctx, d.cfg.InstanceID, d.cfg.Lease, min(free, d.cfg.BatchSize))
 	cancel()
 	if ctx.Err() != nil {

@@ -173,7 +173,7 @@ func (d *Dispatcher) free() int {
 // each org's webhooks; none for a webhook or org at its cap on this instance) and reports
 // whether it drained the queue. Called by the claiming goroutine only.
 func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) {
-	ctx, cancel := claimContext(ctx, d.cfg.Timeout)
+	ctx, cancel := claimContext(ctx, d.claimTimeout())
 	defer cancel()
 	d.mu.Lock()
 	busy := maps.Clone(d.perHook)
@@ -193,6 +193,14 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]job, bool, error) 
 		d.log.Warn("claimed deliveries whose lease had expired (an instance crashed or stalled)", zap.Int("count", c.Reclaimed))
 	}
 	return c.Deliveries, c.Drained, nil
+}
+
+// claimTimeout bounds a claim statement: the attempt timeout, but no less than DefaultTimeout
+// (or half the lease, when that is shorter): an attempt timeout set short for receivers that
+// answer fast must not cut claims short under load, since a claim cut short may still commit
+// and strand what it took until the lease ends (see claimContext).
+func (d *Dispatcher) claimTimeout() time.Duration {
+	return max(d.cfg.Timeout, min(DefaultTimeout, d.cfg.Lease/2))
 }
 
 // claimContext returns the context of a claim statement under ctx: not cancelled when ctx is
