@@ -103,6 +103,25 @@ WITH c AS (
 )
 SELECT count(*) FILTER (WHERE status = 'pending') FROM p`
 
+// conversations reads rows of (webhook id, conversation or NULL, count): the conversations
+// (rows with one) and the sum of the counts.
+func conversations(rows pgx.Rows) (hooks []uuid.UUID, convs []int64, n int, err error) {
+	defer rows.Close()
+	for rows.Next() {
+		var h uuid.UUID
+		var c *int64
+		var k int
+		if err := rows.Scan(&h, &c, &k); err != nil {
+			return nil, nil, 0, err
+		}
+		n += k
+		if c != nil {
+			hooks, convs = append(hooks, h), append(convs, *c)
+		}
+	}
+	return hooks, convs, n, rows.Err()
+}
+
 // promote runs promoteSQL in tx for the conversations of webhooks (parallel slices) and
 // announces the deliveries it made due.
 func promote(ctx context.Context, tx pgx.Tx, webhooks []uuid.UUID, convs []int64) error {
@@ -124,7 +143,7 @@ func promote(ctx context.Context, tx pgx.Tx, webhooks []uuid.UUID, convs []int64
 // rolling upgrade to migration 022, ends heads without promoting what waits behind them. One
 // pass over the waiting rows, a probe of delivery_queue_conversation_live per conversation.
 const strandedSQL = `
-SELECT c.webhook_id, c.conversation FROM (
+SELECT c.webhook_id, c.conversation, 1 FROM (
 	SELECT DISTINCT q.webhook_id, q.conversation FROM delivery_queue q WHERE q.status = 'waiting'
 ) c
 WHERE NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation
@@ -141,19 +160,8 @@ func (s *Store) PromoteStranded(ctx context.Context) (int, error) {
 		if err != nil {
 			return err
 		}
-		var hooks []uuid.UUID
-		var convs []int64
-		for rows.Next() {
-			var h uuid.UUID
-			var c int64
-			if err := rows.Scan(&h, &c); err != nil {
-				rows.Close()
-				return err
-			}
-			hooks, convs = append(hooks, h), append(convs, c)
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil || len(convs) == 0 {
+		hooks, convs, _, err := conversations(rows)
+		if err != nil || len(convs) == 0 {
 			return err
 		}
 		n = len(convs)

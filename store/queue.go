@@ -534,25 +534,11 @@ func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (
 		if err != nil {
 			return err
 		}
-		var hooks []uuid.UUID
-		var convs []int64
-		for rows.Next() {
-			var h uuid.UUID
-			var c *int64
-			var k int
-			if err := rows.Scan(&h, &c, &k); err != nil {
-				rows.Close()
-				return err
-			}
-			n += k
-			if c != nil {
-				hooks, convs = append(hooks, h), append(convs, *c)
-			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
+		hooks, convs, k, err := conversations(rows)
+		if err != nil {
 			return err
 		}
+		n = k
 		return promote(ctx, tx, hooks, convs)
 	})
 	if err != nil {
