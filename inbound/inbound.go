@@ -35,7 +35,7 @@
 // fails, every post of the group is answered 503 and nothing of any of them is stored. A post
 // that finds a turn free is stored alone, at once, so nothing waits at low load; under load the
 // groups grow with the queue, and the cost per post falls as the load rises (bench/README.md,
-// "Issue 21: intake and delivery at 5,000 events/s").
+// "Events", has the measurements).
 //
 // # Why deliveries are handed off
 //

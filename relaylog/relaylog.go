@@ -3,7 +3,7 @@
 // writes the buffer to Postgres in batches from a goroutine of its own. The relay never waits
 // for its log: a call that finds the buffer full, or whose batch fails, is dropped and counted.
 //
-// What one channel can make the writer write is bounded (issue 31): a refusal of the relay's own
+// What one channel can make the writer write is bounded: a refusal of the relay's own
 // (store.KeepsRow false: a 429, an inactive channel, a bad body…) is never a row of its own but
 // is counted, in memory, per channel, second, outcome and status, and written as one row with
 // its count (store.RelayCall.Calls, relay_counts); so is every call of a channel beyond

@@ -214,7 +214,7 @@ func TestWriterDropsWithoutWaiting(t *testing.T) {
 	}
 }
 
-// TestWriterBoundsAChannel (issue 31): a flood of refusals from one channel takes no place in the
+// TestWriterBoundsAChannel: a flood of refusals from one channel takes no place in the
 // buffer and is written as counts — one relay_counts row per second, outcome and status —, and
 // a channel's calls beyond PerChannel rows in one second are counted too (with their outcome);
 // every call is written (counted as written), and the chart's minutes count them all.
