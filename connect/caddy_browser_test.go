@@ -20,7 +20,6 @@ func TestBrowserRealCaddy(t *testing.T) {
 	const code, token = "es-code-1", "EAAGbusinessFromSignup"
 	w := newWorld(t, "")
 	w.fake.AddToken(token, []string{pnid}, []string{waba})
-	w.fake.AddCode(code, token, 5*time.Minute)
 	sdk := httptest.NewServer(http.FileServer(http.Dir("testdata")))
 	t.Cleanup(sdk.Close)
 
@@ -50,6 +49,8 @@ func TestBrowserRealCaddy(t *testing.T) {
 	}
 }`, w.fake.URL(), base, appID, appSecret, configID, sdk.URL, base), "WBR_TEST_DATABASE="+w.DSN, "WBR_TEST_KEY="+w.KeyB64)
 	ch := w.channel()
+	// The code's lifetime starts once Caddy runs, as a code handed to a browser would.
+	w.fake.AddCode(code, token, 5*time.Minute)
 
 	b := browsertest.Start(t)
 	runConnectFlow(t, b, base+"/connect/"+ch.ChannelToken, flowCase{

@@ -11,7 +11,11 @@ import (
 	"testing"
 	"time"
 
+	caddycmd "github.com/caddyserver/caddy/v2/cmd"
+	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/google/uuid"
+
+	_ "github.com/wabarelay/wabarelay" // the wabarelay modules, for MainCaddy
 
 	"github.com/wabarelay/wabarelay/connect"
 	"github.com/wabarelay/wabarelay/graph"
@@ -20,7 +24,9 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain runs the tests, or, started by testenv.StartCaddy, this test binary as the wabarelay
+// Caddy (TestBrowserRealCaddy): no separate build of ./cmd/caddy.
+func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main) }
 
 const (
 	appID, appSecret = "1234567890", "app-secret-xyz"
