@@ -1,6 +1,6 @@
 package main
 
-// The fake upstream in a process of its own (issue 21), so that its CPU time is accounted apart
+// The fake upstream in a process of its own, so that its CPU time is accounted apart
 // from the load generator's and Caddy's: the bench re-runs its own binary with fakeEnv set.
 
 import (
@@ -152,13 +152,9 @@ type fakeProc struct {
 
 // startFake runs this binary as the fake upstream process (logs in dir/fake.log).
 func startFake(ctx context.Context, logPath string, fc fakeConfig) (*fakeProc, error) {
-	self, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
 	fc.PortA, fc.PortB, fc.PortCtl = benchkit.FreePort(), benchkit.FreePort(), benchkit.FreePort()
 	spec, _ := json.Marshal(fc)
-	ch, err := benchkit.StartChild("fake upstream", logPath, []string{fakeEnv + "=" + string(spec)}, self)
+	ch, err := benchkit.StartSelf("fake upstream", logPath, []string{fakeEnv + "=" + string(spec)})
 	if err != nil {
 		return nil, err
 	}

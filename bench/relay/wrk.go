@@ -1,6 +1,6 @@
 package main
 
-// wrk as the load generator (issue 21): the same request mix as the Go generator, made by a Lua
+// wrk as the load generator: the same request mix as the Go generator, made by a Lua
 // script this file writes into the run's temp dir, with a data file of the channels' paths and
 // Authorization headers per target.
 
@@ -29,7 +29,7 @@ import (
 //
 // wrk calls request() once on thread 0 before the run to check the request's syntax (and never
 // sends it): that call is answered with a request that takes no sequence number.
-const wrkScript = `-- written by bench/relay (issue 21): the relay benchmark's request mix
+const wrkScript = `-- written by bench/relay: the relay benchmark's request mix
 local paths, auths, n = {}, {}, 0
 local prefix, suffix, keyed
 local headers = {}

@@ -53,7 +53,7 @@ func TestParseWrk(t *testing.T) {
 
 func TestVerifyWrk(t *testing.T) {
 	mk := func() *target {
-		tg := &target{name: 'b', wrk: &wrkTarget{}, wrkSent: make([]bool, 10), errs: map[string]int{}}
+		tg := &target{name: 'b', wrk: &wrkTarget{}, wrkSent: make([]bool, 10)}
 		for i := range 6 { // sent 0…5, 6…9 never
 			tg.wrkSent[i] = true
 		}

@@ -1,27 +1,25 @@
-// Package benchkit holds what the benchmark programs share: child processes (Caddy, Redis),
-// throwaway databases, free ports, CPU accounting from /proc, logging and clean-up.
+// Package benchkit holds what the benchmark programs share: child processes (Caddy, Redis, the
+// program itself re-run as a helper), throwaway databases and their data, HTTP clients, CPU
+// accounting from /proc, logging, signals and clean-up.
 package benchkit
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
-	"strconv"
+	"runtime"
 	"strings"
+	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/wabarelay/wabarelay/internal/testenv/caddyproc"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 // Child is a process the bench started: killed with us (Pdeathsig), in its own process group so
@@ -32,9 +30,54 @@ type Child = caddyproc.Child
 // Cleanups run in reverse order at the end of run, whatever happened.
 type Cleanups []func()
 
+func (c *Cleanups) Add(f func()) { *c = append(*c, f) }
+
+func (c *Cleanups) Run() {
+	for i := len(*c) - 1; i >= 0; i-- {
+		(*c)[i]()
+	}
+}
+
+// RunAfter runs the cleanups, saying so first when ctx was cancelled (Ctrl-C).
+func (c *Cleanups) RunAfter(ctx context.Context) {
+	if ctx.Err() != nil {
+		Logf("interrupted: cleaning up")
+	}
+	c.Run()
+}
+
+// SignalContext returns a context cancelled by the first SIGINT or SIGTERM; a second one kills
+// the bench at once (its children still die with it: Pdeathsig).
+func SignalContext() context.Context {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	return ctx
+}
+
+// Exit ends the bench after run returned err: nothing on success, "bench: interrupted" when a
+// signal cancelled ctx, else "bench: <err>"; exit status 1.
+func Exit(ctx context.Context, err error) {
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		err = errors.New("interrupted")
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+}
+
+// Fatalf prints "bench: <message>" and exits with status 2 (bad flags, or a bench that failed
+// before it could report).
 func Fatalf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...)
 	os.Exit(2)
+}
+
+func Logf(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 }
 
 func FreePort() int {
@@ -46,36 +89,40 @@ func FreePort() int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-func Logf(format string, args ...any) {
-	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
-}
-
-func MS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-// ProcCPU returns the user + system CPU time of a process.
-func ProcCPU(pid int) (time.Duration, bool) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, false
-	}
-	// Fields after the command (which may contain spaces) start after the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, false
-	}
-	ut, _ := strconv.ParseInt(f[11], 10, 64) // field 14: utime
-	st, _ := strconv.ParseInt(f[12], 10, 64) // field 15: stime
-	return time.Duration(ut+st) * time.Second / clockTicks, true
-}
-
 func RandHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// NewKey returns a random encryption key for the wabarelay app (32 bytes).
+func NewKey() []byte {
+	key := make([]byte, 32)
+	rand.Read(key)
+	return key
+}
+
+// TempDir creates a temporary directory named after pattern and registers its removal with cl.
+func TempDir(cl *Cleanups, pattern string) (string, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	cl.Add(func() { os.RemoveAll(dir) })
+	return dir, nil
+}
+
+// CaddyBinary returns the absolute path of the Caddy build at path, or an error that says how
+// to build it.
+func CaddyBinary(path string) (string, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return "", err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return "", fmt.Errorf("%s not found: build it with `go build -o bin/caddy ./cmd/caddy` (or pass -caddy)", path)
+	}
+	return abs, nil
 }
 
 // StartCaddy runs the Caddy build bin on the Caddyfile cfg in dir, with env added to its
@@ -103,6 +150,16 @@ func StartChild(name, logPath string, env []string, bin string, args ...string) 
 	return caddyproc.Start(name, logPath, cmd)
 }
 
+// StartSelf runs this program again as a helper process (a fake upstream, a receiver), told
+// what to be by env or args; its output goes to logPath.
+func StartSelf(name, logPath string, env []string, args ...string) (*Child, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	return StartChild(name, logPath, env, self, args...)
+}
+
 func WaitPort(ctx context.Context, addr string, limit time.Duration, ch *Child) error {
 	deadline := time.Now().Add(limit)
 	for {
@@ -124,43 +181,6 @@ func WaitPort(ctx context.Context, addr string, limit time.Duration, ch *Child) 
 	}
 }
 
-// WithDatabase returns dsn naming database db instead.
-func WithDatabase(dsn, db string) (string, error) {
-	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
-		u, err := url.Parse(dsn)
-		if err != nil {
-			return "", fmt.Errorf("-pg: invalid URL")
-		}
-		u.Path = "/" + db
-		return u.String(), nil
-	}
-	return dsn + " dbname=" + db, nil // key=value form: the last dbname wins
-}
-
-func (c *Cleanups) Add(f func()) { *c = append(*c, f) }
-
-func (c *Cleanups) Run() {
-	for i := len(*c) - 1; i >= 0; i-- {
-		(*c)[i]()
-	}
-}
-
-// clockTicks is USER_HZ, 100 on every Linux platform Go supports.
-const clockTicks = 100
-
-// CaddyBinary returns the absolute path of the Caddy build at path, or an error that says how
-// to build it.
-func CaddyBinary(path string) (string, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return "", err
-	}
-	if _, err := os.Stat(abs); err != nil {
-		return "", fmt.Errorf("%s not found: build it with `go build -o bin/caddy ./cmd/caddy` (or pass -caddy)", path)
-	}
-	return abs, nil
-}
-
 // LoadAvg returns the 1, 5 and 15 minute load averages, or "?".
 func LoadAvg() string {
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
@@ -171,31 +191,8 @@ func LoadAvg() string {
 	return "?"
 }
 
-// NewDatabase creates the database name on the server of adminDSN, migrates it, and registers
-// its removal (DROP … WITH (FORCE)) with cl. It returns the database's DSN.
-func NewDatabase(ctx context.Context, adminDSN, name string, cl *Cleanups) (string, error) {
-	dsn, err := WithDatabase(adminDSN, name)
-	if err != nil {
-		return "", err
-	}
-	admin, err := pgx.Connect(ctx, adminDSN)
-	if err != nil {
-		return "", fmt.Errorf("postgres admin connection (-pg): %w", err)
-	}
-	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		admin.Close(context.Background())
-		return "", fmt.Errorf("create database: %w", err)
-	}
-	Logf("database %s created", name)
-	cl.Add(func() {
-		dctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		defer cancel()
-		if _, err := admin.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
-			Logf("drop database %s: %v", name, err)
-		} else {
-			Logf("database %s dropped", name)
-		}
-		admin.Close(dctx)
-	})
-	return dsn, store.MigrateDSN(ctx, dsn)
+// Machine describes this machine for a report's header, with the load average taken at start.
+func Machine(loadAvg string) string {
+	return fmt.Sprintf("%s/%s, %d CPUs, load average %s at start, %s",
+		runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), loadAvg, runtime.Version())
 }

@@ -1,0 +1,166 @@
+package benchkit
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/secretbox"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// DefaultPG is the admin DSN every program's -pg defaults to: the local Postgres.
+const DefaultPG = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// WithDatabase returns dsn naming database db instead.
+func WithDatabase(dsn, db string) (string, error) {
+	if strings.HasPrefix(dsn, "postgres://") || strings.HasPrefix(dsn, "postgresql://") {
+		u, err := url.Parse(dsn)
+		if err != nil {
+			return "", fmt.Errorf("-pg: invalid URL")
+		}
+		u.Path = "/" + db
+		return u.String(), nil
+	}
+	return dsn + " dbname=" + db, nil // key=value form: the last dbname wins
+}
+
+// NewDatabase creates the database name on the server of adminDSN, migrates it, and registers
+// its removal (DROP … WITH (FORCE)) with cl. It returns the database's DSN.
+func NewDatabase(ctx context.Context, adminDSN, name string, cl *Cleanups) (string, error) {
+	dsn, err := WithDatabase(adminDSN, name)
+	if err != nil {
+		return "", err
+	}
+	admin, err := pgx.Connect(ctx, adminDSN)
+	if err != nil {
+		return "", fmt.Errorf("postgres admin connection (-pg): %w", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		admin.Close(context.Background())
+		return "", fmt.Errorf("create database: %w", err)
+	}
+	Logf("database %s created", name)
+	cl.Add(func() {
+		dctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		if _, err := admin.Exec(dctx, "DROP DATABASE IF EXISTS "+name+" WITH (FORCE)"); err != nil {
+			Logf("drop database %s: %v", name, err)
+		} else {
+			Logf("database %s dropped", name)
+		}
+		admin.Close(dctx)
+	})
+	return dsn, store.MigrateDSN(ctx, dsn)
+}
+
+// Settings returns the values of the named Postgres settings (current_setting) as a session
+// of dsn sees them; "?" for each when they cannot be read.
+func Settings(ctx context.Context, dsn string, names ...string) []string {
+	out := make([]string, len(names))
+	for i := range out {
+		out[i] = "?"
+	}
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return out
+	}
+	defer conn.Close(context.Background())
+	for i, name := range names {
+		_ = conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&out[i])
+	}
+	return out
+}
+
+// QueryInt runs sql, which returns one integer, on a connection of its own to dsn; -1 on error.
+func QueryInt(dsn, sql string) int64 {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		return -1
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+		return -1
+	}
+	return n
+}
+
+// SetupStore opens a store on dsn for making a bench's data: at most conns connections, whose
+// sessions skip the WAL flush per commit (setup data need not survive a crash). Close the
+// returned pool when done.
+func SetupStore(ctx context.Context, dsn string, key []byte, conns int32) (*store.Store, *pgxpool.Pool, error) {
+	pcfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	if conns > 0 {
+		pcfg.MaxConns = conns
+	}
+	pcfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	box, err := secretbox.New(key)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return store.New(pool, box), pool, nil
+}
+
+// CreateChannels creates n active channels of org, channel i named and connected as
+// channel(i) says, with workers of them at a time, and returns their channel tokens.
+func CreateChannels(ctx context.Context, st *store.Store, org uuid.UUID, n, workers int,
+	channel func(i int) (name string, conn store.Connection)) ([]string, error) {
+	tokens := make([]string, n)
+	var next atomic.Int64
+	var firstErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range max(workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n || ctx.Err() != nil {
+					return
+				}
+				name, conn := channel(i)
+				ch, err := st.CreateChannel(ctx, org, name, time.Hour)
+				if err != nil {
+					err = fmt.Errorf("create channel: %w", err)
+				} else if err = st.ConnectChannel(ctx, ch.ID, conn); err != nil {
+					err = fmt.Errorf("connect channel: %w", err)
+				}
+				if err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					next.Store(int64(n))
+					return
+				}
+				tokens[i] = ch.ChannelToken
+			}
+		}()
+	}
+	wg.Wait()
+	if firstErr != nil {
+		return nil, firstErr
+	}
+	return tokens, ctx.Err()
+}
