@@ -41,12 +41,7 @@ func (s *Service) createAPIKey(ctx context.Context, p Principal, src source) (AP
 	if e != nil {
 		return APIKeyCreated{}, e
 	}
-	var expiresAt *time.Time
-	if in.expiresIn > 0 {
-		// milliseconds, the precision the API shows, so that the answer and later lists agree
-		t := time.Now().Add(in.expiresIn).UTC().Truncate(time.Millisecond)
-		expiresAt = &t
-	}
+	expiresAt := expiryAfter(in.expiresIn)
 	if e := outlives(expiresAt, p.Key.ExpiresAt); e != nil {
 		return APIKeyCreated{}, e
 	}
@@ -55,6 +50,17 @@ func (s *Service) createAPIKey(ctx context.Context, p Principal, src source) (AP
 		return APIKeyCreated{}, s.storeError(err)
 	}
 	return APIKeyCreated{APIKey: NewAPIKey(k), Key: key}, nil
+}
+
+// expiryAfter is the expiry of a key created now with lifetime d; nil (never) when d is not
+// positive. It has milliseconds, the precision the API shows, so that the answer and later
+// lists agree.
+func expiryAfter(d time.Duration) *time.Time {
+	if d <= 0 {
+		return nil
+	}
+	t := time.Now().Add(d).UTC().Truncate(time.Millisecond)
+	return &t
 }
 
 // outlives refuses a new key's expiry (nil: never) that is later than that of the key creating

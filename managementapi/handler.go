@@ -1,8 +1,9 @@
 // Package managementapi serves wabarelay's management API: channels, webhook configs and their
 // channel assignments, delivery logs and the org's API keys, authenticated by API key and rate
-// limited per key. Service holds the operations, their checks and messages; Handler is the
-// plain net/http front end over it (decode, call, encode) that the Caddy module wabarelay_api
-// mounts; the dashboard calls the Service directly.
+// limited per key. Service holds the operations, their checks and messages, and the reads of
+// the dashboard's pages; Handler is the plain net/http front end over it (decode, call,
+// encode) that the Caddy module wabarelay_api mounts; the dashboard and the CLI call the
+// Service directly.
 package managementapi
 
 import (
@@ -150,8 +151,11 @@ func Routes() []string {
 }
 
 // New returns a Handler over a new Service.
-func New(opt Options) *Handler {
-	h := &Handler{svc: NewService(opt), mux: http.NewServeMux()}
+func New(opt Options) *Handler { return NewHandler(NewService(opt)) }
+
+// NewHandler returns a Handler over svc, shared with the service's other front ends.
+func NewHandler(svc *Service) *Handler {
+	h := &Handler{svc: svc, mux: http.NewServeMux()}
 	for _, rt := range routes {
 		if serve := rt.serve; serve != nil {
 			h.mux.HandleFunc(rt.method+" "+rt.path, func(w http.ResponseWriter, r *http.Request) {

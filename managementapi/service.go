@@ -20,11 +20,30 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// Service performs the management operations on behalf of an API key, with every check and
-// message of the interface: the API's HTTP handlers decode a request, call one operation and
-// encode its answer; the dashboard calls the same operations with its form values. An
-// operation's refusal is an *Error carrying the interface's status and message; any other error
-// is a failure that is not the caller's (see ErrorFor).
+// Service is the one service layer of wabarelay's management: every operation on an org's
+// channels, webhooks, deliveries, messages and API keys, with every check and message of the
+// interface, and the reads the dashboard's pages show. Build one per configuration and hand it
+// to every front end: the API's HTTP handlers (Handler) decode a request, call one operation
+// and encode its answer; the dashboard calls the same operations with its form values and
+// reads its pages through it; the CLI makes the operator's operations.
+//
+// Every operation takes a Principal, its caller:
+//
+//   - An API key's principal (the API, the dashboard) acts in the key's org: an operation
+//     finds, changes and creates only that org's records, within the org's caps. Its refusal
+//     is an *Error carrying the interface's status and message; any other error is a failure
+//     that is not the caller's (see ErrorFor).
+//   - The operator's principal (Operator(), the CLI) makes the operator's operations:
+//     CreateOrg, CreateOrgAPIKey, ListOrgAPIKeys, RevokeAnyAPIKey, DeactivateChannel,
+//     ReopenChannel and RotateAnyWebhookSecret. They name their org or record themselves and
+//     cross orgs; they are not capped (limits apply to what an org does to itself), and they
+//     answer in the API's shapes with the record's org added (org_id). Their errors are the
+//     store's, as the CLI prints them (errors.Is store.ErrWebhookNotFound, ...): they are not
+//     answers of the HTTP interface. An API key's principal is refused them (403).
+//
+// The operator's principal belongs to no org: it does not make the operations of an org.
+// Authentication, which turns a credential into a principal (API keys, dashboard sessions), is
+// not the Service's: the API's handler and the dashboard's sign-in do it on the store.
 type Service struct {
 	opt    Options
 	logger *zap.Logger
@@ -55,18 +74,6 @@ func NewService(opt Options) *Service {
 		logger = zap.NewNop()
 	}
 	return &Service{opt: opt, logger: logger}
-}
-
-// Principal is the caller of an operation: the API key it acts as, whose org scopes the
-// operation, and the origin (scheme and host, httpx.Origin) its request addressed, the prefix
-// of connect links when Options.ConnectBase is empty.
-//
-// The key must be the current record of a valid key: one that exists, is not revoked and is not
-// past its expiry (store.Store.AuthenticateAPIKey and store.Store.ActiveAPIKey check exactly
-// that); operations do not check it again.
-type Principal struct {
-	Key    store.APIKey
-	Origin string
 }
 
 // Error is an operation's refusal as the interface answers it: the HTTP status and the message
@@ -169,9 +176,9 @@ func (s *Service) storeError(err error) error {
 	case errors.Is(err, store.ErrDeliveryNotFailed):
 		return &Error{http.StatusConflict, MsgDeliveryNotFailed}
 	case errors.Is(err, store.ErrOperatorDeactivated):
-		return &Error{http.StatusConflict, MsgOperatorDeactivated}
+		return errOperatorDeactivated
 	case errors.Is(err, store.ErrNotReconnectable):
-		return &Error{http.StatusConflict, MsgNotReconnectable}
+		return errNotReconnectable
 	case errors.Is(err, store.ErrChannelsNotInOrg):
 		return errChannelsOrg
 	case errors.Is(err, store.ErrWebhookLimit):
@@ -273,21 +280,6 @@ func (s *Service) DeleteChannel(ctx context.Context, p Principal, channelID stri
 		}()
 	}
 	return nil
-}
-
-// ReconnectChannel reopens the connect link of a channel whose link expired or whose upstream
-// token died.
-func (s *Service) ReconnectChannel(ctx context.Context, p Principal, channelID string) (Channel, error) {
-	cid, err := id(channelID, MsgChannelNotFound)
-	if err != nil {
-		return Channel{}, err
-	}
-	orgID := p.Key.OrgID
-	c, err := s.opt.Store.ReopenLink(ctx, &orgID, cid, s.opt.ConnectLinkTTL, false)
-	if err != nil {
-		return Channel{}, s.storeError(err)
-	}
-	return NewChannel(c, s.connectBase(p)), nil
 }
 
 // ---- webhooks ---------------------------------------------------------------------------
@@ -450,6 +442,9 @@ var deliveryStatuses = map[string]bool{"pending": true, "in_flight": true, "deli
 // GET /webhooks/{id}/deliveries as given ("" when absent).
 type DeliveryQuery struct {
 	Status, Limit, Cursor string
+	// Since and Until keep the deliveries created in [Since, Until) (nil: unbounded). Not API
+	// parameters: the dashboard's filters.
+	Since, Until *time.Time
 }
 
 // ListDeliveries returns a page of a webhook's delivery log and, when another page follows,
@@ -459,7 +454,7 @@ func (s *Service) ListDeliveries(ctx context.Context, p Principal, webhookID str
 	if err != nil {
 		return nil, nil, err
 	}
-	page := store.DeliveryPage{Status: q.Status, Limit: defaultPageLimit}
+	page := store.DeliveryPage{Status: q.Status, Limit: defaultPageLimit, Since: q.Since, Until: q.Until}
 	if page.Status != "" && !deliveryStatuses[page.Status] {
 		return nil, nil, unprocessable(`"status" must be one of: pending, in_flight, delivered, failed`)
 	}

@@ -197,10 +197,7 @@ func (s *Service) ListMessages(ctx context.Context, p Principal, channelID strin
 
 // GetMessage returns the timeline of one of the org's messages, outgoing or incoming.
 func (s *Service) GetMessage(ctx context.Context, p Principal, wamid string) (Timeline, error) {
-	t, err := s.opt.Store.MessageTimeline(ctx, p.Key.OrgID, wamid)
-	if errors.Is(err, store.ErrMessageNotFound) {
-		return Timeline{}, &Error{http.StatusNotFound, MsgMessageNotFound}
-	}
+	t, err := s.MessageTimeline(ctx, p, wamid)
 	if err != nil {
 		return Timeline{}, err
 	}
