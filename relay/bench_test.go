@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -60,7 +61,7 @@ func BenchmarkServeSend(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			f.pending.Wait()
+			f.pending.Wait(context.Background())
 		})
 	}
 }

@@ -42,7 +42,7 @@ func (f *relayFixture) serveReq(r *http.Request) *httptest.ResponseRecorder {
 	r.Header.Set("Authorization", "Bearer "+f.token)
 	w := httptest.NewRecorder()
 	f.relay.Serve(w, r, f.upstream)
-	f.pending.Wait()
+	f.pending.Wait(context.Background())
 	return w
 }
 

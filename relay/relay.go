@@ -125,9 +125,10 @@ type Relay struct {
 	ProxyBase func(r *http.Request, relayPath string) string
 	// Authenticated, if set, is called with each authenticated request and its channel.
 	Authenticated func(r *http.Request, ch *store.RelayChannel)
-	// Background runs the work left after a caller got its answer (storing a send's answer for
-	// replays). Default: a new goroutine.
-	Background func(f func())
+	// Pending tracks the work left after a caller got its answer (storing a send's answer for
+	// replays), each in its own goroutine, so that whoever stops the relay can wait for it
+	// (Pending.Wait). Optional: nil leaves that work untracked.
+	Pending *Pending
 	// MediaClient fetches media bytes from the URL the upstream's media object names (the media
 	// host; never a URL from the caller). Default: a client with a 30 s response-header timeout.
 	MediaClient *http.Client
@@ -608,12 +609,24 @@ func (relay *Relay) logger() *zap.Logger {
 	return relay.Logger
 }
 
+// background runs f, work left after a caller got its answer, in its own goroutine, tracked
+// by relay.Pending; a panic of f is logged.
 func (relay *Relay) background(f func()) {
-	if relay.Background != nil {
-		relay.Background(f)
-		return
+	p := relay.Pending
+	if p != nil {
+		p.start()
 	}
-	go f()
+	go func() {
+		if p != nil {
+			defer p.finish()
+		}
+		defer func() {
+			if v := recover(); v != nil {
+				relay.logger().Error("relay: background work panicked", zap.Any("panic", v))
+			}
+		}()
+		f()
+	}()
 }
 
 func (relay *Relay) proxyBase(r *http.Request, relayPath string) string {

@@ -44,7 +44,7 @@ type relayFixture struct {
 	token   string // the channel token
 	channel uuid.UUID
 	sends   atomic.Int64 // sends that reached the fake
-	pending sync.WaitGroup
+	pending Pending
 }
 
 // newRelayFixture builds a relay over one connected channel; newAdmission (the admission and
@@ -85,10 +85,7 @@ func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, id
 		Admission:    adm,
 		UpstreamBase: "/" + fake.Version(),
 		ProxyBase:    func(*http.Request, string) string { return "https://relay.example.com/upstream-proxy" },
-		Background: func(fn func()) {
-			f.pending.Add(1)
-			go func() { defer f.pending.Done(); fn() }()
-		},
+		Pending:      &f.pending,
 	}
 	return f
 }
@@ -116,7 +113,7 @@ func (f *relayFixture) serve(method, path, body string, up Upstream) *httptest.R
 	}
 	w := httptest.NewRecorder()
 	f.relay.Serve(w, r, up)
-	f.pending.Wait()
+	f.pending.Wait(context.Background())
 	return w
 }
 
@@ -193,7 +190,7 @@ func TestRelayHangUpStoresTheRealAnswer(t *testing.T) {
 		}
 		return nil
 	})
-	f.pending.Wait()
+	f.pending.Wait(context.Background())
 	if sendCtxErr != nil {
 		t.Fatalf("the send's context ended with the caller's: %v", sendCtxErr)
 	}
@@ -225,7 +222,7 @@ func TestRelayAbortedAnswerIsNotResent(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		})
 	}()
-	f.pending.Wait()
+	f.pending.Wait(context.Background())
 	expectError(t, f.serve("POST", "/"+tPNID+"/messages", sendBody("hi", "abort"), nil), 502, MsgUpstreamDown)
 	if n := f.sends.Load(); n != 1 {
 		t.Fatalf("%d upstream sends, want 1", n)
@@ -312,7 +309,7 @@ func TestRelayStreamsSends(t *testing.T) {
 		w.Write([]byte(`"messages":[{"id":"wamid.stream"}]}`))
 		return nil
 	})
-	f.pending.Wait()
+	f.pending.Wait(context.Background())
 	replay := f.serve("POST", "/"+tPNID+"/messages", sendBody("hi", "stream"), nil)
 	if replay.Body.String() != `{"messaging_product":"whatsapp","messages":[{"id":"wamid.stream"}]}` || rec.Body.String() != replay.Body.String() {
 		t.Fatalf("caller got %q, replay %q", rec.Body, replay.Body)
