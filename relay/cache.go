@@ -32,8 +32,7 @@ const NotifyChannel = "wabarelay_channels"
 const (
 	// DefaultTTL is a backstop only: every change reaches the cache by notification, and a
 	// listener that reconnects flushes the cache (notifications may have been missed). A
-	// shorter TTL costs a Postgres load per active channel and TTL for no freshness gained
-	// (figures: bench/README.md, "Figures behind the defaults (relay admission)").
+	// shorter TTL costs a Postgres load per active channel and TTL for no freshness gained.
 	DefaultTTL = 5 * time.Minute
 	// negativeTTL is how long a token known to be nobody's is answered from memory.
 	negativeTTL = 5 * time.Second

@@ -69,8 +69,8 @@ func recipientOf(body []byte) string {
 		return ""
 	}
 	// A "to" longer than a phone number written with separators (or a business-scoped user id)
-	// is no address of the upstream's and is not recorded (issue 31: the log's rows are bounded
-	// in size as in number).
+	// is no address of the upstream's and is not recorded: the log's rows are bounded in size as
+	// in number.
 	s, ok := stringValue(v)
 	if !ok || !store.RecipientRecorded(s) {
 		return ""
