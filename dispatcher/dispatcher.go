@@ -36,6 +36,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/store"
 	"github.com/wabarelay/wabarelay/traces"
 )
@@ -143,6 +144,14 @@ type Config struct {
 	// "wabarelay.delivery.claim" and a "wabarelay.delivery.attempt" span continue the event's
 	// trace. Default (nil): no spans; the header carries the event's own traceparent.
 	Traces *traces.Provider
+
+	// Clock is the time the dispatcher and its queue decide by: when deliveries, retries and
+	// probes fall due, when leases end, how long a webhook is held here (see package clock).
+	// Default (nil): the real time, the database's own in the queue's statements. A clock that
+	// tells when it jumps (clock.Notifier: a test's clock.Stub) wakes the claiming loop, since a
+	// jump may make deliveries due. Attempts and their timeouts, signatures and the loop's own
+	// pacing (polls, batching, backoff after errors) keep the real time.
+	Clock clock.Clock
 
 	// secretRetry is how long a delivery whose secret could not be read waits (tests).
 	secretRetry time.Duration
@@ -295,7 +304,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		return nil, err
 	}
 	d := &Dispatcher{
-		queue:     store.NewQueue(pool),
+		queue:     store.NewQueue(pool).WithClock(cfg.Clock),
 		current:   secrets,
 		cfg:       cfg,
 		log:       logger,
@@ -314,8 +323,14 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		localFails:  map[uuid.UUID]int{},
 		holdUntil:   map[uuid.UUID]time.Time{},
 	}
+	if n, ok := cfg.Clock.(clock.Notifier); ok {
+		n.OnChange(func() { signal(d.wake) })
+	}
 	return d, nil
 }
+
+// now returns the time the dispatcher decides by (Config.Clock).
+func (d *Dispatcher) now() time.Time { return clock.Now(d.cfg.Clock) }
 
 // InstanceID returns the id this dispatcher writes to deliveries.locked_by.
 func (d *Dispatcher) InstanceID() string { return d.cfg.InstanceID }
@@ -382,7 +397,7 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	d.mu.Lock()
 	ctx := d.attemptCtx
 	var run, back []job
-	now := time.Now()
+	now := d.now()
 	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
 		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.heldLocally(j, now) == 0 {
 			d.perHook[j.WebhookID]++

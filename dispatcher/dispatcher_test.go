@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -44,6 +45,8 @@ type env struct {
 	seq   atomic.Int64
 	// listenDSN, if set, is given to Run instead of dsn
 	listenDSN string
+	// clk, if set, is the time the store and the configured dispatchers decide by (useClock)
+	clk *clock.Stub
 }
 
 func newEnv(t *testing.T) *env {
@@ -103,9 +106,9 @@ const patience = 30 * time.Second
 
 // config is a test dispatcher's configuration: quick retries and polls; an attempt timeout (and
 // a lease) that a slow, loaded machine cannot run into, so that no test sees a retry it did not
-// ask for (tests of the timeout set their own).
+// ask for (tests of the timeout set their own); the env's clock, if it has one.
 func (e *env) config(rc *testenv.Receiver) Config {
-	return Config{
+	cfg := Config{
 		RetryDelays:         []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond},
 		Timeout:             10 * time.Second,
 		Lease:               30 * time.Second,
@@ -114,6 +117,20 @@ func (e *env) config(rc *testenv.Receiver) Config {
 		RootCAs:             rc.Roots(),
 		InstanceID:          "test-" + uuid.NewString()[:6],
 	}
+	if e.clk != nil {
+		cfg.Clock = e.clk
+	}
+	return cfg
+}
+
+// useClock makes the store and the dispatchers configured after it (config) decide by a
+// stubbed clock, set to the time now, and returns it: the test moves it instead of waiting for
+// retries, leases and probes to fall due. Call it before storing events.
+func (e *env) useClock() *clock.Stub {
+	e.t.Helper()
+	e.clk = clock.NewStub(time.Now())
+	e.st.SetClock(e.clk)
+	return e.clk
 }
 
 // run starts a dispatcher; the returned func stops it and waits for Run to return.

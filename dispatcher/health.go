@@ -76,7 +76,7 @@ func (d *Dispatcher) noteAttempt(r result) {
 		clear(d.holdUntil)
 	}
 	if d.localFails[id]++; d.localFails[id] >= d.cfg.FailureThreshold {
-		d.holdUntil[id] = time.Now().Add(localHold(d.cfg))
+		d.holdUntil[id] = d.now().Add(localHold(d.cfg))
 	}
 }
 

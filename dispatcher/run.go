@@ -223,7 +223,7 @@ func (d *Dispatcher) handBack(jobs []job) {
 // start runs the jobs claimed at claimed within the per-webhook and per-org caps; the others
 // are handed back at once.
 func (d *Dispatcher) start(ctx context.Context, jobs []job, claimed time.Time) {
-	now := time.Now()
+	now := d.now()
 	for _, j := range jobs {
 		d.mu.Lock()
 		// (a failing webhook's one probe goes out whatever its old attempts still hold)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -231,8 +232,8 @@ func TestChannelStatusMissingPartition(t *testing.T) {
 	ctx := context.Background()
 	c := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: f.Connection()})
 	later := time.Now().AddDate(0, 0, 30)
-	s.SetNow(func() time.Time { return later })
-	defer s.SetNow(time.Now)
+	s.SetClock(clock.NewStub(later))
+	defer s.SetClock(nil)
 	if _, err := s.DeactivateChannel(ctx, c.ID); err != nil {
 		t.Fatal(err)
 	}

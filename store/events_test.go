@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -103,8 +104,8 @@ func storeOn(t *testing.T, s *store.Store, day time.Time, key string, sent ...ti
 	if err := s.EnsurePartitions(ctx, day, day); err != nil {
 		t.Fatal(err)
 	}
-	s.SetNow(func() time.Time { return day })
-	defer s.SetNow(time.Now)
+	s.SetClock(clock.NewStub(day))
+	defer s.SetClock(nil)
 	it := store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: key, Data: json.RawMessage(`{}`)}
 	if len(sent) > 0 {
 		it.Sent = sent[0]
@@ -249,8 +250,8 @@ func TestInboundCreatesMissingPartition(t *testing.T) {
 	f, _ := storeWithChannel(t)
 	s := f.Store
 	ahead := time.Now().UTC().AddDate(0, 0, store.PartitionsAhead+2)
-	s.SetNow(func() time.Time { return ahead })
-	defer s.SetNow(time.Now)
+	s.SetClock(clock.NewStub(ahead))
+	defer s.SetClock(nil)
 	res, err := s.StoreEvents(context.Background(), []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: "x", Data: json.RawMessage(`{}`)}}, store.Claim{})
 	if err != nil || res.Events != 1 {
 		t.Fatalf("stored %+v, %v", res, err)

@@ -2,20 +2,16 @@ package store
 
 import (
 	"context"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
 )
 
-// SetNow replaces the store's clock (tests: inbound posts on another day).
-func (s *Store) SetNow(now func() time.Time) { s.now = now }
-
 // ClaimSQL is the claim statement (tests measure its work).
 const ClaimSQL = claimSQL
 
-// ClaimArgs returns the arguments of ClaimSQL for c.
-func ClaimArgs(c QueueClaim) []any { return claimArgs(c) }
+// ClaimArgs returns the arguments of ClaimSQL for c at the database's now().
+func ClaimArgs(c QueueClaim) []any { return claimArgs(c, nil) }
 
 // MigrateTo applies the migrations up to version v (tests of one migration on old data).
 func MigrateTo(ctx context.Context, conn *pgx.Conn, v int32) error {

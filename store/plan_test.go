@@ -42,7 +42,7 @@ func explainPrepared(t testing.TB, tx pgx.Tx, name, sql string, args []any, opti
 	for i, typ := range types {
 		lits[i] = "NULL"
 		if args != nil {
-			if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT quote_literal($1::%s::text) || '::%[1]s'", typ), args[i]).Scan(&lits[i]); err != nil {
+			if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT coalesce(quote_literal($1::%s::text) || '::%[1]s', 'NULL')", typ), args[i]).Scan(&lits[i]); err != nil {
 				t.Fatal(err)
 			}
 		}

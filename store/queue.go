@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/internal/clock"
 )
 
 // Queue is the delivery queue (table delivery_queue, migration 011): the live deliveries —
@@ -17,10 +19,21 @@ import (
 // dispatcher claims from it, records outcomes and hands claims back through it; the delivery
 // log (table deliveries) and the attempt log follow in the same statements. Every statement on
 // the deliveries tables lives in this package.
-type Queue struct{ pool *pgxpool.Pool }
+type Queue struct {
+	pool  *pgxpool.Pool
+	clock clock.Clock
+}
 
-// NewQueue returns the queue in pool's database.
+// NewQueue returns the queue in pool's database, deciding by the real time.
 func NewQueue(pool *pgxpool.Pool) *Queue { return &Queue{pool: pool} }
+
+// WithClock returns the queue deciding by c instead (nil: the real time, the database's own in
+// the statements; see package clock): when deliveries, retries and probes fall due and leases
+// end.
+func (q *Queue) WithClock(c clock.Clock) *Queue { return &Queue{pool: q.pool, clock: c} }
+
+// nowArg returns the queue's time as a statement's now argument (nil: the database's now()).
+func (q *Queue) nowArg() *time.Time { return clock.Param(q.clock) }
 
 // QueueClaim asks Claim for due deliveries.
 type QueueClaim struct {
@@ -45,7 +58,8 @@ type QueueClaim struct {
 	After map[uuid.UUID]uuid.UUID
 }
 
-// claimSQL takes up to $3 due deliveries for this instance ($1, lease $2 ms), fairly across
+// claimSQL takes up to $3 deliveries due at $12 (NULL: the database's now(); see package clock)
+// for this instance ($1, lease $2 ms), fairly across
 // orgs first, then across each org's webhooks. It walks the webhooks that have pending rows (a
 // skip scan of delivery_queue_due: one index probe per webhook, however long its backlog; held
 // rows of paused webhooks are not in that index at all) and keeps the active ones with
@@ -91,7 +105,7 @@ WITH RECURSIVE hooks(id) AS (
 	LEFT JOIN obusy ob ON ob.org = w.org_id
 	LEFT JOIN cursors c ON c.org = w.org_id
 	WHERE h.id IS NOT NULL AND coalesce(b.n, 0) < $6 AND coalesce(ob.n, 0) < $9
-	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now()
+	  AND EXISTS (SELECT 1 FROM delivery_queue q WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= coalesce($12::timestamptz, now())
 	              AND ` + claimableSQL + `)
 ), orgs AS (
 	SELECT org, count(*) AS hooks, least(min(ofree), sum(free)) AS room FROM cand GROUP BY org
@@ -113,7 +127,7 @@ WITH RECURSIVE hooks(id) AS (
 ), picked AS (
 	SELECT x.delivery_id, s.org, s.turn, s.org_n, s.n, x.next_attempt_at FROM due s CROSS JOIN LATERAL (
 		SELECT q.delivery_id, q.next_attempt_at FROM delivery_queue q
-		WHERE q.webhook_id = s.id AND q.status = 'pending' AND q.next_attempt_at <= now() AND ` + claimableSQL + `
+		WHERE q.webhook_id = s.id AND q.status = 'pending' AND q.next_attempt_at <= coalesce($12::timestamptz, now()) AND ` + claimableSQL + `
 		ORDER BY q.next_attempt_at LIMIT s.n FOR UPDATE SKIP LOCKED) x
 ), ranked AS (
 	SELECT p.*, row_number() OVER (PARTITION BY p.org ORDER BY p.turn, p.next_attempt_at) AS k FROM picked p
@@ -147,8 +161,8 @@ type Claimed struct {
 	Drained bool
 }
 
-// claimArgs returns the arguments of claimSQL for c.
-func claimArgs(c QueueClaim) []any {
+// claimArgs returns the arguments of claimSQL for c at now (nil: the database's now()).
+func claimArgs(c QueueClaim, now *time.Time) []any {
 	busyIDs := make([]uuid.UUID, 0, len(c.Busy))
 	busyN := make([]int, 0, len(c.Busy))
 	for id, n := range c.Busy {
@@ -168,7 +182,7 @@ func claimArgs(c QueueClaim) []any {
 	if perOrg <= 0 {
 		perOrg = math.MaxInt32
 	}
-	return []any{c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.PerWebhook, orgIDs, orgN, perOrg, curOrgs, curAfter}
+	return []any{c.Instance, c.Lease.Milliseconds(), c.Limit, busyIDs, busyN, c.PerWebhook, orgIDs, orgN, perOrg, curOrgs, curAfter, now}
 }
 
 // Claim takes due deliveries (see claimSQL), with their events' payloads.
@@ -176,7 +190,7 @@ func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
 	// A generic plan under a guard (queryGeneric): planned per claim, the statement spent about
 	// three quarters of its time in the planner (bench/README.md "Issue 21: generic plans and
 	// ids in binary").
-	rows, err := queryGeneric(ctx, q.pool, claimSQL, claimArgs(c)...)
+	rows, err := queryGeneric(ctx, q.pool, claimSQL, claimArgs(c, q.nowArg())...)
 	if err != nil {
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
 	}
@@ -495,10 +509,10 @@ func (q *Queue) Release(ctx context.Context, instance string, hs []Handback) err
 // an expired lease) and the age of the oldest one in seconds.
 func (q *Queue) Depth(ctx context.Context) (n int64, oldest float64, err error) {
 	err = q.pool.QueryRow(ctx, `
-		SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(CASE WHEN d.status = 'pending' THEN d.next_attempt_at ELSE d.locked_until END)), 0)::float8
+		SELECT count(*), COALESCE(EXTRACT(EPOCH FROM coalesce($1::timestamptz, now()) - min(CASE WHEN d.status = 'pending' THEN d.next_attempt_at ELSE d.locked_until END)), 0)::float8
 		FROM delivery_queue d JOIN webhooks w ON w.id = d.webhook_id
-		WHERE w.status = 'active' AND ((d.status = 'pending' AND d.next_attempt_at <= now())
-		   OR (d.status = 'in_flight' AND d.locked_until < now()))`).Scan(&n, &oldest)
+		WHERE w.status = 'active' AND ((d.status = 'pending' AND d.next_attempt_at <= coalesce($1::timestamptz, now()))
+		   OR (d.status = 'in_flight' AND d.locked_until < coalesce($1::timestamptz, now())))`, q.nowArg()).Scan(&n, &oldest)
 	if err != nil {
 		return 0, 0, fmt.Errorf("queue depth: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -41,7 +42,7 @@ func newReplayFixture(t *testing.T) *replayFixture {
 		if err := s.EnsurePartitions(ctx, day, day); err != nil {
 			t.Fatal(err)
 		}
-		s.SetNow(func() time.Time { return day })
+		s.SetClock(clock.NewStub(day))
 		var batch []store.IncomingItem
 		for _, pn := range []string{"111", "222", "333"} {
 			batch = append(batch,
@@ -52,7 +53,7 @@ func newReplayFixture(t *testing.T) *replayFixture {
 			t.Fatalf("day %d: %+v %v", i, res, err)
 		}
 	}
-	s.SetNow(time.Now)
+	s.SetClock(nil)
 	rows, err := s.Pool().Query(ctx, `SELECT dedupe_key, id, created_at FROM events`)
 	if err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/secretbox"
 )
 
@@ -36,15 +37,26 @@ var (
 
 // Store runs queries on a pgx pool. It is safe for concurrent use.
 type Store struct {
-	pool *pgxpool.Pool
-	box  *secretbox.Box
-	now  func() time.Time
+	pool  *pgxpool.Pool
+	box   *secretbox.Box
+	clock clock.Clock
 }
 
 // New returns a Store on pool that encrypts secrets with box.
 func New(pool *pgxpool.Pool, box *secretbox.Box) *Store {
-	return &Store{pool: pool, box: box, now: time.Now}
+	return &Store{pool: pool, box: box}
 }
+
+// SetClock sets the time the store decides by (nil, the default: the real time, the
+// database's own in its statements; see package clock). Tests set a clock.Stub; call it before
+// the store is used concurrently.
+func (s *Store) SetClock(c clock.Clock) { s.clock = c }
+
+// now returns the store's time in Go.
+func (s *Store) now() time.Time { return clock.Now(s.clock) }
+
+// nowArg returns the store's time as a statement's now argument (nil: the database's now()).
+func (s *Store) nowArg() *time.Time { return clock.Param(s.clock) }
 
 // Pool returns the underlying pool (for other packages' queries in the same database).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -1,0 +1,121 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/wabarelay/wabarelay/internal/clock"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// clockEnv is a store and a queue that decide by one stubbed clock, an org with a channel on
+// number "1" and a webhook: the tests move the clock instead of waiting or moving rows.
+type clockEnv struct {
+	t    *testing.T
+	f    *testenv.Fixture
+	clk  *clock.Stub
+	q    *store.Queue
+	org  uuid.UUID
+	hook uuid.UUID
+	seq  int
+}
+
+func newClockEnv(t *testing.T) *clockEnv {
+	t.Helper()
+	f, org := storeWithChannel(t)
+	w, _ := f.Webhook(t, org.ID, "https://h.example.com")
+	clk := clock.NewStub(time.Now())
+	f.Store.SetClock(clk)
+	return &clockEnv{t: t, f: f, clk: clk, q: store.NewQueue(f.Pool).WithClock(clk), org: org.ID, hook: w.ID}
+}
+
+// events stores n message events (one delivery each), handing off up to claim.Max of them.
+func (e *clockEnv) events(n int, claim store.Claim) store.InboundResult {
+	e.t.Helper()
+	items := make([]store.IncomingItem, n)
+	for i := range items {
+		e.seq++
+		items[i] = store.IncomingItem{Type: "messages", PhoneNumberID: "1", DedupeKey: fmt.Sprintf("m:%d", e.seq),
+			Data: json.RawMessage(fmt.Sprintf(`{"message":{"id":"m%d"}}`, e.seq))}
+	}
+	res, err := e.f.Store.StoreEvents(context.Background(), items, claim)
+	if err != nil || res.Events != n {
+		e.t.Fatalf("store events: %+v %v", res, err)
+	}
+	return res
+}
+
+// claim claims for instance with a lease of a minute.
+func (e *clockEnv) claim(instance string) store.Claimed {
+	e.t.Helper()
+	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: instance, Lease: time.Minute, Limit: 100, PerWebhook: 100})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return c
+}
+
+// fail records a failed attempt of d, retried in retryIn, made by instance.
+func (e *clockEnv) fail(instance string, d store.ClaimedDelivery, retryIn time.Duration) {
+	e.t.Helper()
+	code := 500
+	if n, err := e.q.Record(context.Background(), instance, []store.Outcome{{Delivery: d, Started: e.clk.Now(),
+		StatusCode: &code, RetryIn: retryIn}}); err != nil || n != 1 {
+		e.t.Fatalf("record: %d %v", n, err)
+	}
+}
+
+// nextAttempt returns the next_attempt_at of a delivery's queue row.
+func (e *clockEnv) nextAttempt(id uuid.UUID) time.Time {
+	e.t.Helper()
+	return testenv.QueryValue[time.Time](e.t, e.f, `SELECT next_attempt_at FROM delivery_queue WHERE delivery_id = $1`, id)
+}
+
+// TestClaimTakesWhatIsDueByTheClock: a claim takes a delivery once it is due by the queue's
+// clock and not a moment before, and the queue depth counts it from then on.
+func TestClaimTakesWhatIsDueByTheClock(t *testing.T) {
+	e := newClockEnv(t)
+	e.events(3, store.Claim{})
+	t0 := e.clk.Now()
+	depth := func() int64 {
+		t.Helper()
+		n, _, err := e.q.Depth(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := depth(); n != 3 {
+		t.Fatalf("depth %d of new deliveries, want 3 (due when stored)", n)
+	}
+	// two of them due a minute and an hour from now
+	ids := testenv.QueryValue[[]uuid.UUID](t, e.f, `SELECT array_agg(delivery_id ORDER BY created_at, event_id) FROM delivery_queue`)
+	soon, later := ids[1], ids[2]
+	e.f.Exec(t, `UPDATE delivery_queue SET next_attempt_at = $2 WHERE delivery_id = $1`, soon, t0.Add(time.Minute))
+	e.f.Exec(t, `UPDATE delivery_queue SET next_attempt_at = $2 WHERE delivery_id = $1`, later, t0.Add(time.Hour))
+
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != ids[0] {
+		t.Fatalf("claimed %+v, want the one due now", c.Deliveries)
+	}
+	e.clk.Advance(time.Minute - time.Microsecond)
+	if c := e.claim("i"); len(c.Deliveries) != 0 || depth() != 0 {
+		t.Fatalf("a microsecond before the next one is due: claimed %d, depth %d", len(c.Deliveries), depth())
+	}
+	e.clk.Advance(time.Microsecond)
+	if n := depth(); n != 1 {
+		t.Fatalf("depth %d once the next one is due, want 1", n)
+	}
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != soon {
+		t.Fatalf("claimed %+v once the next one is due, want it", c.Deliveries)
+	}
+	e.clk.Set(t0.Add(time.Hour))
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != later {
+		t.Fatalf("claimed %+v an hour later, want the last one", c.Deliveries)
+	}
+}
