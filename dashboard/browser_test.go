@@ -33,7 +33,6 @@ import (
 	"github.com/chromedp/chromedp/kb"
 	"github.com/google/uuid"
 
-	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/internal/browsertest"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
@@ -213,7 +212,7 @@ func TestBrowserSignInOut(t *testing.T) {
 // asks for a confirmation ("Keep it" keeps it, "Delete it anyway" deletes
 // it); Reconnect opens a new link for a channel whose link expired.
 func TestBrowserChannels(t *testing.T) {
-	e, b := newBrowserEnv(t, func(o *dashboard.Options) { o.ConnectBase = "https://relay.example.com" })
+	e, b := newBrowserEnv(t, withConnectBase("https://relay.example.com"))
 	ctx := context.Background()
 	p := b.NewPage(t)
 	signIn(t, p, e, e.key)
@@ -1063,7 +1062,7 @@ func checkLayout(t *testing.T, p *browsertest.Page, name string, v viewport) {
 // scrolling, nothing out of its card, chart text neither distorted nor tiny;
 // screenshots of each.
 func TestBrowserLayout(t *testing.T) {
-	e, b := newBrowserEnv(t, func(o *dashboard.Options) { o.ConnectBase = "https://relay.example.com" })
+	e, b := newBrowserEnv(t, withConnectBase("https://relay.example.com"))
 	support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
 	sales := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
 	makeActive(t, e, sales.ID)

@@ -84,8 +84,8 @@ type sendCharts struct {
 }
 
 // renderSendCharts draws a channel's relay calls per minute by outcome (2xx, upstream error,
-// 429, refused by the relay) over the 24 h ending at now: 1,440 minutes, the last one now's
-// (until issue 31 the current minute fell one past the end, and its calls were not shown).
+// 429, refused by the relay) over the 24 h ending at now: 1,440 minutes, the last one now's, so
+// that the calls of the current minute are shown.
 func renderSendCharts(now time.Time, minutes []store.SendMinute) sendCharts {
 	const n = 24 * 60
 	start := now.Truncate(time.Minute).Add(-(n - 1) * time.Minute)

@@ -19,11 +19,14 @@
 // are no per-form tokens. Pages are served with a strict Content-Security-Policy (no inline
 // script or style).
 //
-// Reads go to the store, each page load counted against the signed-in key's management rate
-// limit (the API's own, through its Service); every change is an operation of the
-// management API's own Service (managementapi.Service), admitted as the API admits a call of
-// the signed-in key, so the dashboard applies exactly the API's checks, messages and rate
-// limit, not a second copy of them.
+// Every read and change goes through the management API's own Service
+// (managementapi.Service) as the signed-in key's principal, so the dashboard applies exactly the
+// API's scoping, rules, checks and messages, not a second copy of them. Each page load is
+// counted against the key's management rate limit (the API's own); each change is admitted as
+// the API admits a call of the key. The store serves what is authentication, not data: the
+// sign-in's API key lookup and the sessions; and the demo page's check of its receiver's
+// signatures, which needs a webhook's current secret (the Service hands a secret out only once,
+// when it is made).
 package dashboard
 
 import (
@@ -72,17 +75,16 @@ const contentSecurityPolicy = "default-src 'none'; script-src 'self'; style-src 
 
 // Options configure a Handler.
 type Options struct {
-	// Store is the data layer. Required.
+	// Store authenticates: it checks the API keys of sign-ins and keeps the sessions (and gives
+	// the demo page its webhook's secret). Required.
 	Store *store.Store
-	// API performs the changes the dashboard makes, as the signed-in key: the management API's
-	// Service (managementapi.Handler.Service). Every page load of a signed-in key is charged to
-	// that key's management rate limit too (Service.Charge), and a load over it is answered 429
-	// with Retry-After. Required.
+	// API is the management API's Service, shared with the API: the dashboard reads its pages
+	// and makes its changes through it, as the signed-in key (connect links take its
+	// ConnectBase). Every page load of a signed-in key is charged to that key's management rate
+	// limit too (Service.Charge), and a load over it is answered 429 with Retry-After. Required.
 	API *managementapi.Service
 	// BasePath is the path the dashboard is mounted at, unstripped. Default: /dashboard.
 	BasePath string
-	// ConnectBase is the prefix of connect links. Empty means the scheme and host of each request.
-	ConnectBase string
 	// SessionTTL is how long a sign-in lasts (never past its key's expiry). Default: 12h.
 	SessionTTL time.Duration
 	// AuthGuard, if set, counts failed sign-ins and session cookies that name no live session
@@ -456,9 +458,24 @@ func (h *Handler) act(r *http.Request, s *session, hdr http.Header, op func(cont
 	}
 	err := h.opt.API.Admit(r, s.Key, hdr)
 	if err == nil {
-		err = op(r.Context(), managementapi.Principal{Key: s.Key, Origin: httpx.Origin(r)})
+		err = op(r.Context(), h.principal(r, s))
 	}
 	return h.opt.API.ErrorFor(r, err)
+}
+
+// principal is the session's key as the caller of the Service's operations and reads.
+func (h *Handler) principal(r *http.Request, s *session) managementapi.Principal {
+	return managementapi.Principal{Key: s.Key, Origin: httpx.Origin(r)}
+}
+
+// readError answers the error of a page's read through the Service: its refusal as
+// apiError renders it (a 404 as the not-found page), any other error as a failure.
+func (h *Handler) readError(w http.ResponseWriter, r *http.Request, s *session, err error) {
+	if e, ok := errors.AsType[*managementapi.Error](err); ok {
+		h.apiError(w, r, s, e)
+		return
+	}
+	h.serverError(w, r, err)
 }
 
 // formText returns a form value as text for the API: each byte that is not UTF-8 becomes

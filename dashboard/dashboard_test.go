@@ -61,6 +61,13 @@ func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryE
 // envOptions adjust the dashboard before it starts.
 type envOption func(*dashboard.Options)
 
+// withConnectBase gives the dashboard a management API whose connect links start with base.
+func withConnectBase(base string) envOption {
+	return func(o *dashboard.Options) {
+		o.API = managementapi.New(managementapi.Options{Store: o.Store, ConnectBase: base, AuthGuard: o.AuthGuard}).Service()
+	}
+}
+
 func newEnv(t *testing.T, opts ...envOption) *env {
 	t.Helper()
 	queries := &queryCounter{}

@@ -86,7 +86,7 @@ func (h *Handler) demoSend(w http.ResponseWriter, r *http.Request, s *session) {
 		h.demoPage(w, r, page{Session: s, Error: "The form is incomplete. Reload the page and try again."}, http.StatusUnprocessableEntity)
 		return
 	}
-	ch, ok, err := h.connectedChannel(r.Context(), s.Key.OrgID, r.PostFormValue("phone_number_id"))
+	ch, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), r.PostFormValue("phone_number_id"))
 	if err != nil {
 		h.serverError(w, r, err)
 		return

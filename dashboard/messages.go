@@ -62,17 +62,13 @@ func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
 		h.notFound(w, r, s)
 		return
 	}
-	org := s.Key.OrgID
-	c, err := h.opt.Store.GetChannel(r.Context(), org, cid)
-	if errors.Is(err, store.ErrChannelNotFound) {
-		h.notFound(w, r, s)
-		return
-	} else if err != nil {
-		h.serverError(w, r, err)
+	c, err := h.opt.API.GetChannel(r.Context(), h.principal(r, s), cid.String())
+	if err != nil {
+		h.readError(w, r, s, err)
 		return
 	}
 	q := r.URL.Query()
-	d := channelData{Channel: managementapi.NewChannel(c, h.connectBase(r)), Statuses: store.MessageStatuses,
+	d := channelData{Channel: c, Statuses: store.MessageStatuses,
 		Filter: messageFilter{Status: q.Get("status"), Q: formText(q.Get("q"))}}
 	status := http.StatusOK
 	rows, next, err := h.listMessages(r, s, cid, d.Filter, q.Get("cursor"))
@@ -101,9 +97,9 @@ func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
 		d.NextURL = h.opt.BasePath + "/channels/" + cid.String() + "?" + nq.Encode()
 	}
 	now := time.Now().UTC()
-	minutes, err := h.sendsPerMinute(r, org, cid, now.Add(-24*time.Hour))
+	minutes, err := h.opt.API.SendsPerMinute(r.Context(), h.principal(r, s), cid.String(), now.Add(-24*time.Hour))
 	if err != nil {
-		h.serverError(w, r, err)
+		h.readError(w, r, s, err)
 		return
 	}
 	d.Charts = renderSendCharts(now, minutes)
@@ -166,27 +162,25 @@ type messageData struct {
 }
 
 func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
-	d, err := h.getMessage(r, s, r.PathValue("wamid"))
-	if errors.Is(err, store.ErrMessageNotFound) {
-		h.notFound(w, r, s)
-		return
-	} else if err != nil {
-		h.serverError(w, r, err)
+	pr := h.principal(r, s)
+	d, err := h.getMessage(r, pr, r.PathValue("wamid"))
+	if err != nil {
+		h.readError(w, r, s, err)
 		return
 	}
-	org := s.Key.OrgID
 	if cid, err := uuid.Parse(d.ChannelID); err == nil {
-		c, err := h.opt.Store.GetChannel(r.Context(), org, cid)
-		switch {
-		case err == nil:
-			d.ChannelName = c.Name
-		case !errors.Is(err, store.ErrChannelNotFound): // a deleted channel keeps its messages
-			h.serverError(w, r, err)
+		c, err := h.opt.API.GetChannel(r.Context(), pr, cid.String())
+		if e, ok := errors.AsType[*managementapi.Error](err); ok && e.Status == http.StatusNotFound {
+			err = nil // a deleted channel keeps its messages
+		}
+		if err != nil {
+			h.readError(w, r, s, err)
 			return
 		}
+		d.ChannelName = c.Name
 	}
 	if len(d.Deliveries) > 0 {
-		hooks, err := h.opt.Store.ListWebhooks(r.Context(), org)
+		hooks, err := h.opt.API.ListWebhooks(r.Context(), pr)
 		if err != nil {
 			h.serverError(w, r, err)
 			return

@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -18,8 +17,7 @@ import (
 //
 // A refusal is a *managementapi.Error; other errors are failures.
 func (h *Handler) listMessages(r *http.Request, s *session, channelID uuid.UUID, f messageFilter, cursor string) ([]messageRow, string, error) {
-	p := managementapi.Principal{Key: s.Key, Origin: httpx.Origin(r)}
-	list, next, err := h.opt.API.ListMessages(r.Context(), p, channelID.String(),
+	list, next, err := h.opt.API.ListMessages(r.Context(), h.principal(r, s), channelID.String(),
 		managementapi.MessageQuery{Limit: messagePageSize, Status: f.Status, Search: f.Q, Cursor: cursor})
 	if err != nil {
 		return nil, "", err
@@ -40,16 +38,11 @@ func (h *Handler) listMessages(r *http.Request, s *session, channelID uuid.UUID,
 	return rows, next.Get("cursor"), nil
 }
 
-// sendsPerMinute returns a channel's relay calls per minute by outcome since a time.
-func (h *Handler) sendsPerMinute(r *http.Request, orgID, channelID uuid.UUID, since time.Time) ([]store.SendMinute, error) {
-	return h.opt.Store.SendsPerMinute(r.Context(), orgID, channelID, since)
-}
-
-// getMessage returns a message's timeline as the message page shows it, read from the store
-// like the API's GET /messages/{wamid} (store.MessageTimeline: another org's message is not
-// found), with the time an incoming message was received, which the API's form leaves out.
-func (h *Handler) getMessage(r *http.Request, s *session, wamid string) (messageData, error) {
-	t, err := h.opt.Store.MessageTimeline(r.Context(), s.Key.OrgID, wamid)
+// getMessage returns a message's timeline as the message page shows it, read through the
+// Service like the API's GET /messages/{wamid} (another org's message is not found), with the
+// time an incoming message was received, which the API's form leaves out.
+func (h *Handler) getMessage(r *http.Request, p managementapi.Principal, wamid string) (messageData, error) {
+	t, err := h.opt.API.MessageTimeline(r.Context(), p, wamid)
 	if err != nil {
 		return messageData{}, err
 	}

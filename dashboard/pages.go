@@ -108,15 +108,11 @@ func (h *Handler) logout(w http.ResponseWriter, r *http.Request) {
 
 // ---- channels ---------------------------------------------------------------------------
 
+// channelRow is a channel's card. Its Reconnectable offers the Reconnect button: where the
+// reconnect rule allows it (managementapi.ChannelOverview) and no open link is shown already.
 type channelRow struct {
-	managementapi.Channel
-	Connected bool
-	LinkOpen  bool
-	// Reconnectable: the API would reopen the link (store.ReopenLink): a pending channel whose
-	// link expired, one whose upstream token died or that the upstream deactivated; never one
-	// the operator deactivated.
-	Reconnectable bool
-	QR            template.HTML
+	managementapi.ChannelOverview
+	QR template.HTML
 }
 
 type channelsData struct {
@@ -126,36 +122,21 @@ type channelsData struct {
 	Name          string
 }
 
-func (h *Handler) connectBase(r *http.Request) string {
-	if h.opt.ConnectBase != "" {
-		return h.opt.ConnectBase
-	}
-	return httpx.Origin(r)
-}
-
 func (h *Handler) channels(w http.ResponseWriter, r *http.Request, s *session) {
 	h.channelsPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK, channelsData{})
 }
 
 func (h *Handler) channelsPage(w http.ResponseWriter, r *http.Request, p page, status int, d channelsData) {
-	list, err := h.opt.Store.ListChannels(r.Context(), p.Session.Key.OrgID)
+	list, err := h.opt.API.ChannelOverviews(r.Context(), h.principal(r, p.Session))
 	if err != nil {
 		h.serverError(w, r, err)
 		return
 	}
-	base := h.connectBase(r)
-	now := time.Now()
 	for _, c := range list {
-		row := channelRow{Channel: managementapi.NewChannel(c, base), Connected: c.Status == store.ChannelActive && c.UpstreamDisconnectedAt == nil}
-		row.LinkOpen = c.TokenExpiresAt != nil && c.TokenExpiresAt.After(now)
-		reason := ""
-		if c.InactiveReason != nil {
-			reason = *c.InactiveReason
-		}
-		row.Reconnectable = !row.LinkOpen && reason != "operator" && (c.Status == store.ChannelPending ||
-			c.UpstreamDisconnectedAt != nil || (c.Status == store.ChannelInactive && reason == "upstream"))
-		if row.LinkOpen {
-			row.QR = qrSVG(row.ConnectURL, "Connect link of "+c.Name)
+		row := channelRow{ChannelOverview: c}
+		row.Reconnectable = c.Reconnectable && !c.LinkOpen
+		if c.LinkOpen {
+			row.QR = qrSVG(c.ConnectURL, "Connect link of "+c.Name)
 		}
 		d.Channels = append(d.Channels, row)
 	}
@@ -200,9 +181,8 @@ func (h *Handler) deleteChannel(w http.ResponseWriter, r *http.Request, s *sessi
 	var d channelsData
 	if e.Status == http.StatusConflict && !force {
 		if u, err := uuid.Parse(id); err == nil {
-			if c, err := h.opt.Store.GetChannel(r.Context(), s.Key.OrgID, u); err == nil {
-				ch := managementapi.NewChannel(c, h.connectBase(r))
-				d.ConfirmDelete = &ch
+			if c, err := h.opt.API.GetChannel(r.Context(), h.principal(r, s), u.String()); err == nil {
+				d.ConfirmDelete = &c
 			}
 		}
 	}
@@ -218,7 +198,7 @@ type webhookRow struct {
 
 type webhooksData struct {
 	Webhooks []webhookRow
-	Channels []store.Channel
+	Channels []managementapi.Channel
 	// Created is the webhook just created, with its secret (shown this once).
 	Created *managementapi.Webhook
 	Form    webhookForm
@@ -242,12 +222,13 @@ func (h *Handler) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
 }
 
 func (h *Handler) webhooksPage(w http.ResponseWriter, r *http.Request, p page, status int, d webhooksData) {
-	hooks, err := h.opt.Store.ListWebhooks(r.Context(), p.Session.Key.OrgID)
+	pr := h.principal(r, p.Session)
+	hooks, err := h.opt.API.ListWebhooks(r.Context(), pr)
 	if err != nil {
 		h.serverError(w, r, err)
 		return
 	}
-	if d.Channels, err = h.opt.Store.ListChannels(r.Context(), p.Session.Key.OrgID); err != nil {
+	if d.Channels, err = h.opt.API.ListChannels(r.Context(), pr); err != nil {
 		h.serverError(w, r, err)
 		return
 	}
@@ -256,7 +237,7 @@ func (h *Handler) webhooksPage(w http.ResponseWriter, r *http.Request, p page, s
 		names[c.ID] = c.Name
 	}
 	for _, wh := range hooks {
-		row := webhookRow{Webhook: managementapi.NewWebhook(wh)}
+		row := webhookRow{Webhook: wh}
 		for _, id := range wh.ChannelIDs {
 			row.Channels = append(row.Channels, names[id])
 		}
@@ -361,7 +342,7 @@ type webhookData struct {
 	Webhook managementapi.Webhook
 	// Health is the receiver's health and probe schedule (store/health.go).
 	Health     store.WebhookHealth
-	Deliveries []store.Delivery
+	Deliveries []managementapi.Delivery
 	Filter     deliveryFilter
 	NextURL    string
 	Charts     charts
@@ -375,6 +356,9 @@ type webhookData struct {
 type deliveryFilter struct {
 	Status, Since, Until string
 }
+
+// deliveryPageSize is how many deliveries the webhook page lists at a time.
+const deliveryPageSize = 50
 
 // formTime is the layout of the time filters (an <input type="datetime-local">, read as UTC).
 const formTime = "2006-01-02T15:04"
@@ -407,44 +391,41 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 		h.notFound(w, r, p.Session)
 		return
 	}
-	org := p.Session.Key.OrgID
-	wh, err := h.opt.Store.GetWebhook(r.Context(), org, wid)
-	if errors.Is(err, store.ErrWebhookNotFound) {
-		h.notFound(w, r, p.Session)
-		return
-	} else if err != nil {
-		h.serverError(w, r, err)
+	pr := h.principal(r, p.Session)
+	wh, err := h.opt.API.GetWebhookOverview(r.Context(), pr, wid.String())
+	if err != nil {
+		h.readError(w, r, p.Session, err)
 		return
 	}
 	q := r.URL.Query()
-	d := webhookData{Webhook: managementapi.NewWebhook(wh), Health: wh.Health, Statuses: []string{"pending", "in_flight", "delivered", "failed"},
+	d := webhookData{Webhook: wh.Webhook, Health: wh.HealthDetail, Statuses: []string{"pending", "in_flight", "delivered", "failed"},
 		Filter: deliveryFilter{Status: q.Get("status"), Since: q.Get("since"), Until: q.Get("until")}}
 	d.Rotated, d.GraceChoices = rotated, graceChoices
-	pg := store.DeliveryPage{Status: d.Filter.Status, Limit: 50}
+	dq := managementapi.DeliveryQuery{Status: d.Filter.Status, Limit: strconv.Itoa(deliveryPageSize)}
 	valid := d.Filter.Status == ""
 	for _, st := range d.Statuses {
 		valid = valid || st == d.Filter.Status
 	}
 	var ok1, ok2 bool
-	pg.Since, ok1 = parseFormTime(d.Filter.Since)
-	pg.Until, ok2 = parseFormTime(d.Filter.Until)
+	dq.Since, ok1 = parseFormTime(d.Filter.Since)
+	dq.Until, ok2 = parseFormTime(d.Filter.Until)
 	if !valid || !ok1 || !ok2 {
 		p.Error, status = "The filter is not valid: pick a status from the list and times as YYYY-MM-DDTHH:MM (UTC).", http.StatusUnprocessableEntity
-		pg = store.DeliveryPage{Limit: 50}
+		dq = managementapi.DeliveryQuery{Limit: dq.Limit}
 		d.Filter = deliveryFilter{}
 	}
 	if after := q.Get("after"); after != "" {
 		if u, err := uuid.Parse(after); err == nil {
-			pg.After = &u
+			dq.Cursor = u.String()
 		}
 	}
-	list, more, err := h.opt.Store.ListDeliveries(r.Context(), org, wid, pg)
+	list, next, err := h.opt.API.ListDeliveries(r.Context(), pr, wid.String(), dq)
 	if err != nil {
-		h.serverError(w, r, err)
+		h.readError(w, r, p.Session, err)
 		return
 	}
 	d.Deliveries = list
-	if more && len(list) > 0 {
+	if next != nil && len(list) > 0 {
 		nq := url.Values{}
 		for k, v := range map[string]string{"status": d.Filter.Status, "since": d.Filter.Since, "until": d.Filter.Until} {
 			if v != "" {
@@ -455,9 +436,9 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 		d.NextURL = h.opt.BasePath + "/webhooks/" + wid.String() + "?" + nq.Encode()
 	}
 	now := time.Now().UTC()
-	minutes, buckets, err := h.opt.Store.DeliveryStats(r.Context(), org, wid, now.Add(-24*time.Hour), chartBucket)
+	minutes, buckets, err := h.opt.API.DeliveryStats(r.Context(), pr, wid.String(), now.Add(-24*time.Hour), chartBucket)
 	if err != nil {
-		h.serverError(w, r, err)
+		h.readError(w, r, p.Session, err)
 		return
 	}
 	d.Charts = renderCharts(now, minutes, buckets)
