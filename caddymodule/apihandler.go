@@ -1,21 +1,16 @@
 package caddymodule
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net/http"
-	"time"
 
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/caddyconfig/caddyfile"
 	"github.com/caddyserver/caddy/v2/caddyconfig/httpcaddyfile"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
-	"go.uber.org/zap"
 
-	"github.com/wabarelay/wabarelay/graph"
 	"github.com/wabarelay/wabarelay/managementapi"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 func init() {
@@ -29,8 +24,9 @@ func init() {
 // stripped, e.g. `handle_path /v1/* { wabarelay_api }`. It answers every request it receives
 // (unknown paths get a JSON 404) and never calls the next handler.
 //
-// It needs the `wabarelay` app. It sets `{http.auth.user.id}` to the API key's id, so access
-// logs show which key made a call (never the key itself).
+// It needs the `wabarelay` app, whose management Service it serves (shared with the dashboard).
+// It sets `{http.auth.user.id}` to the API key's id, so access logs show which key made a call
+// (never the key itself).
 type APIHandler struct {
 	handler *managementapi.Handler
 }
@@ -59,46 +55,8 @@ func (h *APIHandler) Provision(ctx caddy.Context) error {
 	if err != nil {
 		return err
 	}
-	h.handler = app.managementHandler(ctx.Logger())
+	h.handler = managementapi.NewHandler(app.service)
 	return nil
-}
-
-// managementHandler returns the management API handler over the app's store, limiter and
-// settings; the API module serves it, the dashboard makes its changes through its Service.
-func (a *App) managementHandler(logger *zap.Logger) *managementapi.Handler {
-	var limits LimitsConfig // zero: managementapi's defaults
-	if a.Limits != nil {
-		limits = *a.Limits
-	}
-	return managementapi.New(managementapi.Options{
-		Store:          a.store,
-		Limiter:        a.mgmtLimiter.Limiter,
-		Health:         a.Health,
-		ConnectBase:    a.ConnectBase,
-		ConnectLinkTTL: time.Duration(a.ConnectLinkTTL),
-		Logger:         logger,
-		OnReplayBacklog: func() {
-			if a.metrics != nil {
-				a.metrics.replayBacklog.Inc()
-			}
-		},
-		AfterChannelDeleted: func(d store.DeletedChannel) {
-			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			defer cancel()
-			if err := graph.New(a.Upstream, nil).UnsubscribeApp(ctx, d.UpstreamToken, d.WabaID); err != nil {
-				logger.Warn("unsubscribing a deleted channel's business account failed", zap.String("waba_id", d.WabaID), zap.Error(err))
-			}
-		},
-		AuthGuard: a.authGuard,
-		OnAuthenticated: func(r *http.Request, key store.APIKey) {
-			if repl, ok := r.Context().Value(caddy.ReplacerCtxKey).(*caddy.Replacer); ok {
-				repl.Set("http.auth.user.id", key.ID.String())
-			}
-		},
-		MaxWebhooksPerOrg: limits.WebhooksPerOrg,
-		MaxAPIKeysPerOrg:  limits.APIKeysPerOrg,
-		Retention:         a.retentionPolicy().Retention,
-	})
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.

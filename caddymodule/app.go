@@ -1,7 +1,11 @@
-// Package caddymodule is the Caddy glue of wabarelay: the `wabarelay` app (shared Postgres pool,
-// Redis client and secrets, lifecycle), its HTTP handler modules, their Caddyfile directives and
-// global option, and the `caddy wabarelay` CLI. Domain logic lives in the other packages; this
-// package only wires them into Caddy.
+// Package caddymodule is the Caddy glue of wabarelay: the `wabarelay` app, its HTTP handler
+// modules, their Caddyfile directives and global option, and the `caddy wabarelay` CLI. Domain
+// logic lives in the other packages; this package only wires them into Caddy.
+//
+// The app is split by concern: its configuration and its resolution (app.go), what it builds
+// from it and shares with its handlers — the shared Postgres pool and Redis client, the store,
+// the one management Service (wiring.go) — and the background work it starts and stops
+// (lifecycle.go).
 package caddymodule
 
 import (
@@ -12,13 +16,10 @@ import (
 	"net"
 	"net/url"
 	"os"
-	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
@@ -26,7 +27,7 @@ import (
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/authguard"
-	"github.com/wabarelay/wabarelay/ratelimit"
+	"github.com/wabarelay/wabarelay/managementapi"
 	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/relaylog"
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -142,8 +143,12 @@ type App struct {
 	// dispatcher (delivery { workers 0 }).
 	dispatcher     *dispatcher.Dispatcher
 	dispatcherDone chan struct{}
-	// pendingStores counts idempotency stores still running after their response was sent.
-	pendingStores atomic.Int64
+	// afterAnswer tracks the relays' work left after their answers (relay.Pending); Stop
+	// waits for it.
+	afterAnswer relay.Pending
+	// service is the management Service, shared by the API, the dashboard and every other
+	// handler that needs it.
+	service *managementapi.Service
 	// allowPrivateTargets and rootCAs are delivery's allow_private_targets and root_ca, resolved.
 	allowPrivateTargets bool
 	rootCAs             *x509.CertPool
@@ -273,31 +278,40 @@ func resolveSecret(repl *caddy.Replacer, name, val string, required bool) (strin
 	return out, nil
 }
 
-// Provision resolves secrets and acquires the shared clients. It does not dial anything, so
-// `caddy validate` works with no database running.
+// Provision resolves the configuration (resolve), then builds what the app shares with its
+// handlers (wire): the clients, the store, the management Service. It does not dial anything,
+// so `caddy validate` works with no database running.
 func (a *App) Provision(ctx caddy.Context) error {
 	a.logger = ctx.Logger()
-	repl := caddy.NewReplacer()
-	var err error
-	if a.database, err = resolveSecret(repl, "database", a.Database, true); err != nil {
+	redisCfg, err := a.resolve()
+	if err != nil {
 		return err
+	}
+	return a.wire(ctx, redisCfg)
+}
+
+// resolve resolves the configuration's placeholders (secrets among them) and fills in the
+// defaults; it returns the resolved Redis configuration (unset: no Redis).
+func (a *App) resolve() (redisCfg RedisConfig, err error) {
+	repl := caddy.NewReplacer()
+	if a.database, err = resolveSecret(repl, "database", a.Database, true); err != nil {
+		return redisCfg, err
 	}
 	rawKey, err := resolveSecret(repl, "encryption_key", a.EncryptionKey, true)
 	if err != nil {
-		return err
+		return redisCfg, err
 	}
 	keys, err := secretbox.ParseKeys(rawKey)
 	if err != nil {
-		return fmt.Errorf("encryption_key: %w", err)
+		return redisCfg, fmt.Errorf("encryption_key: %w", err)
 	}
 	if a.box, err = secretbox.NewKeyring(keys...); err != nil {
-		return fmt.Errorf("encryption_key: %w", err)
+		return redisCfg, fmt.Errorf("encryption_key: %w", err)
 	}
 	if ids := a.box.KeyIDs(); len(ids) > 1 {
 		a.logger.Info("encryption_key lists several keys: the first encrypts, all decrypt; run `caddy wabarelay rekey`, then drop the old ones",
 			zap.String("encrypting_key_id", ids[0]), zap.Strings("decrypt_only_key_ids", ids[1:]))
 	}
-	var redisCfg RedisConfig
 	redisNote := "no redis configured: rate limits and idempotency keys are kept in memory, correct for a single instance only"
 	if a.Redis.isSet() {
 		if url, uerr := resolveSecret(repl, "redis url", a.Redis.URL, false); uerr == nil && url == "" && a.Redis.isURLOnly() {
@@ -308,7 +322,7 @@ func (a *App) Provision(ctx caddy.Context) error {
 			}
 			redisNote = "redis: not configured (" + from + " empty); limits in memory, correct for a single instance only"
 		} else if redisCfg, err = a.Redis.resolve(repl); err != nil {
-			return err
+			return redisCfg, err
 		}
 	}
 	if !redisCfg.isSet() {
@@ -316,11 +330,11 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.logger.Warn(redisNote)
 	}
 	if err := a.provisionDelivery(repl); err != nil {
-		return err
+		return redisCfg, err
 	}
 	for name, p := range map[string]*string{"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL} {
 		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
-			return err
+			return redisCfg, err
 		}
 	}
 	if a.Meta != nil {
@@ -329,25 +343,25 @@ func (a *App) Provision(ctx caddy.Context) error {
 	for name, p := range map[string]*string{"meta.app_id": &a.meta.AppID, "meta.app_secret": &a.meta.AppSecret,
 		"meta.config_id": &a.meta.ConfigID, "meta.verify_token": &a.meta.VerifyToken, "meta.sdk_url": &a.meta.SDKURL} {
 		if *p, err = resolveSecret(repl, name, *p, false); err != nil {
-			return err
+			return redisCfg, err
 		}
 	}
 	if a.meta.SDKURL == "" {
 		a.meta.SDKURL = DefaultSDKURL
 	}
 	if a.registerPIN, err = resolveSecret(repl, "register_pin", a.RegisterPIN, false); err != nil {
-		return err
+		return redisCfg, err
 	}
 	if a.registerPIN != "" && (len(a.registerPIN) != 6 || strings.Trim(a.registerPIN, "0123456789") != "") {
 		// checked here, once resolved, rather than in Validate: a placeholder hides the value
-		return errors.New("register_pin must be 6 digits")
+		return redisCfg, errors.New("register_pin must be 6 digits")
 	}
 	if a.Upstream == "" {
 		a.Upstream = DefaultUpstream
 	}
 	if a.upstream, err = url.Parse(a.Upstream); err != nil || a.upstream.Host == "" ||
 		(a.upstream.Scheme != "https" && a.upstream.Scheme != "http") {
-		return fmt.Errorf("upstream: %q is not an http(s) URL", a.Upstream)
+		return redisCfg, fmt.Errorf("upstream: %q is not an http(s) URL", a.Upstream)
 	}
 	a.upstreamDial = a.upstream.Host
 	if a.upstream.Port() == "" {
@@ -366,58 +380,10 @@ func (a *App) Provision(ctx caddy.Context) error {
 		a.ManagementRateLimit.Window = caddy.Duration(DefaultManagementWindow)
 	}
 	if l := a.Limits; l != nil && (l.WebhooksPerOrg < 0 || l.APIKeysPerOrg < 0) {
-		return errors.New("limits: webhooks_per_org and api_keys_per_org must be positive")
+		return redisCfg, errors.New("limits: webhooks_per_org and api_keys_per_org must be positive")
 	}
-
-	if a.pool, a.poolKey, err = acquirePool(a.database); err != nil {
-		return err
-	}
-	if redisCfg.isSet() {
-		if a.redis, a.redisKey, err = acquireRedis(redisCfg); err != nil {
-			a.Cleanup()
-			return err
-		}
-	}
-	a.store = store.New(a.pool, a.box)
-	a.cache = relay.NewCache(a.store, relay.DefaultTTL)
-	a.cache.SetLogger(a.logger)
-	a.authGuard = newAuthGuard()
-	a.idem, a.idemKey = acquireIdempotency(a.redis, a.redisKey, a.logger)
-	a.metrics = registerMetrics(ctx.GetMetricsRegistry())
-	if reg := ctx.GetMetricsRegistry(); reg != nil {
-		if err := reg.Register(newQueueCollector(a.pool)); err != nil {
-			a.logger.Warn("delivery queue metrics not registered", zap.Error(err))
-		}
-	}
-	if a.inbound, err = a.newInbound(); err != nil {
-		a.Cleanup()
-		return err
-	}
-	mgmtLimit := a.ManagementRateLimit
-	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", mgmtLimit.Requests, time.Duration(mgmtLimit.Window))
-	if c := a.RelayLog; c == nil || !c.Off {
-		var cfg relaylog.Config
-		if c != nil {
-			cfg = relaylog.Config{Buffer: c.Buffer, Batch: c.Batch, Interval: time.Duration(c.Interval), PerChannel: c.PerChannel}
-		}
-		a.relayLog = relaylog.New(a.store, cfg, relayLogObserver{a.metrics}, a.logger.Named("relay_log"))
-	}
-	return nil
+	return redisCfg, nil
 }
-
-// callLog is the relay's call log: the relay log's writer, or nil when it is off.
-func (a *App) callLog() relay.CallLog {
-	if a.relayLog == nil {
-		return nil
-	}
-	return a.relayLog
-}
-
-// relayLogObserver feeds the relay log's metrics.
-type relayLogObserver struct{ m *metrics }
-
-func (o relayLogObserver) Written(n int) { o.m.relayLogWritten.Add(float64(n)) }
-func (o relayLogObserver) Dropped(n int) { o.m.relayLogDropped.Add(float64(n)) }
 
 // provisionDelivery resolves delivery's allow_private_targets and root_ca (placeholders, the
 // CA file read and parsed here, so that `caddy validate` checks it) and warns, at every start
@@ -449,29 +415,6 @@ func (a *App) provisionDelivery(repl *caddy.Replacer) error {
 	return nil
 }
 
-// limiterHandle is a rate limiter acquired from the app; release it in Cleanup.
-type limiterHandle struct {
-	ratelimit.Limiter
-	memKey string
-}
-
-func (l limiterHandle) release() {
-	if l.memKey != "" {
-		releaseMemoryLimiter(l.memKey)
-	}
-}
-
-// newLimiter returns a rate limiter: Redis-backed with an in-memory fallback when Redis is
-// configured, in memory otherwise. The memory limiter is shared across reloads (so a reload does
-// not reset counts).
-func (a *App) newLimiter(prefix string, limit int, window time.Duration) limiterHandle {
-	mem, key := acquireMemoryLimiter(prefix, limit, window)
-	if a.redis == nil {
-		return limiterHandle{mem, key}
-	}
-	return limiterHandle{ratelimit.NewFallback(ratelimit.NewRedis(a.redis, limit, window, prefix), mem, a.logger), key}
-}
-
 // Validate checks the configuration.
 func (a *App) Validate() error {
 	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers < 0 {
@@ -496,153 +439,6 @@ func (a *App) Validate() error {
 	return nil
 }
 
-// Start checks that Postgres answers and applies pending migrations (unless skip_migrations).
-// A Redis that does not answer is logged, not fatal: limits fall back to memory until it does.
-func (a *App) Start() error {
-	ctx, cancel := context.WithTimeout(context.Background(), startTimeout)
-	defer cancel()
-	if err := a.store.Ping(ctx); err != nil {
-		return fmt.Errorf("wabarelay: %w", err)
-	}
-	if !a.SkipMigrations {
-		conn, err := a.pool.Acquire(ctx)
-		if err != nil {
-			return fmt.Errorf("wabarelay: migrations: %w", err)
-		}
-		err = store.Migrate(ctx, conn.Conn())
-		conn.Release()
-		if err != nil {
-			return fmt.Errorf("wabarelay: %w", err)
-		}
-	}
-	if a.redis != nil {
-		if err := pingRedis(ctx, a.redis); err != nil {
-			a.logger.Warn("redis does not answer; limiting in memory until it does", zap.Error(err))
-		}
-	}
-	lctx, cancel := context.WithCancel(context.Background())
-	a.stopListener, a.listenerDone = cancel, make(chan struct{})
-	go func() {
-		defer close(a.listenerDone)
-		defer func() {
-			if v := recover(); v != nil {
-				a.logger.Error("channel change listener panicked", zap.Any("panic", v))
-			}
-		}()
-		a.cache.Listen(lctx, a.database, a.logger, func() {
-			a.logger.Info("listening for channel changes; relay cache flushed")
-		})
-	}()
-	go a.maintainLoop(lctx)
-	if a.relayLog != nil {
-		a.relayLog.Start()
-	}
-	if err := a.startDispatcher(lctx); err != nil {
-		cancel()
-		<-a.listenerDone
-		return fmt.Errorf("wabarelay: delivery: %w", err)
-	}
-	a.logger.Info("wabarelay started", zap.String("upstream", a.Upstream))
-	return nil
-}
-
-// Stop stops background work (bounded wait). Shared clients stay open for in-flight requests;
-// Cleanup releases them.
-func (a *App) Stop() error {
-	// Idempotency stores of answered sends (each bounded to 5 s): a process about to exit
-	// should not leave their keys in flight until the lease ends.
-	for deadline := time.Now().Add(5 * time.Second); a.pendingStores.Load() > 0 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if a.relayLog != nil {
-		a.relayLog.Stop() // writes what is buffered (bounded); later calls are dropped and counted
-	}
-	if a.stopListener != nil {
-		a.stopListener()
-		select {
-		case <-a.listenerDone:
-		case <-time.After(5 * time.Second):
-			a.logger.Warn("channel change listener did not stop in time")
-		}
-		if a.dispatcherDone != nil {
-			// Run waits for attempts in flight (bounded by the delivery timeout) and records them.
-			select {
-			case <-a.dispatcherDone:
-			case <-time.After(a.deliveryTimeout() + 5*time.Second):
-				a.logger.Warn("delivery dispatcher did not stop in time; its leases will expire")
-			}
-		}
-	}
-	return nil
-}
-
-func (a *App) deliveryTimeout() time.Duration {
-	if a.Delivery != nil && a.Delivery.Timeout > 0 {
-		return time.Duration(a.Delivery.Timeout)
-	}
-	return dispatcher.DefaultTimeout
-}
-
-// startDispatcher starts webhook delivery for this config. During a reload the new config's
-// dispatcher starts before the old one stops; claims are leased rows, so both may run. With
-// delivery { workers 0 } it starts none: a.dispatcher stays nil, and the inbound handler leaves
-// every delivery pending for the dispatchers of other instances.
-func (a *App) startDispatcher(ctx context.Context) error {
-	if d := a.Delivery; d != nil && d.Workers != nil && *d.Workers == 0 {
-		a.logger.Info("delivery workers 0: this instance runs no dispatcher; deliveries it stores are left to the dispatchers of other instances")
-		return nil
-	}
-	cfg := dispatcher.Config{InstanceID: caddyInstanceID(), Observer: deliveryObserver{a.metrics}, Traces: &tracerProvider}
-	if d := a.Delivery; d != nil {
-		for _, r := range d.RetryDelays {
-			cfg.RetryDelays = append(cfg.RetryDelays, time.Duration(r))
-		}
-		cfg.Timeout, cfg.Lease = time.Duration(d.Timeout), time.Duration(d.Lease)
-		if d.Workers != nil {
-			cfg.Workers = *d.Workers
-		}
-		cfg.PerOrg = d.PerOrg
-		cfg.PerWebhook = d.PerWebhook
-		cfg.FailureThreshold, cfg.DisableAfter = d.FailureThreshold, time.Duration(d.DisableAfter)
-		if len(d.ProbeInterval) > 0 {
-			cfg.ProbeInterval = time.Duration(d.ProbeInterval[0])
-		}
-		if len(d.ProbeInterval) > 1 {
-			cfg.ProbeIntervalMax = time.Duration(d.ProbeInterval[1])
-		}
-		cfg.AllowPrivateTargets, cfg.RootCAs = a.allowPrivateTargets, a.rootCAs
-	}
-	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
-		s, err := a.store.WebhookSecret(ctx, id)
-		if errors.Is(err, secretbox.ErrOpen) {
-			err = fmt.Errorf("%w: %w", dispatcher.ErrSecretUnusable, err)
-		}
-		return s, err
-	}
-	cfg.PreviousSecrets = func(ctx context.Context, id uuid.UUID) (string, time.Time, error) {
-		s, until, err := a.store.PreviousWebhookSecret(ctx, id)
-		if errors.Is(err, secretbox.ErrOpen) {
-			err = fmt.Errorf("%w: %w", dispatcher.ErrSecretUnusable, err)
-		}
-		return s, until, err
-	}
-	disp, err := dispatcher.New(a.pool, secrets, cfg, a.logger.Named("dispatcher"))
-	if err != nil {
-		return err
-	}
-	a.dispatcher, a.dispatcherDone = disp, make(chan struct{})
-	go func() {
-		defer close(a.dispatcherDone)
-		defer func() {
-			if v := recover(); v != nil {
-				a.logger.Error("delivery dispatcher panicked", zap.Any("panic", v))
-			}
-		}()
-		disp.Run(ctx, a.database)
-	}()
-	return nil
-}
-
 // retentionPolicy is delivery's retention and max_hold (defaults: store.RetentionPolicy).
 func (a *App) retentionPolicy() store.RetentionPolicy {
 	if d := a.Delivery; d != nil {
@@ -651,83 +447,11 @@ func (a *App) retentionPolicy() store.RetentionPolicy {
 	return store.RetentionPolicy{}
 }
 
-// maintainLoop runs the store's maintenance (store.Store.Maintain) at start and then every
-// store.MaintenanceInterval until ctx ends (a config reload restarts it, and it runs at once,
-// so frequent reloads cannot starve it).
-func (a *App) maintainLoop(ctx context.Context) {
-	defer func() {
-		if v := recover(); v != nil {
-			a.logger.Error("maintenance panicked", zap.Any("panic", v))
-		}
-	}()
-	tick := time.NewTicker(store.MaintenanceInterval)
-	defer tick.Stop()
-	for {
-		a.store.Maintain(ctx, a.retentionPolicy(), a.logger)
-		select {
-		case <-ctx.Done():
-			return
-		case <-tick.C:
-		}
+func (a *App) deliveryTimeout() time.Duration {
+	if a.Delivery != nil && a.Delivery.Timeout > 0 {
+		return time.Duration(a.Delivery.Timeout)
 	}
-}
-
-// caddyInstanceID names this process in delivery claims.
-func caddyInstanceID() string {
-	id, err := caddy.InstanceID()
-	host, _ := os.Hostname()
-	if err != nil {
-		return host + "-" + strconv.Itoa(os.Getpid())
-	}
-	return host + "-" + id.String()[:8] + "-" + strconv.Itoa(os.Getpid())
-}
-
-// deliveryObserver feeds the delivery metrics.
-type deliveryObserver struct{ m *metrics }
-
-func (o deliveryObserver) Attempt(outcome string, d time.Duration) {
-	o.m.deliveries.WithLabelValues(outcome).Inc()
-	o.m.attemptLatency.Observe(d.Seconds())
-}
-
-// HealthChange counts webhook health changes (dispatcher.HealthObserver).
-func (o deliveryObserver) HealthChange(change string) {
-	o.m.healthChanges.WithLabelValues(change).Inc()
-}
-
-// Cleanup releases the shared clients. It is safe to call more than once and without Start.
-func (a *App) Cleanup() error {
-	if a.released {
-		return nil
-	}
-	a.released = true
-	a.mgmtLimiter.release()
-	if a.idemKey != "" {
-		releaseIdempotency(a.idemKey)
-	}
-	if a.redisKey != "" {
-		releaseRedis(a.redisKey)
-	}
-	if a.poolKey != "" {
-		releasePool(a.poolKey)
-	}
-	return nil
-}
-
-// Store returns the data layer.
-func (a *App) Store() *store.Store { return a.store }
-
-// Health reports the first unavailable dependency.
-func (a *App) Health(ctx context.Context) error {
-	if err := a.store.Ping(ctx); err != nil {
-		return errors.New("Postgres unavailable")
-	}
-	if a.redis != nil {
-		if err := pingRedis(ctx, a.redis); err != nil {
-			return errors.New("Redis unavailable")
-		}
-	}
-	return nil
+	return dispatcher.DefaultTimeout
 }
 
 // Interface guards.

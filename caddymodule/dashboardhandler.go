@@ -25,7 +25,8 @@ func init() {
 
 // DashboardHandler serves the operators' web dashboard (package dashboard) under BasePath.
 // Mount it without stripping the path: `handle /dashboard* { wabarelay_dashboard }`. It needs the
-// `wabarelay` app, whose store, management API rules and rate limit it uses.
+// `wabarelay` app, whose management Service (shared with the API: its rules and rate limit) it
+// reads and changes through, and whose store keeps its sessions.
 type DashboardHandler struct {
 	// BasePath is the path the dashboard is mounted at. Default: /dashboard.
 	BasePath string `json:"base_path,omitempty"`
@@ -71,9 +72,8 @@ func (h *DashboardHandler) Provision(ctx caddy.Context) error {
 	}
 	logger := ctx.Logger()
 	opt := dashboard.Options{
-		Store: app.store, API: app.managementHandler(logger).Service(), BasePath: h.BasePath,
-		ConnectBase: app.ConnectBase, SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard,
-		Logger: logger,
+		Store: app.store, API: app.service, BasePath: h.BasePath,
+		SessionTTL: time.Duration(h.SessionTTL), AuthGuard: app.authGuard, Logger: logger,
 	}
 	if h.Demo != nil {
 		repl := caddy.NewReplacer()

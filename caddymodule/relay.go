@@ -10,7 +10,6 @@ import (
 	"github.com/caddyserver/caddy/v2"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/admission"
 	"github.com/wabarelay/wabarelay/internal/httpx"
@@ -73,7 +72,7 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 		UpstreamBase:  strings.TrimRight(a.upstream.Path, "/"),
 		ProxyBase:     a.proxyBase,
 		Authenticated: setAuthUser,
-		Background:    a.background,
+		Pending:       &a.afterAnswer,
 		Metrics:       newRelayMetrics(a.metrics),
 		CallLog:       a.callLog(),
 		Logger:        a.logger,
@@ -126,20 +125,6 @@ func (a *App) proxyBase(r *http.Request, relayPath string) string {
 		prefix = strings.TrimSuffix(orig.URL.Path, relayPath)
 	}
 	return httpx.Origin(r) + prefix
-}
-
-// background runs f after a caller got its answer; App.Stop waits for it (up to a bound).
-func (a *App) background(f func()) {
-	a.pendingStores.Add(1)
-	go func() {
-		defer a.pendingStores.Add(-1)
-		defer func() {
-			if v := recover(); v != nil {
-				a.logger.Error("relay: background work panicked", zap.Any("panic", v))
-			}
-		}()
-		f()
-	}()
 }
 
 // setAuthUser sets {http.auth.user.id} to the channel id, for Caddy's access logs.
