@@ -43,12 +43,19 @@ Output is one JSON object per line.`,
 	})
 }
 
-// cliEnv is what a CLI command runs with.
+// cliEnv is what a CLI command runs with. The commands on orgs, API keys, channels and
+// webhooks are operations of the management Service made as the operator's principal
+// (managementapi.Operator), printed in its shapes; migrate and rekey work on the database
+// itself (its schema, its encryption at rest), as the app's start does, and so on the store.
 type cliEnv struct {
 	ctx   context.Context
 	store *store.Store
+	svc   *managementapi.Service
 	out   *json.Encoder
 }
+
+// operator is the CLI's principal.
+var operator = managementapi.Operator()
 
 // cliTimeout bounds a CLI command (except rekey, which runs until done or interrupted).
 const cliTimeout = 2 * time.Minute
@@ -91,7 +98,9 @@ func runCLIFor(needKey bool, timeout time.Duration, fn func(env *cliEnv, cmd *co
 			return fmt.Errorf("database: %w", err)
 		}
 		defer pool.Close()
-		return fn(&cliEnv{ctx: ctx, store: store.New(pool, box), out: json.NewEncoder(cmd.OutOrStdout())}, cmd)
+		st := store.New(pool, box)
+		svc := managementapi.NewService(managementapi.Options{Store: st, ConnectLinkTTL: DefaultConnectLinkTTL})
+		return fn(&cliEnv{ctx: ctx, store: st, svc: svc, out: json.NewEncoder(cmd.OutOrStdout())}, cmd)
 	}
 }
 
@@ -165,11 +174,11 @@ func cliOrg() *cobra.Command {
 			if name == "" {
 				return errors.New("--name is required")
 			}
-			o, err := env.store.CreateOrg(env.ctx, name)
+			o, err := env.svc.CreateOrg(env.ctx, operator, name)
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(cliOrgRecord{ID: o.ID, Name: o.Name, CreatedAt: managementapi.Time(o.CreatedAt)})
+			return env.out.Encode(o)
 		}),
 	}
 	create.Flags().String("name", "", "organization name")
@@ -177,48 +186,9 @@ func cliOrg() *cobra.Command {
 	return org
 }
 
-// The CLI writes timestamps as the management API does (managementapi.Time: RFC 3339 in UTC
-// with milliseconds), never in the machine's time zone or to the database's microsecond.
-
-// cliOrgRecord is the output of `org create`.
-type cliOrgRecord struct {
-	ID        uuid.UUID          `json:"id"`
-	Name      string             `json:"name"`
-	CreatedAt managementapi.Time `json:"created_at"`
-}
-
-// cliAPIKeyRecord is the CLI's form of an API key record: the API's, with the key's org.
-type cliAPIKeyRecord struct {
-	ID         uuid.UUID           `json:"id"`
-	OrgID      uuid.UUID           `json:"org_id"`
-	Name       string              `json:"name"`
-	Prefix     string              `json:"prefix"`
-	CreatedAt  managementapi.Time  `json:"created_at"`
-	ExpiresAt  *managementapi.Time `json:"expires_at"`
-	RevokedAt  *managementapi.Time `json:"revoked_at"`
-	LastUsedAt *managementapi.Time `json:"last_used_at"`
-}
-
-func newCLIAPIKey(k store.APIKey) cliAPIKeyRecord {
-	a := managementapi.NewAPIKey(k)
-	return cliAPIKeyRecord{ID: a.ID, OrgID: k.OrgID, Name: a.Name, Prefix: a.Prefix, CreatedAt: a.CreatedAt,
-		ExpiresAt: a.ExpiresAt, RevokedAt: a.RevokedAt, LastUsedAt: a.LastUsedAt}
-}
-
-// cliTime is t in the API's form; nil stays nil (JSON null).
-func cliTime(t *time.Time) *managementapi.Time {
-	if t == nil {
-		return nil
-	}
-	v := managementapi.Time(*t)
-	return &v
-}
-
-// apiKeyCreated is the output of `apikey create`: the record plus the key, shown this once.
-type apiKeyCreated struct {
-	cliAPIKeyRecord
-	Key string `json:"key"`
-}
+// The CLI writes the management API's shapes (managementapi: Org, OrgAPIKey, ChannelState,
+// OrgWebhook), timestamps as the API does (RFC 3339 in UTC with milliseconds), never in the
+// machine's time zone or to the database's microsecond.
 
 func cliAPIKey() *cobra.Command {
 	apikey := &cobra.Command{Use: "apikey", Short: "Manage API keys"}
@@ -231,20 +201,17 @@ func cliAPIKey() *cobra.Command {
 				return err
 			}
 			name, _ := cmd.Flags().GetString("name")
-			var expiresAt *time.Time
+			var lifetime time.Duration // none: no expiry
 			if s, _ := cmd.Flags().GetString("expires-in"); s != "" {
-				d, err := managementapi.ParseLifetime(s)
-				if err != nil || d <= 0 {
+				if lifetime, err = managementapi.ParseLifetime(s); err != nil || lifetime <= 0 {
 					return fmt.Errorf("--expires-in: invalid duration %q", s)
 				}
-				t := time.Now().Add(d).UTC().Truncate(time.Millisecond)
-				expiresAt = &t
 			}
-			k, key, err := env.store.CreateAPIKey(env.ctx, orgID, name, expiresAt)
+			k, err := env.svc.CreateOrgAPIKey(env.ctx, operator, orgID, name, lifetime)
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(apiKeyCreated{cliAPIKeyRecord: newCLIAPIKey(k), Key: key})
+			return env.out.Encode(k)
 		}),
 	}
 	create.Flags().String("org", "", "organization id")
@@ -259,15 +226,11 @@ func cliAPIKey() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			keys, err := env.store.ListAPIKeys(env.ctx, orgID)
+			keys, err := env.svc.ListOrgAPIKeys(env.ctx, operator, orgID)
 			if err != nil {
 				return err
 			}
-			out := make([]cliAPIKeyRecord, len(keys))
-			for i, k := range keys {
-				out[i] = newCLIAPIKey(k)
-			}
-			return encodeAll(env.out, out)
+			return encodeAll(env.out, keys)
 		}),
 	}
 	list.Flags().String("org", "", "organization id")
@@ -280,11 +243,11 @@ func cliAPIKey() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			k, err := env.store.RevokeAPIKey(env.ctx, id)
+			k, err := env.svc.RevokeAnyAPIKey(env.ctx, operator, id)
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(newCLIAPIKey(k))
+			return env.out.Encode(k)
 		}),
 	}
 	revoke.Flags().String("id", "", "API key id")
@@ -301,15 +264,6 @@ func encodeAll[T any](enc *json.Encoder, items []T) error {
 	return nil
 }
 
-// channelState is the CLI's view of a channel: no tokens.
-type channelState struct {
-	ID             uuid.UUID `json:"id"`
-	OrgID          uuid.UUID `json:"org_id"`
-	Name           string    `json:"name"`
-	Status         string    `json:"status"`
-	InactiveReason *string   `json:"inactive_reason"`
-}
-
 func cliChannel() *cobra.Command {
 	channel := &cobra.Command{Use: "channel", Short: "Operator actions on channels"}
 	deactivate := &cobra.Command{
@@ -320,11 +274,11 @@ func cliChannel() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			c, err := env.store.DeactivateChannel(env.ctx, id)
+			c, err := env.svc.DeactivateChannel(env.ctx, operator, id)
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(channelState{ID: c.ID, OrgID: c.OrgID, Name: c.Name, Status: c.Status, InactiveReason: c.InactiveReason})
+			return env.out.Encode(c)
 		}),
 	}
 	deactivate.Flags().String("id", "", "channel id")
@@ -342,27 +296,17 @@ func cliChannel() *cobra.Command {
 					return fmt.Errorf("--ttl: invalid duration %q", s)
 				}
 			}
-			c, err := env.store.ReopenLink(env.ctx, nil, id, ttl, true)
+			c, err := env.svc.ReopenChannel(env.ctx, operator, id, ttl)
 			if err != nil {
 				return err
 			}
-			return env.out.Encode(struct {
-				channelState
-				TokenExpiresAt *managementapi.Time `json:"token_expires_at"`
-			}{channelState{ID: c.ID, OrgID: c.OrgID, Name: c.Name, Status: c.Status, InactiveReason: c.InactiveReason}, cliTime(c.TokenExpiresAt)})
+			return env.out.Encode(c)
 		}),
 	}
 	reconnect.Flags().String("id", "", "channel id")
 	reconnect.Flags().String("ttl", "", "how long the link stays open (default 168h)")
 	channel.AddCommand(deactivate, reconnect)
 	return channel
-}
-
-// rotatedWebhook is the output of `webhook rotate-secret`: the webhook as the API shows it, with
-// its org and the new secret (printed this once).
-type rotatedWebhook struct {
-	managementapi.Webhook
-	OrgID uuid.UUID `json:"org_id"`
 }
 
 func cliWebhook() *cobra.Command {
@@ -381,13 +325,11 @@ func cliWebhook() *cobra.Command {
 					return fmt.Errorf("--grace: %q is not a duration between 0s and %v", s, store.MaxSecretGrace)
 				}
 			}
-			w, secret, err := env.store.RotateAnyWebhookSecret(env.ctx, id, grace)
+			w, err := env.svc.RotateAnyWebhookSecret(env.ctx, operator, id, grace)
 			if err != nil {
 				return err
 			}
-			out := rotatedWebhook{Webhook: managementapi.NewWebhook(w), OrgID: w.OrgID}
-			out.HMACSecret = secret
-			return env.out.Encode(out)
+			return env.out.Encode(w)
 		}),
 	}
 	rotate.Flags().String("id", "", "webhook id")
