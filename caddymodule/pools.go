@@ -70,10 +70,9 @@ func acquirePool(dsn string) (*pgxpool.Pool, string, error) {
 func releasePool(key string) { pgPools.Delete(key) }
 
 // noJIT turns Postgres's JIT compilation off for the product's sessions unless the connection
-// string sets jit: every statement here is a short OLTP one, and a claim planned per call whose
-// estimated cost passes jit_above_cost once a backlog forms (tens of thousands of queued rows)
-// was compiled at every call under the server's default jit = on — 486 ms per claim, 118
-// deliveries/s instead of thousands (bench/README.md "Issue 21: Postgres per event").
+// string sets jit: every statement here is a short OLTP one, and under the server's default
+// jit = on a statement planned per call whose estimated cost passes jit_above_cost (a delivery
+// claim, once a backlog forms) is compiled at every call, which costs far more than running it.
 func noJIT(params map[string]string) {
 	if _, set := params["jit"]; !set {
 		params["jit"] = "off"

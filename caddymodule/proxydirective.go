@@ -26,9 +26,9 @@ const upstreamTimeout = 30 * time.Second
 
 // upstreamIdleConns is the most idle connections kept to the upstream. The relay sends every
 // channel's calls to that one host, so over HTTP/1.1 it needs about as many connections as
-// calls in flight; with Caddy's default (32 per host) every call beyond 32 at once opened a
-// connection and closed it after (bench/README "Issue 21: the relay's CPU in Caddy"). Idle
-// connections still close after the transport's idle timeout (2 min).
+// calls in flight; with Caddy's default (32 per host) every call beyond 32 at once would open a
+// connection and close it after. Idle connections still close after the transport's idle
+// timeout (2 min).
 const upstreamIdleConns = 1024
 
 // upstreamVar is the request variable holding the upstream's dial address, set by
