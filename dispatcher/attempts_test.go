@@ -61,10 +61,13 @@ func isSequence(n []int, want int) bool {
 
 // TestReclaimedLeaseIsNotAnAttempt: a first attempt claimed by an instance that crashed before
 // making it — claimed by the dispatcher's claim, or inserted already claimed by the inbound
-// handler (the hand-off) — is reclaimed once its lease has passed, delivered, and logged as
-// attempt 1: the lost claim used up no attempt.
+// handler (the hand-off) — is left alone while its lease runs, reclaimed once its lease has
+// passed by the clock (each at its own lease's end), delivered, and logged as attempt 1: the
+// lost claim used up no attempt.
 func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	e := newEnv(t)
+	clk := e.useClock()
+	t0 := clk.Now()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL)
 	ctx := context.Background()
@@ -74,17 +77,26 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].EventID != claimed {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
-	res := e.inbound(1, store.Claim{Instance: crashed.InstanceID(), Lease: time.Minute, Max: 1})
+	res := e.inbound(1, store.Claim{Instance: crashed.InstanceID(), Lease: 2 * crashed.Lease(), Max: 1})
 	if len(res.Claimed) != 1 {
 		t.Fatalf("inbound %+v", res)
 	}
 	handedOff := res.Claimed[0].EventID
-	e.expireLease(claimed)
-	e.expireLease(handedOff)
 
-	e.run(e.config(rc))
+	d, _ := e.start(e.config(rc))
+	caughtUp(t, d) // its claim saw both leases running
+	clk.Set(t0.Add(crashed.Lease()))
+	if jobs, _, err := e.crashedInstance(rc).claim(ctx, 10); err != nil || len(jobs) != 0 {
+		t.Fatalf("as the first lease ends another instance claimed %+v (%v), want nothing", jobs, err)
+	}
+	clk.Advance(time.Microsecond)
+	testenv.Eventually(t, patience, e.statusIs(claimed, "delivered"), "the claim reclaimed and delivered once its lease passed")
+	if row := e.delivery(handedOff); row.status != "in_flight" || rc.Count() != 1 {
+		t.Fatalf("the hand-off's longer lease was taken over: %+v, %d receipts", row, rc.Count())
+	}
+	clk.Set(t0.Add(2*crashed.Lease() + time.Microsecond))
+	testenv.Eventually(t, patience, e.statusIs(handedOff, "delivered"), "the hand-off reclaimed and delivered once its lease passed")
 	for _, id := range []uuid.UUID{claimed, handedOff} {
-		testenv.Eventually(t, patience, e.statusIs(id, "delivered"), "reclaimed and delivered")
 		if row := e.delivery(id); row.attempts != 1 {
 			t.Fatalf("reclaimed delivery %+v, want 1 attempt", row)
 		}

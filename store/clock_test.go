@@ -24,6 +24,8 @@ type clockEnv struct {
 	org  uuid.UUID
 	hook uuid.UUID
 	seq  int
+	// lease is the lease of claim's claims: a day unless the test sets it
+	lease time.Duration
 }
 
 func newClockEnv(t *testing.T) *clockEnv {
@@ -32,7 +34,8 @@ func newClockEnv(t *testing.T) *clockEnv {
 	w, _ := f.Webhook(t, org.ID, "https://h.example.com")
 	clk := clock.NewStub(time.Now())
 	f.Store.SetClock(clk)
-	return &clockEnv{t: t, f: f, clk: clk, q: store.NewQueue(f.Pool).WithClock(clk), org: org.ID, hook: w.ID}
+	return &clockEnv{t: t, f: f, clk: clk, q: store.NewQueue(f.Pool).WithClock(clk), org: org.ID, hook: w.ID,
+		lease: 24 * time.Hour}
 }
 
 // events stores n message events (one delivery each), handing off up to claim.Max of them.
@@ -51,10 +54,10 @@ func (e *clockEnv) events(n int, claim store.Claim) store.InboundResult {
 	return res
 }
 
-// claim claims for instance with a lease of a minute.
+// claim claims for instance under e.lease.
 func (e *clockEnv) claim(instance string) store.Claimed {
 	e.t.Helper()
-	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: instance, Lease: time.Minute, Limit: 100, PerWebhook: 100})
+	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: instance, Lease: e.lease, Limit: 100, PerWebhook: 100})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -117,5 +120,37 @@ func TestClaimTakesWhatIsDueByTheClock(t *testing.T) {
 	e.clk.Set(t0.Add(time.Hour))
 	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != later {
 		t.Fatalf("claimed %+v an hour later, want the last one", c.Deliveries)
+	}
+}
+
+// TestLeaseEndsByTheClock: a claimed delivery — by a claim or by the inbound hand-off — stays
+// with its claim until its lease has ended by the queue's clock, and is then reclaimed by
+// another instance's claim, under the same attempt number.
+func TestLeaseEndsByTheClock(t *testing.T) {
+	e := newClockEnv(t)
+	e.lease = time.Minute
+	e.events(1, store.Claim{})
+	if c := e.claim("a"); len(c.Deliveries) != 1 {
+		t.Fatalf("first claim took %d, want 1", len(c.Deliveries))
+	}
+	if res := e.events(1, store.Claim{Instance: "a", Lease: time.Minute, Max: 1}); len(res.Claimed) != 1 {
+		t.Fatalf("hand-off %+v, want one delivery claimed", res)
+	}
+	e.clk.Advance(time.Minute)
+	if c := e.claim("b"); len(c.Deliveries) != 0 {
+		t.Fatalf("another instance took %d deliveries as their leases end, want none", len(c.Deliveries))
+	}
+	e.clk.Advance(time.Microsecond)
+	c := e.claim("b")
+	if len(c.Deliveries) != 2 || c.Reclaimed != 2 {
+		t.Fatalf("after the leases ended another instance took %d (%d reclaimed), want both", len(c.Deliveries), c.Reclaimed)
+	}
+	for _, d := range c.Deliveries {
+		if d.Attempt != 1 {
+			t.Fatalf("reclaimed delivery %+v: a lost claim used up an attempt", d)
+		}
+		if until := testenv.QueryValue[time.Time](t, e.f, `SELECT locked_until FROM delivery_queue WHERE delivery_id = $1`, d.ID); !until.Equal(e.clk.Now().Add(time.Minute)) {
+			t.Fatalf("the new lease ends at %v, want a minute after %v", until, e.clk.Now())
+		}
 	}
 }

@@ -280,7 +280,7 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 
 	now := s.now().UTC()
 	created := now.Format(eventTimeFormat)
-	in := inboundBatch{now: now, claim: claim, maxes: make([]int32, len(posts))}
+	in := inboundBatch{now: now, leaseFrom: s.nowArg(), claim: claim, maxes: make([]int32, len(posts))}
 	today := day(now)
 	in.lookback = today // the first day a copy of some item could have been stored on
 	for pi, p := range posts {
@@ -371,7 +371,10 @@ type inboundBatch struct {
 	objChannels        []uuid.UUID
 	objIDs             []string
 	now                time.Time
-	lookback           time.Time // the first day to look for duplicates in (see IncomingItem.Sent)
+	// leaseFrom is when the hand-off's leases start (nil: the database's now(); see package
+	// clock).
+	leaseFrom *time.Time
+	lookback  time.Time // the first day to look for duplicates in (see IncomingItem.Sent)
 	// claim is the hand-off of the whole batch: Instance and Lease, Max the sum of maxes.
 	claim Claim
 	// posts is the post (index into the results, see StoreEventsGroup) of each item, objPosts
@@ -493,7 +496,7 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 		maxes = []int32{int32(max(in.claim.Max, 0))}
 	}
 	rows, err = queryGeneric(ctx, tx, storeDeliveriesSQL, stored, storedOrg, storedCh, storedType, in.now, maxes, in.claim.Instance,
-		in.claim.Lease.Milliseconds(), storedConv, storedPost)
+		in.claim.Lease.Milliseconds(), storedConv, storedPost, in.leaseFrom)
 	if err != nil {
 		return err
 	}
@@ -528,7 +531,8 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 
 // storeDeliveriesSQL makes the deliveries of stored events (storeGroup), one per matching
 // webhook: a log row, and a queue row — claimed for this instance (up to its post's claim Max,
-// active webhooks), pending (active) or held (paused). A webhook with ordering "conversation"
+// active webhooks; leased from $11, NULL: the database's now()), pending (active) or held
+// (paused). A webhook with ordering "conversation"
 // gets the item's conversation on both rows, and no hand-off (its claims keep the order, see
 // claimableSQL); its queue row waits behind the conversation's rows already queued, or earlier
 // in the statement (queueStatusSQL: one index probe).
@@ -565,7 +569,8 @@ var storeDeliveriesSQL = `
 		` + insertDeliveryQueue + `
 		SELECT n.id, $5, n.event_id, n.webhook_id,
 		       ` + queueStatusSQL("n.webhook_id", "n.conv", "n.conv_rank", `CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END`) + `,
-		       $5, CASE WHEN n.claimed THEN $7 END, CASE WHEN n.claimed THEN now() + $8 * interval '1 millisecond' END, n.conv
+		       $5, CASE WHEN n.claimed THEN $7 END,
+		       CASE WHEN n.claimed THEN coalesce($11::timestamptz, now()) + $8 * interval '1 millisecond' END, n.conv
 		FROM n ORDER BY n.event_id, n.webhook_id
 	)
 	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`

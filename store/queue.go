@@ -59,7 +59,7 @@ type QueueClaim struct {
 }
 
 // claimSQL takes up to $3 deliveries due at $12 (NULL: the database's now(); see package clock)
-// for this instance ($1, lease $2 ms), fairly across
+// for this instance ($1, lease $2 ms from $12), fairly across
 // orgs first, then across each org's webhooks. It walks the webhooks that have pending rows (a
 // skip scan of delivery_queue_due: one index probe per webhook, however long its backlog; held
 // rows of paused webhooks are not in that index at all) and keeps the active ones with
@@ -70,8 +70,8 @@ type QueueClaim struct {
 // across its webhooks in round-robin order after the org's cursor ($10/$11), an equal part each
 // (at most its free slots; a webhook with fewer free slots leaves the rest of the org's share
 // to the others), taken oldest due first (retries and first attempts alike: a retry
-// waits only for what fell due before it). Expired leases (a crashed or stuck instance) come
-// first, up to a quarter of the claim. Every row read is a row taken or one probe per
+// waits only for what fell due before it). Expired leases (a crashed or stuck instance: ended
+// before $12) come first, up to a quarter of the claim. Every row read is a row taken or one probe per
 // webhook: a claim never scans another webhook's backlog. The webhooks are read by primary key
 // (their org and status), once per webhook with pending rows.
 //
@@ -118,7 +118,7 @@ WITH RECURSIVE hooks(id) AS (
 	WHERE c.turn <= least(o.room, o.fair)
 ), expired AS (
 	SELECT d.delivery_id, 0::bigint AS turn FROM delivery_queue d
-	WHERE d.status = 'in_flight' AND d.locked_until < now()
+	WHERE d.status = 'in_flight' AND d.locked_until < coalesce($12::timestamptz, now())
 	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = d.webhook_id AND w.status = 'active'
 	              AND w.failing_since IS NULL -- failing: ClaimProbes reclaims it as the probe
 	              AND NOT EXISTS (SELECT 1 FROM obusy ob WHERE ob.org = w.org_id AND ob.n >= $9))
@@ -138,7 +138,8 @@ WITH RECURSIVE hooks(id) AS (
 	 ORDER BY k, random() LIMIT greatest($3 - (SELECT count(*) FROM expired), 0))
 )
 UPDATE delivery_queue d
-SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
+SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1,
+	locked_until = coalesce($12::timestamptz, now()) + $2 * interval '1 millisecond'
 FROM chosen c, webhooks w
 WHERE d.delivery_id = c.delivery_id AND w.id = d.webhook_id
 RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, c.turn,
