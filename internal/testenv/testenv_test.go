@@ -286,6 +286,9 @@ func TestRedisServerKillRestart(t *testing.T) {
 	}
 }
 
+// TestFreePort: a port FreePort returns is free, below the kernel's ephemeral range (where no
+// listener on port 0 or outgoing connection gets it), and never returned twice, also to
+// concurrent callers.
 func TestFreePort(t *testing.T) {
 	p := FreePort(t)
 	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
@@ -293,6 +296,19 @@ func TestFreePort(t *testing.T) {
 		t.Fatalf("port %d is not free: %v", p, err)
 	}
 	l.Close()
+	got := make([]int, 200)
+	var wg sync.WaitGroup
+	for i := range got {
+		wg.Go(func() { got[i] = FreePort(t) })
+	}
+	wg.Wait()
+	seen := map[int]bool{p: true}
+	for _, q := range got {
+		if seen[q] || q >= ephemeralLow() {
+			t.Fatalf("FreePort returned %d (twice, or in the ephemeral range from %d)", q, ephemeralLow())
+		}
+		seen[q] = true
+	}
 }
 
 // TestOrphansDie kills a test binary that owns a Postgres and a Redis server and checks that both
