@@ -24,7 +24,6 @@ import (
 	_ "github.com/caddyserver/caddy/v2/modules/standard"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/spf13/cobra"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -404,29 +403,10 @@ func mustConfig(t *testing.T, raw []byte) *caddy.Config {
 	return &cfg
 }
 
-// runCLI runs `caddy wabarelay <args>` in-process and returns its output lines.
+// runCLITest runs `caddy wabarelay <args>` in process and returns its output lines.
 func runCLITest(t *testing.T, args ...string) ([]map[string]any, error) {
 	t.Helper()
-	root := &cobra.Command{Use: "wabarelay"}
-	caddycmd.Commands()["wabarelay"].CobraFunc(root)
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(io.Discard)
-	root.SetArgs(args)
-	root.SetContext(context.Background())
-	err := root.Execute()
-	var lines []map[string]any
-	for _, l := range bytes.Split(bytes.TrimSpace(out.Bytes()), []byte("\n")) {
-		if len(l) == 0 {
-			continue
-		}
-		var m map[string]any
-		if jerr := json.Unmarshal(l, &m); jerr != nil {
-			t.Fatalf("CLI output line is not JSON: %q", l)
-		}
-		lines = append(lines, m)
-	}
-	return lines, err
+	return testenv.RunCLI(t, caddycmd.Commands()["wabarelay"].CobraFunc, args...)
 }
 
 func TestCLI(t *testing.T) {
