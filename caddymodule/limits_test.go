@@ -8,6 +8,7 @@ import (
 
 // TestLimitsOption: the `limits` global option reaches the management API: at the configured
 // caps, creations through Caddy are refused with 422 naming the limit.
+// Not parallel: it loads Caddy in process, where one configuration runs at a time.
 func TestLimitsOption(t *testing.T) {
 	in := startInstance(t)
 	in.load(caddyfileFor(in.port, "limits {\n\t\t\twebhooks_per_org 2\n\t\t\tapi_keys_per_org 2\n\t\t}"))

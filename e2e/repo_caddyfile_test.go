@@ -1,12 +1,10 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"net/http"
-	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +21,7 @@ import (
 // management API, relay, connect link, the upstream's webhook endpoint (inbound) and the dashboard. (Without a Meta app,
 // the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)
 
 	// management API
@@ -93,29 +91,4 @@ func TestRepoCaddyfileServesEverything(t *testing.T) {
 		!strings.Contains(r.header.Get("Content-Security-Policy"), "script-src 'self'") || strings.Contains(string(r.body), "/dashboard/demo") {
 		t.Fatalf("dashboard: %d %v\n%s", r.status, r.header, r.body)
 	}
-}
-
-// repoCaddy runs the repo's Caddyfile as `make run` does, on port (its site address
-// localhost:8080 moved there) and changed further by edit when set, with e's database and key
-// and env in its environment, and returns its origin (http://localhost:<port>).
-func (e *relayEnv) repoCaddy(port int, edit func(caddyfile string) string, env ...string) string {
-	e.t.Helper()
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	host := "localhost:" + strconv.Itoa(port)
-	cfg := strings.ReplaceAll(string(raw), "localhost:8080", host)
-	if edit != nil {
-		cfg = edit(cfg)
-	}
-	e.caddyFile(cfg, port, append([]string{"WABARELAY_DATABASE_URL=" + e.dsn, "WABARELAY_ENCRYPTION_KEY=" + e.keyB64}, env...)...)
-	return "http://" + host
-}
-
-// metaAppEnv is the environment of the repo's Caddyfile with a Meta app configured (and the
-// upstream pointed at e's fake).
-func (e *relayEnv) metaAppEnv() []string {
-	return []string{"WABARELAY_UPSTREAM=" + e.fake.URL() + "/v26.0",
-		"META_APP_ID=app-1", "META_APP_SECRET=app-secret", "META_CONFIG_ID=cfg-1", "META_VERIFY_TOKEN=verify-me"}
 }

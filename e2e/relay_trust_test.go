@@ -1,10 +1,8 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"net"
 	"net/http"
 	"strconv"
@@ -25,7 +23,7 @@ import (
 // same business account — here another org's channel — and the channel must still not reach it;
 // the subscribed_apps edge, which other channels of the account depend on, is refused.
 func TestRelayScopeNotWidened(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channelOn(true, pnid)
 	// the sibling number pnid2 belongs to a channel of another org
@@ -69,7 +67,7 @@ func TestRelayScopeNotWidened(t *testing.T) {
 // the relay's own handlers before any upstream call — also where no handle_path cleaned the path
 // (a catch-all `handle { wabarelay_proxy }` passes it as sent).
 func TestRelayPathShapesRefused(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.caddyWith("", "", "handle {\n\t\twabarelay_proxy\n\t}")
 	ch := e.channel(true)
 	shapes := []string{
@@ -115,7 +113,7 @@ func TestRelayPathShapesRefused(t *testing.T) {
 // not cancel it; the send completes once, and the caller's retry gets its stored answer.
 func TestRelayHangUpKeepsTheSend(t *testing.T) {
 	redisURL := testenv.Redis(t)
-	e := newRelayEnv(t, redisURL)
+	e := newRelayEnv(t)
 	base := e.caddy(redisURL)
 	ch := e.channel(true)
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"once"},"idempotency_key":"hangup-1"}`
@@ -159,7 +157,7 @@ func TestRelayHangUpKeepsTheSend(t *testing.T) {
 // release before this was checked) is answered as the relay's 502, never WriteHeader(0).
 func TestRelayNeverReplaysStatusZero(t *testing.T) {
 	redisURL := testenv.Redis(t)
-	e := newRelayEnv(t, redisURL)
+	e := newRelayEnv(t)
 	base := e.caddy(redisURL)
 	ch := e.channel(true)
 	idem := idempotency.NewRedis(testenv.RedisClient(t, redisURL), idempotency.Options{}, zap.NewNop())
@@ -186,7 +184,7 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 // channel, and — after an address has presented too many bad tokens — any further token from
 // it (429 with Retry-After, before any lookup). Malformed tokens never cost a lookup.
 func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	// The channel exists before Caddy starts: had Caddy's listener been listening when it was
 	// created, the change's notification could arrive after the warm-up below and drop the
 	// cached entry, and the refusals would then wait on the locked tables (seen on a CI run).
@@ -240,10 +238,4 @@ func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 	if n := len(e.fake.RequestsTo("GET", "")); n != 0 {
 		t.Fatalf("refused calls reached the upstream: %d", n)
 	}
-}
-
-func randomToken() string {
-	b := make([]byte, 32)
-	rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
 }

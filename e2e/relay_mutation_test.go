@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
@@ -18,7 +18,7 @@ import (
 // and never lose the connection: every answer is read whole.
 func TestRelayMutations(t *testing.T) {
 	redisURL := testenv.Redis(t)
-	e := newRelayEnv(t, redisURL)
+	e := newRelayEnv(t)
 	// a catch-all route with a limit no mutation run reaches
 	origin := e.caddyWith(redisURL, "", "handle {\n\t\twabarelay_proxy {\n\t\t\trate_limit 100000 1m\n\t\t}\n\t}")
 	ch := e.channel(true)

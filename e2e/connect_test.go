@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"net"
@@ -10,7 +10,7 @@ import (
 // (`trusted_proxies`), the connect cookie is Secure when the proxy says the client used HTTPS;
 // the same header from an untrusted peer changes nothing.
 func TestConnectCookieSecureThroughTrustedProxy(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.caddySite(`servers {
 		trusted_proxies static 127.0.0.2/32
 	}`, "", e.fake.URL(), `handle /connect/* {

@@ -1,241 +1,22 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// relayEnv is a relay test world: fake upstream, database (a testenv.Fixture, whose DSN, key,
-// pool and store the fields repeat), an org, and the Caddy processes started on them.
-type relayEnv struct {
-	t       *testing.T
-	fake    *fakegraph.Server
-	fix     *testenv.Fixture
-	dsn     string
-	keyB64  string
-	store   *store.Store
-	pool    *pgxpool.Pool
-	org     uuid.UUID
-	caddies map[string]*testenv.Caddy // Caddy processes by origin
-}
-
-const (
-	pnid        = "1001"
-	wabaID      = "2001"
-	realToken   = "EAAGrealUpstreamToken1234567890"
-	pnid2       = "1002"
-	pnid3       = "1003"
-	otherPnid   = "9009"
-	proxyPrefix = "/upstream-proxy"
-	// proxyRoute is the site's relay route: {proxy_url} is the origin + proxyPrefix.
-	proxyRoute = "handle_path " + proxyPrefix + "/* {\n\t\twabarelay_proxy\n\t}"
-)
-
-// newRelayEnv returns a relay test world on a fresh database. Each Caddy gets its Redis from
-// caddy or caddyWith: redisURL is not used here.
-func newRelayEnv(t *testing.T, redisURL string) *relayEnv {
-	t.Helper()
-	return newRelayEnvOn(t, redisURL, testenv.Postgres(t))
-}
-
-// newRelayEnvOn is newRelayEnv on the database dsn (for tests that stop their own server).
-func newRelayEnvOn(t *testing.T, _, dsn string) *relayEnv {
-	t.Helper()
-	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn})
-	e := &relayEnv{t: t, fake: fakegraph.New(), fix: f, dsn: dsn, keyB64: f.KeyB64, store: f.Store, pool: f.Pool,
-		caddies: map[string]*testenv.Caddy{}}
-	e.fake.Start()
-	t.Cleanup(e.fake.Close)
-	for _, n := range []string{pnid, pnid2, pnid3} {
-		e.fake.AddNumber(n, wabaID, "+1 555 0100", "Acme")
-	}
-	e.fake.AddToken(realToken, []string{pnid, pnid2, pnid3}, []string{wabaID})
-	e.fake.AddTemplates(wabaID,
-		fakegraph.Template{ID: "t1", Name: "hello_world", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
-		fakegraph.Template{ID: "t2", Name: "order_update", Status: "APPROVED", Category: "UTILITY", Language: "en_US"},
-		fakegraph.Template{ID: "t3", Name: "promo", Status: "APPROVED", Category: "MARKETING", Language: "en_US"})
-	e.org = f.Org(t).ID
-	return e
-}
-
-// channel creates a channel; connected ones are active on the fake's number pnid.
-func (e *relayEnv) channel(connected bool) store.Channel {
-	return e.channelOn(connected, pnid)
-}
-
-// channelOn creates a channel of the env's org; connected ones are active on the fake's number.
-func (e *relayEnv) channelOn(connected bool, number string) store.Channel {
-	e.t.Helper()
-	opts := &testenv.ChannelOpts{}
-	if connected {
-		opts.Connection = connection(number)
-	}
-	return e.fix.Channel(e.t, e.org, opts)
-}
-
-// connection is a connection on the fake's number n of the business account wabaID.
-func connection(n string) *store.Connection {
-	return &store.Connection{PhoneNumberID: n, WabaID: wabaID, DisplayPhoneNumber: "+1 555 0100", UpstreamToken: realToken}
-}
-
-// caddy starts a Caddy process running the relay and returns its base URL ({proxy_url}).
-func (e *relayEnv) caddy(redisURL string) string {
-	e.t.Helper()
-	return e.caddyWith(redisURL, "", "") + proxyPrefix
-}
-
-// caddyWith starts a Caddy process on the fake upstream, with Redis at redisURL (none when
-// ""), extra lines in the wabarelay option and the site (beside the relay's route and
-// /metrics), and returns its origin.
-func (e *relayEnv) caddyWith(redisURL, appExtra, siteExtra string) string {
-	e.t.Helper()
-	if redisURL != "" {
-		appExtra += "\nredis {env.WBR_TEST_REDIS}"
-	}
-	return e.caddySite("", appExtra, e.fake.URL(), proxyRoute+`
-	handle /metrics {
-		metrics
-	}
-	`+siteExtra, "WBR_TEST_REDIS="+redisURL)
-}
-
-// caddySite starts a Caddy process serving site (the site block's lines) on a port of its
-// own, with the global options global and the wabarelay app on the env's database and key,
-// upstream (a base URL; /v26.0 is added) and the lines app, and env added to its environment;
-// it returns the origin.
-func (e *relayEnv) caddySite(global, app, upstream, site string, env ...string) string {
-	e.t.Helper()
-	port := testenv.FreePort(e.t)
-	cfg := fmt.Sprintf(`{
-	admin off
-	persist_config off
-	%s
-	wabarelay {
-		database       {env.WBR_TEST_DATABASE}
-		encryption_key {env.WBR_TEST_KEY}
-		%s
-		upstream       %s/v26.0
-	}
-}
-http://127.0.0.1:%d {
-	%s
-}
-`, global, app, upstream, port, site)
-	return e.caddyFile(cfg, port, append([]string{"WBR_TEST_DATABASE=" + e.dsn, "WBR_TEST_KEY=" + e.keyB64}, env...)...)
-}
-
-// caddyFile starts a Caddy process with the Caddyfile cfg, serving on port, with env added to
-// its environment, and returns its origin once it serves its configuration. At the end of the
-// test its log must hold neither the upstream token nor a media URL.
-func (e *relayEnv) caddyFile(cfg string, port int, env ...string) string {
-	e.t.Helper()
-	c := testenv.StartCaddy(e.t, cfg, env...)
-	e.t.Cleanup(func() {
-		c.Kill()
-		logs := c.LogBytes()
-		if bytes.Contains(logs, []byte(realToken)) {
-			e.t.Errorf("the upstream token appears in Caddy's logs")
-		}
-		if bytes.Contains(logs, []byte("whatsapp_business/attachments")) {
-			e.t.Errorf("a media URL appears in Caddy's logs")
-		}
-	})
-	origin := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	e.caddies[origin] = c
-	return origin
-}
-
-// cacheFlushedLog is (part of) the info line the app logs once its channel change listener has
-// connected and flushed the relay cache.
-const cacheFlushedLog = "listening for channel changes; relay cache flushed"
-
-// waitCacheFlushed waits until every Caddy of e has flushed its relay cache on its listener's
-// first connection: what is cached before that is dropped. (LISTEN showing in pg_stat_activity,
-// testenv.WaitListen, is not enough: the flush follows the LISTEN's reply.)
-func (e *relayEnv) waitCacheFlushed() {
-	e.t.Helper()
-	for origin, c := range e.caddies {
-		if err := c.WaitLog(context.Background(), cacheFlushedLog, testenv.Patience); err != nil {
-			e.t.Fatalf("caddy %s: %v", origin, err)
-		}
-	}
-}
-
-type relayResp struct {
-	status int
-	header http.Header
-	body   []byte
-}
-
-func (r relayResp) errorMsg(t *testing.T) string {
-	t.Helper()
-	var m map[string]any
-	if json.Unmarshal(r.body, &m) != nil || len(m) != 1 {
-		t.Fatalf("not a JSON error: %d %s", r.status, r.body)
-	}
-	s, _ := m["error"].(string)
-	return s
-}
-
-func call(t *testing.T, method, url, token, body string) relayResp {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	return do(t, req)
-}
-
-// do sends req and reads the whole answer strictly: a body shorter or longer than its
-// Content-Length, or a dropped connection, fails the test.
-func do(t *testing.T, req *http.Request) relayResp {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: reading the answer (%d, Content-Length %q): %v", req.Method, req.URL.Path, resp.StatusCode, resp.Header.Get("Content-Length"), err)
-	}
-	if cl := resp.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(b)) {
-		t.Fatalf("%s %s: Content-Length %s, body %d bytes", req.Method, req.URL.Path, cl, len(b))
-	}
-	return relayResp{resp.StatusCode, resp.Header, b}
-}
-
-func expectRelayError(t *testing.T, r relayResp, status int, msg string) {
-	t.Helper()
-	if r.status != status || r.errorMsg(t) != msg {
-		t.Fatalf("got %d %s, want %d {\"error\":%q}", r.status, r.body, status, msg)
-	}
-}
-
-const textBody = `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"hi there"}}`
-
 func TestRelayAuthAndScope(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	base := e.caddy("")
 	active := e.channel(true)
 	pending := e.channel(false)
@@ -270,7 +51,7 @@ func TestRelayAuthAndScope(t *testing.T) {
 }
 
 func TestRelayForwarding(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channel(true)
 
@@ -386,7 +167,7 @@ func TestRelayForwarding(t *testing.T) {
 // TestRelayDisconnected: code 190 marks the channel; that call and later ones answer 503
 // CHANNEL_DISCONNECTED and the upstream is not called again.
 func TestRelayDisconnected(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channel(true)
 	send := base + "/" + pnid + "/messages"
@@ -446,7 +227,7 @@ func substituted(t *testing.T, r relayResp) {
 // upstream send per idempotency key, and a deleted channel refused within a second everywhere.
 func TestRelayTwoInstances(t *testing.T) {
 	redisURL := testenv.Redis(t)
-	e := newRelayEnv(t, redisURL)
+	e := newRelayEnv(t)
 	a, b := e.caddy(redisURL), e.caddy(redisURL)
 
 	// 50 concurrent sends with one key, across both instances: one upstream send, 50 identical answers
@@ -499,7 +280,7 @@ func TestRelayTwoInstances(t *testing.T) {
 // again without a restart.
 func TestRelayRedisDown(t *testing.T) {
 	rs := testenv.StartRedis(t)
-	e := newRelayEnv(t, rs.URL())
+	e := newRelayEnv(t)
 	base := e.caddy(rs.URL())
 	ch := e.channel(true)
 	send := base + "/" + pnid + "/messages"
@@ -528,49 +309,4 @@ func TestRelayRedisDown(t *testing.T) {
 	if r := call(t, "POST", send, ch.ChannelToken, withKey("c")); r.header.Get("Idempotent-Replayed") != "true" {
 		t.Fatalf("after recovery the key is not remembered: %d %v", r.status, r.header)
 	}
-}
-
-// sendOnceAcross makes 50 keyed sends of ch's body at once, send i on instance
-// bases[i % len(bases)], the upstream slow enough for them to overlap, and checks that the
-// upstream got one send (the only one on pnid so far) and all 50 got its answer; it returns the answers in order.
-func (e *relayEnv) sendOnceAcross(bases []string, ch store.Channel, body string) []relayResp {
-	t := e.t
-	t.Helper()
-	e.fake.SetLatency(150 * time.Millisecond)
-	var wg sync.WaitGroup
-	results := make([]relayResp, 50)
-	for i := range results {
-		wg.Go(func() { results[i] = call(t, "POST", bases[i%len(bases)]+"/"+pnid+"/messages", ch.ChannelToken, body) })
-	}
-	wg.Wait()
-	e.fake.SetLatency(0)
-	if n := len(e.fake.RequestsTo("POST", "/"+pnid+"/messages")); n != 1 {
-		t.Fatalf("upstream sends = %d, want 1", n)
-	}
-	for i, r := range results {
-		if r.status != 200 || !bytes.Equal(r.body, results[0].body) {
-			t.Fatalf("answer %d: %d %s (first: %s)", i, r.status, r.body, results[0].body)
-		}
-	}
-	return results
-}
-
-// acceptedAcross makes n GET calls one after the other, call i on instance
-// bases[i % len(bases)], and returns how many were answered 200 and the first 429; any other
-// answer fails the test.
-func acceptedAcross(t *testing.T, bases []string, n int, path, token string) (accepted int, first429 relayResp) {
-	t.Helper()
-	for i := range n {
-		switch r := call(t, "GET", bases[i%len(bases)]+path, token, ""); r.status {
-		case 200:
-			accepted++
-		case 429:
-			if first429.status == 0 {
-				first429 = r
-			}
-		default:
-			t.Fatalf("call %d: %d %s", i, r.status, r.body)
-		}
-	}
-	return accepted, first429
 }

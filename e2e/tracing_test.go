@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"compress/gzip"
@@ -118,7 +118,7 @@ func (c *otlpCollector) env() []string {
 // attempt spans, and the receiver gets a traceparent of that trace (the attempt span's); a
 // relay call carrying a caller's traceparent reaches the upstream in the caller's trace.
 func TestTracingThroughCaddy(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	col := newOTLPCollector(t)
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	app := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n root_ca %s\n allow_private_targets\n}",

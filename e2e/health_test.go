@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"encoding/json"
@@ -25,7 +25,7 @@ import (
 // and another started on the same database: the held deliveries and the health survive, and all
 // are delivered once the receiver is back.
 func TestFailingReceiverHeldNotBurned(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	rc := testenv.NewDownReceiver(t)
 	const threshold, perWebhook = 3, 4
 	first, longest := 200*time.Millisecond, 800*time.Millisecond

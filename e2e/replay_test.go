@@ -1,9 +1,8 @@
-package caddymodule
+package e2e
 
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,15 +11,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// apiCall sends a management API request with key through Caddy.
-func apiCall(t *testing.T, method, url, key, body string) relayResp {
-	t.Helper()
-	req, _ := http.NewRequest(method, url, strings.NewReader(body))
-	req.Header.Set("X-Api-Key", key)
-	req.Header.Set("Content-Type", "application/json")
-	return do(t, req)
-}
-
 // TestReplayThroughCaddy: events arrive from the upstream and are delivered to a webhook; then
 // a new webhook is created through the API, and a replay since before the events delivers each
 // of them exactly once to it, signed with its secret and with webhook-id the event's id, and
@@ -28,7 +18,7 @@ func apiCall(t *testing.T, method, url, key, body string) relayResp {
 // mid-flight: a replay to a slow receiver (two attempts at a time), Caddy killed once its first attempt is in flight,
 // another Caddy started on the database delivers every event.
 func TestReplayThroughCaddy(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rcOld, rcNew, rcOther, rcKill := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}),
 		testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), slowReceiver(t, &delay)

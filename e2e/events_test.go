@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"fmt"
@@ -13,20 +13,11 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
-// slowReceiver is the kit's HTTPS receiver answering each delivery after delay (the receiver's
-// work, which keeps attempts in flight; not synchronisation).
-func slowReceiver(t *testing.T, delay *atomic.Int64) *testenv.Receiver {
-	return testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, _ *http.Request) {
-		time.Sleep(time.Duration(delay.Load()))
-		w.WriteHeader(http.StatusNoContent)
-	}})
-}
-
 // TestEventsEndToEnd: upstream batch → inbound handler → dispatcher → HTTPS receiver, signed; then the
 // Caddy process is killed with SIGKILL mid-load and another started: every event is delivered
 // at least once (the ledger shows none lost).
 func TestEventsEndToEnd(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rc := slowReceiver(t, &delay)
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease 3s\n root_ca %s\n allow_private_targets\n}",
@@ -80,7 +71,7 @@ func TestEventsEndToEnd(t *testing.T) {
 // the inbound handler, none is refused — and every event is then delivered exactly once, the backlog
 // draining from the queue.
 func TestOverloadInboundAnswersEveryPost(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	var delay atomic.Int64
 	delay.Store(int64(20 * time.Millisecond))
 	rc := slowReceiver(t, &delay)

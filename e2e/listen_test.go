@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -21,7 +21,7 @@ func TestChannelListenerWithPoolParams(t *testing.T) {
 	} else {
 		dsn += " pool_max_conns=4"
 	}
-	e := newRelayEnvOn(t, "", dsn)
+	e := newRelayEnvOn(t, dsn)
 	b := e.caddy("")
 	ch := e.channel(true)
 	if r := call(t, "POST", b+"/"+pnid+"/messages", ch.ChannelToken, textBody); r.status != 200 {

@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -18,7 +18,7 @@ import (
 // a metric, while live events still reach the webhook; deleting the webhook answers at once and
 // leaves its rows to the sweep, which removes them in batches.
 func TestReplayBounded(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	ctx := context.Background()
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken)
 	origin := e.caddyWith("", appExtra, "handle /webhooks/upstream {\n wabarelay_inbound\n}\nhandle_path /v1/* {\n wabarelay_api\n}")

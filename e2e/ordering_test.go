@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -15,18 +15,6 @@ import (
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
-
-// conversationBatch is an upstream post of messages (id "wamid.<id>") from one customer each:
-// ids[i] from froms[i].
-func conversationBatch(ids, froms []string) string {
-	msgs := make([]string, len(ids))
-	for i, id := range ids {
-		msgs[i] = fmt.Sprintf(`{"from":%q,"id":"wamid.%s","timestamp":"1700000000","type":"text","text":{"body":"hi"}}`, froms[i], id)
-	}
-	return `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","changes":[{"field":"messages","value":` +
-		`{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550100","phone_number_id":"` + pnid + `"},` +
-		`"messages":[` + strings.Join(msgs, ",") + `]}}]}]}`
-}
 
 // arrival is one request a receiver got: the message id (without "wamid.") and its answer.
 type arrival struct {
@@ -112,7 +100,7 @@ func index(as []arrival, id string, n int) int {
 // then x1 again after its retry delay, then x2 and x3: x's messages one at a time, in order.
 // The webhook with ordering "none" gets x2 and x3 before x1's retry.
 func TestOrderingPerConversation(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	ordered, plain := newOrderedReceiver(t, "x1", nil), newOrderedReceiver(t, "x1", nil)
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 2s 2s 2s\n timeout 5s\n root_ca %s\n allow_private_targets\n}",
 		testAppSecret, testVerifyToken, testenv.CAFile(t, ordered.Certificate())) // (httptest's servers share one certificate)
@@ -160,7 +148,7 @@ func TestOrderingPerConversation(t *testing.T) {
 // instance on the same database delivers the rest: nothing lost, the order kept (each message
 // first arrives after the one before it), never two of the conversation at once.
 func TestOrderingSurvivesKill(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	var hold atomic.Int64
 	hold.Store(int64(200 * time.Millisecond))
 	rc := newOrderedReceiver(t, "", &hold)

@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
@@ -105,7 +105,7 @@ func expectSessions(t *testing.T, e *relayEnv, key store.APIKey, cookies []strin
 // key's sessions never exceed the bound, and its API calls are refused too (one budget).
 func TestDashboardSignInLimitedAndSessionsBounded(t *testing.T) {
 	const limit = 30
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.repoCaddy(testenv.FreePort(t), func(cfg string) string {
 		return strings.Replace(cfg, "management_rate_limit 600 1m", fmt.Sprintf("management_rate_limit %d 1h", limit), 1)
 	}, e.metaAppEnv()...)
@@ -183,7 +183,7 @@ func TestDashboardSignInLimitedAndSessionsBounded(t *testing.T) {
 // this instance has not seen yet are still refused with 429, and the garbage costs no query:
 // with the credential tables locked (a lookup would block), it is answered.
 func TestGuardAdmitsKnownCredentials(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	ch := e.channel(true) // before Caddy starts, so that no notification drops it from the cache
 	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)
 	e.waitCacheFlushed() // the cache is flushed when the listener connects

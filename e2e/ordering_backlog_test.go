@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // (first answer + the 2 s retry delay). Before the fix every claim read the whole blocked
 // backlog (about 4 µs a row) and the other org's retries waited for the claims.
 func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	ctx := context.Background()
 	release := make(chan struct{})
 	stuck := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(_ int, w http.ResponseWriter, r *http.Request) {

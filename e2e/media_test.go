@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
@@ -10,27 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
-
-	"github.com/wabarelay/wabarelay/internal/testenv"
 )
-
-// rss reads the process's resident set and its peak since the last resetPeak.
-func rss(t *testing.T, pid int) (cur, peak int64) {
-	t.Helper()
-	cur, peak, ok := testenv.ProcMemory(pid)
-	if !ok {
-		t.Skip("no /proc: memory cannot be measured")
-	}
-	return cur, peak
-}
-
-// resetPeak starts a new peak period for pid.
-func resetPeak(t *testing.T, pid int) {
-	t.Helper()
-	if err := testenv.ResetPeakMemory(pid); err != nil {
-		t.Skipf("cannot reset the peak RSS: %v", err)
-	}
-}
 
 // maxGrowth is how much the Caddy process's resident set may grow while it relays a 20 MB
 // medium: streamed, it needs a few buffers; buffered whole, at least the 20 MB.
@@ -43,7 +23,7 @@ const maxGrowth = 12 << 20
 // without a token 401, with another channel's token 403 on the object and the download; the
 // upstream token appears in no answer, header or log line (the last checked at cleanup).
 func TestRelayMedia(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	base := e.caddy("")
 	pid := e.caddies[strings.TrimSuffix(base, proxyPrefix)].PID()
 	ch, other := e.channel(true), e.channelOn(true, pnid2)

@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"bytes"
@@ -19,7 +19,7 @@ import (
 // inboundEnv starts Caddy with the inbound handler and delivery to an HTTPS receiver, and an
 // active channel on pnid with an org-scoped webhook.
 func inboundEnv(t *testing.T) (*relayEnv, string, *testenv.Receiver) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n root_ca %s\n allow_private_targets\n}",
 		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate())), "handle /webhooks/upstream {\n wabarelay_inbound\n}")

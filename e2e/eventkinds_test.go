@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"encoding/json"
@@ -54,7 +54,7 @@ func distinctEvents(t *testing.T, rc *testenv.Receiver) []kindEvent {
 // signed template webhook post; and the deletion (management API), sent to the webhook that
 // covered the channel when it was deleted.
 func TestChannelAndTemplateEvents(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n root_ca %s\n allow_private_targets\n}",
 		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate()))
@@ -95,9 +95,7 @@ func TestChannelAndTemplateEvents(t *testing.T) {
 	testenv.Eventually(t, testenv.Patience, func() bool { return len(distinctEvents(t, rc)) >= 1 }, "the disconnection delivered")
 
 	// 2. The operator deactivates ch2 (CLI).
-	t.Setenv("WABARELAY_DATABASE_URL", e.dsn)
-	t.Setenv("WABARELAY_ENCRYPTION_KEY", e.keyB64)
-	if out, err := runCLITest(t, "channel", "deactivate", "--id", ch2.ID.String()); err != nil || len(out) != 1 || out[0]["status"] != "inactive" {
+	if out, err := runCLI(t, "channel", "deactivate", "--id", ch2.ID.String(), "--database", e.dsn, "--encryption-key", e.keyB64); err != nil || len(out) != 1 || out[0]["status"] != "inactive" {
 		t.Fatalf("deactivate: %v %v", out, err)
 	}
 
@@ -159,10 +157,4 @@ func TestChannelAndTemplateEvents(t *testing.T) {
 	if other.Count() != 0 {
 		t.Errorf("the messages-only webhook got %d deliveries", other.Count())
 	}
-}
-
-// upstreamEvents counts the events stored from the upstream's posts: every event but the
-// channel_status events that connecting a channel stores.
-func (e *relayEnv) upstreamEvents() int {
-	return e.countRows("SELECT count(*) FROM events WHERE type <> 'channel_status'")
 }

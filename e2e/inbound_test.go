@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -11,58 +11,12 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
-const (
-	testAppSecret   = "meta-app-secret"
-	testVerifyToken = "verify-me"
-)
-
-// signedRequest is an upstream webhook post of body to url, signed with secret (unsigned when
-// secret is empty).
-func signedRequest(url, secret, body string) *http.Request {
-	req, _ := http.NewRequest("POST", url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	if secret != "" {
-		req.Header.Set(inbound.SignatureHeader, inbound.Sign(secret, []byte(body)))
-	}
-	return req
-}
-
-// signedPost sends signedRequest and returns the answer's status and body.
-func signedPost(t *testing.T, url, secret, body string) (int, string) {
-	t.Helper()
-	resp, err := http.DefaultClient.Do(signedRequest(url, secret, body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// upstreamBatch is an upstream webhook post: for each number, its messages and statuses.
-func upstreamBatch(changes map[string][2][]string) string {
-	var parts []string
-	for pn, c := range changes {
-		var msgs, sts []string
-		for _, id := range c[0] {
-			msgs = append(msgs, fmt.Sprintf(`{"from":"15550001111","id":"wamid.%s","timestamp":"1700000000","type":"text","text":{"body":"hi %s"}}`, id, id))
-		}
-		for _, id := range c[1] {
-			sts = append(sts, fmt.Sprintf(`{"id":"wamid.%s","status":"delivered","timestamp":"1700000001","recipient_id":"15550001111"}`, id))
-		}
-		parts = append(parts, fmt.Sprintf(`{"field":"messages","value":{"messaging_product":"whatsapp","metadata":{"display_phone_number":"15550100","phone_number_id":"%s"},`+
-			`"contacts":[{"profile":{"name":"Ann"},"wa_id":"15550001111"}],"messages":[%s],"statuses":[%s]}}`, pn, strings.Join(msgs, ","), strings.Join(sts, ",")))
-	}
-	return `{"object":"whatsapp_business_account","entry":[{"id":"` + wabaID + `","changes":[` + strings.Join(parts, ",") + `]}]}`
-}
-
 func TestInbound(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),
 		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
 	url := origin + "/webhooks/upstream"
@@ -179,33 +133,12 @@ func TestInbound(t *testing.T) {
 	}
 }
 
-// count counts a table's rows.
-func (e *relayEnv) count(table string) int { return e.countRows("SELECT count(*) FROM " + table) }
-
-// countWhere counts the rows of table whose col is v.
-func (e *relayEnv) countWhere(table, col string, v any) int {
-	return e.countRows("SELECT count(*) FROM "+table+" WHERE "+col+" = $1", v)
-}
-
-// undelivered counts the deliveries not (yet) delivered.
-func (e *relayEnv) undelivered() int {
-	return e.countRows("SELECT count(*) FROM deliveries WHERE status <> 'delivered'")
-}
-
-func (e *relayEnv) countRows(query string, args ...any) int {
-	var n int
-	if err := e.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {
-		e.t.Fatal(err)
-	}
-	return n
-}
-
 // TestInboundPostgresDown: while Postgres is unreachable the inbound handler answers 503 with
 // Retry-After (the upstream then retries), never 200; once it is back, the same post is stored,
 // once.
 func TestInboundPostgresDown(t *testing.T) {
 	srv := testenv.StartPostgres(t)
-	e := newRelayEnvOn(t, "", srv.CreateDB(t))
+	e := newRelayEnvOn(t, srv.CreateDB(t))
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),
 		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
 	url := origin + "/webhooks/upstream"

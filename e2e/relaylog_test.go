@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -31,7 +31,7 @@ import (
 // channel are in neither; every message sent has its timeline from the relay log; the metrics
 // count what was written.
 func TestRelayLogThroughCaddy(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.caddySite("", "relay_log {\n\t\t\tinterval 50ms\n\t\t}", e.fake.URL(), `handle_path `+proxyPrefix+`/* {
 		wabarelay_proxy {
 			rate_limit 10 1h
@@ -203,7 +203,7 @@ func normaliseBools(rows []string) []string {
 // reads, and another org's, cost is bounded: rows read, from EXPLAIN ANALYZE of the statements
 // the handlers run (testenv.ReadCost), not times.
 func TestRelayLogRefusalFlood(t *testing.T) {
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	origin := e.caddySite("", "relay_log {\n\t\t\tinterval 50ms\n\t\t\tper_channel 5\n\t\t}", e.fake.URL(), `handle_path `+proxyPrefix+`/* {
 		wabarelay_proxy {
 			rate_limit 3 1h

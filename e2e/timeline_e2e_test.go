@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"encoding/json"

@@ -1,79 +1,19 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
 	"encoding/json"
 	"html"
-	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"net/url"
-	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/caddyserver/caddy/v2/caddyconfig"
 
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
-
-// dashboardClient is a signed-in dashboard session on the demo's Caddy (a cookie-keeping client
-// posting forms as the browser does).
-type dashboardClient struct {
-	t      *testing.T
-	origin string
-	http   *http.Client
-}
-
-func (w *demoWorld) signIn(t *testing.T) *dashboardClient {
-	t.Helper()
-	jar, _ := cookiejar.New(nil)
-	c := &dashboardClient{t: t, origin: w.origin, http: &http.Client{Jar: jar, Timeout: 60 * time.Second}}
-	if st, b := c.do("POST", "/dashboard/login", url.Values{"api_key": {w.apiKey}}); st != 200 || !strings.Contains(b, ">Demo</a>") {
-		t.Fatalf("sign-in: %d %.400s", st, b)
-	}
-	return c
-}
-
-// do sends a request (a form post when form is set) and returns the status and the page.
-func (c *dashboardClient) do(method, path string, form url.Values) (int, string) {
-	c.t.Helper()
-	var body io.Reader
-	if form != nil {
-		body = strings.NewReader(form.Encode())
-	}
-	req, _ := http.NewRequest(method, c.origin+path, body)
-	if form != nil {
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	}
-	resp, err := c.http.Do(req)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
-}
-
-// connectChannel creates a channel through the API and connects a number the demo SDK made up.
-func (w *demoWorld) connectChannel(t *testing.T, name string) (demoChannel, fakegraph.Signup) {
-	t.Helper()
-	r := w.api("POST", "/channels", `{"name":"`+name+`"}`)
-	var ch demoChannel
-	if r.status != 201 || json.Unmarshal(r.body, &ch) != nil {
-		t.Fatalf("create channel: %d %s", r.status, r.body)
-	}
-	su := w.sdkSignup(w.fake.URL() + "/sdk.js")
-	if r := call(t, "POST", w.origin+"/connect/"+ch.ChannelToken, "",
-		`{"code":"`+su.Code+`","phone_number_id":"`+su.PhoneNumberID+`","waba_id":"`+su.WabaID+`"}`); r.status != 200 {
-		t.Fatalf("completion: %d %s", r.status, r.body)
-	}
-	return ch, su
-}
 
 var (
 	batchRe       = regexp.MustCompile(`name="batch" value="([0-9a-f]+)"`)
@@ -218,29 +158,5 @@ func TestDemoSendTimelines(t *testing.T) {
 	}
 	if n := len(w.fake.RequestsTo("POST", "/messages")); n != 10 {
 		t.Fatalf("refused forms reached the fake: %d sends", n)
-	}
-}
-
-// TestDemoRelayOption: `demo { relay <url> }` is read from the Caddyfile (one argument), and
-// the repo's Caddyfile leaves it to its default (proxy_url).
-func TestDemoRelayOption(t *testing.T) {
-	site := func(demo string) string {
-		return "{\n\twabarelay {\n\t\tdatabase postgres://x\n\t}\n}\nhttp://localhost:8080 {\n\twabarelay_dashboard {\n\t\tdemo {\n" + demo + "\t\t}\n\t}\n}\n"
-	}
-	cfg := adapt(t, site("\t\t\tfake_upstream http://127.0.0.1:8090\n\t\t\trelay http://127.0.0.1:9/upstream-proxy\n"))
-	if !strings.Contains(string(cfg), `"demo":{"fake_upstream":"http://127.0.0.1:8090","relay":"http://127.0.0.1:9/upstream-proxy"}`) {
-		t.Fatalf("adapted: %s", cfg)
-	}
-	for _, bad := range []string{"\t\t\trelay\n", "\t\t\trelay a b\n"} {
-		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(site(bad)), nil); err == nil {
-			t.Errorf("%q: adapted", bad)
-		}
-	}
-	raw, err := os.ReadFile("../Caddyfile")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if strings.Contains(string(raw), "\t\t\t\trelay ") || !strings.Contains(string(raw), "proxy_url http://localhost:8080/upstream-proxy") {
-		t.Fatal("the repo's Caddyfile should leave demo { relay } to its default, proxy_url")
 	}
 }

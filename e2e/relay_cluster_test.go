@@ -1,4 +1,4 @@
-package caddymodule
+package e2e
 
 import (
 	"context"
@@ -21,7 +21,7 @@ import (
 // Redis is unavailable.
 func TestRelayRedisCluster(t *testing.T) {
 	cluster := testenv.StartRedisCluster(t, 3)
-	e := newRelayEnv(t, "")
+	e := newRelayEnv(t)
 	redisBlock := "redis {\n\t\t\taddresses " + strings.Join(cluster.Addrs(), " ") + "\n\t\t}"
 	site := "handle_path /v1/* {\n\t\twabarelay_api\n\t}"
 	a := e.caddyWith("", redisBlock, site)
