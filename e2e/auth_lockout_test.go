@@ -104,6 +104,7 @@ func expectSessions(t *testing.T, e *relayEnv, key store.APIKey, cookies []strin
 // of concurrent sign-ins past the limit gets 429 with Retry-After and makes no session; the
 // key's sessions never exceed the bound, and its API calls are refused too (one budget).
 func TestDashboardSignInLimitedAndSessionsBounded(t *testing.T) {
+	t.Parallel()
 	const limit = 30
 	e := newRelayEnv(t)
 	origin := e.repoCaddy(testenv.FreePort(t), func(cfg string) string {
@@ -183,6 +184,7 @@ func TestDashboardSignInLimitedAndSessionsBounded(t *testing.T) {
 // this instance has not seen yet are still refused with 429, and the garbage costs no query:
 // with the credential tables locked (a lookup would block), it is answered.
 func TestGuardAdmitsKnownCredentials(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	ch := e.channel(true) // before Caddy starts, so that no notification drops it from the cache
 	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)

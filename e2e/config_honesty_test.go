@@ -66,6 +66,7 @@ http://127.0.0.1:1 {
 // TestValidateRunsStartChecks: `caddy validate` fails where `caddy run` would: a lease not
 // longer than the (default) attempt timeout, with a message naming lease.
 func TestValidateRunsStartChecks(t *testing.T) {
+	t.Parallel()
 	out, ok := caddyValidate(t, honestyCaddyfile("delivery {\n\t\t\tlease 5s\n\t\t}", ""), validateEnv()...)
 	if ok || !strings.Contains(out, "lease") {
 		t.Fatalf("validate of delivery { lease 5s }: ok=%v\n%s", ok, out)
@@ -83,6 +84,7 @@ func TestValidateRunsStartChecks(t *testing.T) {
 // TestEmptyRedisPlaceholder: `redis {env.WABARELAY_REDIS_URL}` with the variable unset means no
 // Redis (as the README's production Caddyfile promises: optional), and the start says so.
 func TestEmptyRedisPlaceholder(t *testing.T) {
+	t.Parallel()
 	out, ok := caddyValidate(t, honestyCaddyfile("redis {env.WABARELAY_REDIS_URL}", ""), validateEnv()...)
 	if !ok || !strings.Contains(out, "redis: not configured (WABARELAY_REDIS_URL empty); limits in memory") {
 		t.Fatalf("validate with WABARELAY_REDIS_URL unset: ok=%v\n%s", ok, out)
@@ -92,6 +94,7 @@ func TestEmptyRedisPlaceholder(t *testing.T) {
 // TestMissingSettingNamed: a required setting from an unset variable is named, with its
 // variable, rather than the global option being reported missing.
 func TestMissingSettingNamed(t *testing.T) {
+	t.Parallel()
 	out, ok := caddyValidate(t, honestyCaddyfile("", ""), "WABARELAY_ENCRYPTION_KEY="+validateKey)
 	if ok || !strings.Contains(out, "database") || !strings.Contains(out, "WABARELAY_DATABASE_URL") || strings.Contains(out, "not configured") {
 		t.Fatalf("validate with WABARELAY_DATABASE_URL unset: ok=%v\n%s", ok, out)
@@ -102,6 +105,7 @@ func TestMissingSettingNamed(t *testing.T) {
 // one), logged as a warning whenever it is on, as is the dashboard's demo page; a value that is
 // not a boolean is refused, so an environment variable cannot add configuration.
 func TestTypedSwitches(t *testing.T) {
+	t.Parallel()
 	const (
 		privateWarn = "delivery allow_private_targets is on"
 		demoWarn    = "dashboard demo page is on"
@@ -131,6 +135,7 @@ func TestTypedSwitches(t *testing.T) {
 // README's production Caddyfile, bounds how long a client may take to send its headers and
 // body; the README's Caddyfile validates with its optional variables unset.
 func TestExampleCaddyfilesHonest(t *testing.T) {
+	t.Parallel()
 	raw, err := os.ReadFile("../Caddyfile")
 	if err != nil {
 		t.Fatal(err)
@@ -189,6 +194,7 @@ func TestExampleCaddyfilesHonest(t *testing.T) {
 // an inbound post whose body arrives a few bytes at a time is cut off within the read_body bound
 // instead of holding its connection for as long as the client drips.
 func TestSlowInboundBodyCutOff(t *testing.T) {
+	t.Parallel()
 	const bound = 2 * time.Second
 	e := newRelayEnv(t)
 	port := testenv.FreePort(t)

@@ -10,6 +10,7 @@ import (
 // (`trusted_proxies`), the connect cookie is Secure when the proxy says the client used HTTPS;
 // the same header from an untrusted peer changes nothing.
 func TestConnectCookieSecureThroughTrustedProxy(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.caddySite(`servers {
 		trusted_proxies static 127.0.0.2/32

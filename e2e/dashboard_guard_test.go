@@ -16,6 +16,7 @@ import (
 // counts guessed session cookies in the app's one auth guard, so after 20 the address is
 // refused by the API as well, before any lookup (for a key it has not seen authenticate).
 func TestDashboardSharesGuardAndLimit(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.repoCaddy(testenv.FreePort(t), func(cfg string) string {
 		return strings.Replace(cfg, "management_rate_limit 600 1m", "management_rate_limit 5 1m", 1)

@@ -28,6 +28,7 @@ var (
 // to its message page. Posting the same form again sends nothing twice (replayed), and bad
 // input is refused with a 4xx.
 func TestDemoSendTimelines(t *testing.T) {
+	t.Parallel()
 	w := startDemo(t)
 	ch, su := w.connectChannel(t, "Support line")
 	c := w.signIn(t)

@@ -24,6 +24,7 @@ import (
 // message emitted by the fake stored and delivered to a webhook on this machine, with the
 // send's "sent", "delivered" and "read" statuses.
 func TestDemoRepoCaddyfile(t *testing.T) {
+	t.Parallel()
 	w := startDemo(t)
 
 	r := w.api("POST", "/channels", `{"name":"Support line"}`)
@@ -147,6 +148,7 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 // "Send an incoming message" — and the Demo page shows the message delivered to the fake's
 // receiver with its signature verified against the webhook's secret.
 func TestDemoDashboard(t *testing.T) {
+	t.Parallel()
 	w := startDemo(t)
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, Timeout: 30 * time.Second}
@@ -219,6 +221,7 @@ func TestDemoDashboard(t *testing.T) {
 // cancelled in the dialog and its channel stays pending. No console error, no CSP violation;
 // screenshots under artifacts/demo/.
 func TestDemoBrowser(t *testing.T) {
+	t.Parallel()
 	browsertest.ChromiumPath(t)
 	w := startDemo(t)
 	p := browsertest.Start(t).NewPage(t)

@@ -54,6 +54,7 @@ func distinctEvents(t *testing.T, rc *testenv.Receiver) []kindEvent {
 // signed template webhook post; and the deletion (management API), sent to the webhook that
 // covered the channel when it was deleted.
 func TestChannelAndTemplateEvents(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n root_ca %s\n allow_private_targets\n}",

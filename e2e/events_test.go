@@ -17,6 +17,7 @@ import (
 // Caddy process is killed with SIGKILL mid-load and another started: every event is delivered
 // at least once (the ledger shows none lost).
 func TestEventsEndToEnd(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rc := slowReceiver(t, &delay)
@@ -71,6 +72,7 @@ func TestEventsEndToEnd(t *testing.T) {
 // the inbound handler, none is refused — and every event is then delivered exactly once, the backlog
 // draining from the queue.
 func TestOverloadInboundAnswersEveryPost(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	var delay atomic.Int64
 	delay.Store(int64(20 * time.Millisecond))

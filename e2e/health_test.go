@@ -25,6 +25,7 @@ import (
 // and another started on the same database: the held deliveries and the health survive, and all
 // are delivered once the receiver is back.
 func TestFailingReceiverHeldNotBurned(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rc := testenv.NewDownReceiver(t)
 	const threshold, perWebhook = 3, 4

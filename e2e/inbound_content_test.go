@@ -52,6 +52,7 @@ func messagePost(number string, msgs ...string) string {
 // number, dropped); re-sends are recognised; a signed post that is not a WhatsApp payload at
 // all gets 200 and is counted as malformed.
 func TestInboundStoresAnyContent(t *testing.T) {
+	t.Parallel()
 	e, url, rc := inboundEnv(t)
 	msgs := []string{
 		`{"from":"15550001111","id":"wamid.nul1","timestamp":"1700000000","type":"text","text":{"body":"a\u0000b <i>&amp;</i>"}}`,
@@ -120,6 +121,7 @@ func TestInboundStoresAnyContent(t *testing.T) {
 // TestInboundBanStates: account_update DISABLED_UPDATE deactivates the account's channels only
 // when its ban state is DISABLE (Meta: SCHEDULE_FOR_DISABLE warns ahead, REINSTATE lifts it).
 func TestInboundBanStates(t *testing.T) {
+	t.Parallel()
 	e, url, _ := inboundEnv(t)
 	ch := e.channelOn(true, pnid2)
 	update := func(state string) {
@@ -148,6 +150,7 @@ func TestInboundBanStates(t *testing.T) {
 // batch in turn holds a huge string (256 KiB, 1 MiB): 200, and the re-post is recognised as a
 // duplicate (one event per item).
 func TestInboundMutations(t *testing.T) {
+	t.Parallel()
 	e, url, _ := inboundEnv(t)
 	rng := rand.New(rand.NewSource(7))
 	inserts := []string{`\u0000`, "\x00", "\xff", "\xc3\x28", `\ud800`, `"`, `{}`, `[]`, `null`, `123`, `1e999`, `-`, strings.Repeat("9", 400),

@@ -16,6 +16,7 @@ import (
 )
 
 func TestInbound(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),
 		"handle /webhooks/upstream {\n wabarelay_inbound\n}")
@@ -137,6 +138,7 @@ func TestInbound(t *testing.T) {
 // Retry-After (the upstream then retries), never 200; once it is back, the same post is stored,
 // once.
 func TestInboundPostgresDown(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartPostgres(t)
 	e := newRelayEnvOn(t, srv.CreateDB(t))
 	origin := e.caddyWith("", fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken),

@@ -13,6 +13,7 @@ import (
 // pool) also works for the channel cache's LISTEN connection, so a channel deleted elsewhere is
 // refused by another instance at once — by notification, far inside the cache's 30 s TTL.
 func TestChannelListenerWithPoolParams(t *testing.T) {
+	t.Parallel()
 	dsn := testenv.Postgres(t)
 	if strings.Contains(dsn, "?") {
 		dsn += "&pool_max_conns=4"

@@ -23,6 +23,7 @@ const maxGrowth = 12 << 20
 // without a token 401, with another channel's token 403 on the object and the download; the
 // upstream token appears in no answer, header or log line (the last checked at cleanup).
 func TestRelayMedia(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	pid := e.caddies[strings.TrimSuffix(base, proxyPrefix)].PID()

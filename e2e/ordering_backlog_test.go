@@ -21,6 +21,7 @@ import (
 // (first answer + the 2 s retry delay). Before the fix every claim read the whole blocked
 // backlog (about 4 µs a row) and the other org's retries waited for the claims.
 func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	ctx := context.Background()
 	release := make(chan struct{})

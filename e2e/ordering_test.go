@@ -100,6 +100,7 @@ func index(as []arrival, id string, n int) int {
 // then x1 again after its retry delay, then x2 and x3: x's messages one at a time, in order.
 // The webhook with ordering "none" gets x2 and x3 before x1's retry.
 func TestOrderingPerConversation(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	ordered, plain := newOrderedReceiver(t, "x1", nil), newOrderedReceiver(t, "x1", nil)
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 2s 2s 2s\n timeout 5s\n root_ca %s\n allow_private_targets\n}",
@@ -148,6 +149,7 @@ func TestOrderingPerConversation(t *testing.T) {
 // instance on the same database delivers the rest: nothing lost, the order kept (each message
 // first arrives after the one before it), never two of the conversation at once.
 func TestOrderingSurvivesKill(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	var hold atomic.Int64
 	hold.Store(int64(200 * time.Millisecond))

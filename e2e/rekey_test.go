@@ -26,6 +26,7 @@ import (
 // the token it saw), every event must be delivered with a valid signature, and at the end no
 // secret is left that B alone does not open.
 func TestRekeyLive(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t) // its store seals with key A
 	ctx := context.Background()
 	keyB := testenv.NewKey()

@@ -20,6 +20,7 @@ import (
 // another channel whose slot lives on a surviving master is unaffected, and /v1/health says
 // Redis is unavailable.
 func TestRelayRedisCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartRedisCluster(t, 3)
 	e := newRelayEnv(t)
 	redisBlock := "redis {\n\t\t\taddresses " + strings.Join(cluster.Addrs(), " ") + "\n\t\t}"

@@ -73,6 +73,7 @@ func leakUpstream(bodies map[int][]byte) http.Handler {
 // the paging link — reach the caller decoded, without a byte sequence of the upstream token,
 // with the relay's memory bounded (a 50 MiB answer is never held whole).
 func TestRelayTokenNeverLeaks(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	sizes := []int{1 << 10, 9 << 20, 50 << 20}
 	bodies := map[int][]byte{}
@@ -144,6 +145,7 @@ func TestRelayTokenNeverLeaks(t *testing.T) {
 // 400), a query that does not parse is refused 400 without an upstream call, and the same
 // idempotency key and body with another query answers 422.
 func TestRelayCallerCredentialsStripped(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channel(true)

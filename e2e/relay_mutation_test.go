@@ -17,6 +17,7 @@ import (
 // invalid UTF-8, truncation, odd idempotency keys; odd paths and credentials) never get a 5xx
 // and never lose the connection: every answer is read whole.
 func TestRelayMutations(t *testing.T) {
+	t.Parallel()
 	redisURL := testenv.Redis(t)
 	e := newRelayEnv(t)
 	// a catch-all route with a limit no mutation run reaches

@@ -16,6 +16,7 @@ import (
 )
 
 func TestRelayAuthAndScope(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	active := e.channel(true)
@@ -51,6 +52,7 @@ func TestRelayAuthAndScope(t *testing.T) {
 }
 
 func TestRelayForwarding(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channel(true)
@@ -167,6 +169,7 @@ func TestRelayForwarding(t *testing.T) {
 // TestRelayDisconnected: code 190 marks the channel; that call and later ones answer 503
 // CHANNEL_DISCONNECTED and the upstream is not called again.
 func TestRelayDisconnected(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channel(true)
@@ -226,6 +229,7 @@ func substituted(t *testing.T, r relayResp) {
 // TestRelayTwoInstances: two Caddy processes sharing Redis and Postgres: one rate limit, one
 // upstream send per idempotency key, and a deleted channel refused within a second everywhere.
 func TestRelayTwoInstances(t *testing.T) {
+	t.Parallel()
 	redisURL := testenv.Redis(t)
 	e := newRelayEnv(t)
 	a, b := e.caddy(redisURL), e.caddy(redisURL)
@@ -279,6 +283,7 @@ func TestRelayTwoInstances(t *testing.T) {
 // send), sends without one are served and limited in memory; after Redis returns, keys work
 // again without a restart.
 func TestRelayRedisDown(t *testing.T) {
+	t.Parallel()
 	rs := testenv.StartRedis(t)
 	e := newRelayEnv(t)
 	base := e.caddy(rs.URL())

@@ -23,6 +23,7 @@ import (
 // same business account — here another org's channel — and the channel must still not reach it;
 // the subscribed_apps edge, which other channels of the account depend on, is refused.
 func TestRelayScopeNotWidened(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	base := e.caddy("")
 	ch := e.channelOn(true, pnid)
@@ -67,6 +68,7 @@ func TestRelayScopeNotWidened(t *testing.T) {
 // the relay's own handlers before any upstream call — also where no handle_path cleaned the path
 // (a catch-all `handle { wabarelay_proxy }` passes it as sent).
 func TestRelayPathShapesRefused(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.caddyWith("", "", "handle {\n\t\twabarelay_proxy\n\t}")
 	ch := e.channel(true)
@@ -112,6 +114,7 @@ func TestRelayPathShapesRefused(t *testing.T) {
 // TestRelayHangUpKeepsTheSend: a caller that hangs up while its keyed send is in flight does
 // not cancel it; the send completes once, and the caller's retry gets its stored answer.
 func TestRelayHangUpKeepsTheSend(t *testing.T) {
+	t.Parallel()
 	redisURL := testenv.Redis(t)
 	e := newRelayEnv(t)
 	base := e.caddy(redisURL)
@@ -156,6 +159,7 @@ func TestRelayHangUpKeepsTheSend(t *testing.T) {
 // TestRelayNeverReplaysStatusZero: a stored record with a status below 100 (written by a
 // release before this was checked) is answered as the relay's 502, never WriteHeader(0).
 func TestRelayNeverReplaysStatusZero(t *testing.T) {
+	t.Parallel()
 	redisURL := testenv.Redis(t)
 	e := newRelayEnv(t)
 	base := e.caddy(redisURL)
@@ -184,6 +188,7 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 // channel, and — after an address has presented too many bad tokens — any further token from
 // it (429 with Retry-After, before any lookup). Malformed tokens never cost a lookup.
 func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	// The channel exists before Caddy starts: had Caddy's listener been listening when it was
 	// created, the change's notification could arrive after the warm-up below and drop the

@@ -31,6 +31,7 @@ import (
 // channel are in neither; every message sent has its timeline from the relay log; the metrics
 // count what was written.
 func TestRelayLogThroughCaddy(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.caddySite("", "relay_log {\n\t\t\tinterval 50ms\n\t\t}", e.fake.URL(), `handle_path `+proxyPrefix+`/* {
 		wabarelay_proxy {
@@ -203,6 +204,7 @@ func normaliseBools(rows []string) []string {
 // reads, and another org's, cost is bounded: rows read, from EXPLAIN ANALYZE of the statements
 // the handlers run (testenv.ReadCost), not times.
 func TestRelayLogRefusalFlood(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.caddySite("", "relay_log {\n\t\t\tinterval 50ms\n\t\t\tper_channel 5\n\t\t}", e.fake.URL(), `handle_path `+proxyPrefix+`/* {
 		wabarelay_proxy {

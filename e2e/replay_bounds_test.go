@@ -18,6 +18,7 @@ import (
 // a metric, while live events still reach the webhook; deleting the webhook answers at once and
 // leaves its rows to the sweep, which removes them in batches.
 func TestReplayBounded(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	ctx := context.Background()
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}", testAppSecret, testVerifyToken)

@@ -18,6 +18,7 @@ import (
 // mid-flight: a replay to a slow receiver (two attempts at a time), Caddy killed once its first attempt is in flight,
 // another Caddy started on the database delivers every event.
 func TestReplayThroughCaddy(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rcOld, rcNew, rcOther, rcKill := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}),

@@ -21,6 +21,7 @@ import (
 // management API, relay, connect link, the upstream's webhook endpoint (inbound) and the dashboard. (Without a Meta app,
 // the demo: TestDemoRepoCaddyfile.)
 func TestRepoCaddyfileServesEverything(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	origin := e.repoCaddy(testenv.FreePort(t), nil, e.metaAppEnv()...)
 

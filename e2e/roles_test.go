@@ -29,6 +29,7 @@ const noDispatcherLog = "this instance runs no dispatcher"
 // A never attempts (no attempt metric on A, its log says it runs no dispatcher), and the
 // deliveries table shows each delivery delivered after one recorded attempt.
 func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
+	t.Parallel()
 	const batches, perBatch = 20, 10
 	const events = batches * perBatch
 	e := newRelayEnv(t)

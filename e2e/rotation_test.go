@@ -81,6 +81,7 @@ func (rr *rotationReceiver) last() map[string]bool {
 // reference library —; after the grace the old secret no longer verifies (401, then accepted
 // once the receiver uses the new one), and the new one alone signs.
 func TestSecretRotationReceivers(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	_, apiKey := e.fix.APIKey(t, e.org)
 	e.channelOn(true, pnid)

@@ -20,6 +20,7 @@ import (
 // accepted and then fails with 131026. GET /v1/messages/{wamid} answers each field of both
 // stories, and GET /v1/channels/{id}/messages lists them with their latest status.
 func TestMessageTimelineEndToEnd(t *testing.T) {
+	t.Parallel()
 	w := startDemo(t, fakegraph.WithStatusOrder("read", "delivered", "sent"))
 	ch, su := w.connectChannel(t, "Support line")
 	var hooks []string

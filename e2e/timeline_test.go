@@ -46,6 +46,7 @@ type timelineJSON struct {
 // its sender and its two deliveries; another org's key gets 404; the channel's list shows the
 // message.
 func TestMessageTimelineThroughCaddy(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	rc1, rc2 := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 5s\n root_ca %s\n allow_private_targets\n}",

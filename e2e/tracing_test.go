@@ -118,6 +118,7 @@ func (c *otlpCollector) env() []string {
 // attempt spans, and the receiver gets a traceparent of that trace (the attempt span's); a
 // relay call carrying a caller's traceparent reaches the upstream in the caller's trace.
 func TestTracingThroughCaddy(t *testing.T) {
+	t.Parallel()
 	e := newRelayEnv(t)
 	col := newOTLPCollector(t)
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
