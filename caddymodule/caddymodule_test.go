@@ -29,9 +29,9 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// TestMain: the relay tests run each Caddy instance as its own process, this test binary run
-// as Caddy (testenv.StartCaddy).
-func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main) }
+// TestMain: the tests here adapt, validate and load configurations in process; the ones that run
+// Caddy as a child process are in package e2e.
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 func adapt(t *testing.T, caddyfile string) []byte {
 	t.Helper()
@@ -280,6 +280,7 @@ func poolRefs(t *testing.T, dsn string) int {
 
 // TestServeAndReload: the built handler serves the API through Caddy; reloading with a changed
 // config while requests are running drops none of them and leaves one pool reference.
+// Not parallel: it loads Caddy in process and counts the process-wide pool and limiter references.
 func TestServeAndReload(t *testing.T) {
 	in := startInstance(t)
 	status, body, err := in.request("POST", "/v1/channels", `{"name":"via caddy"}`)
@@ -353,6 +354,7 @@ func memLimiterKeys() []any {
 
 // TestStartFailsWithoutDatabase: an unreachable database fails the load with a clear error that
 // does not contain the password, and releases what Provision acquired.
+// Not parallel: it loads Caddy in process and counts the process-wide pool references.
 func TestStartFailsWithoutDatabase(t *testing.T) {
 	dsn := fmt.Sprintf("postgres://wabarelay:s3cretpw@127.0.0.1:%d/db?connect_timeout=2", testenv.FreePort(t))
 	t.Setenv("WBR_TEST_DATABASE", dsn)

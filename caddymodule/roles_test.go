@@ -78,6 +78,7 @@ func TestAdaptDeliveryWorkers(t *testing.T) {
 // TestRolesReloadNoDispatcher: in process, an app with workers 0 starts no dispatcher, serves the
 // API and reports healthy; reloads from a dispatcher to none and back (each stopping the old
 // config's app, with or without a dispatcher) and a final stop succeed, with one pool reference.
+// Not parallel: it loads Caddy in process and reads the running app and its pool references.
 func TestRolesReloadNoDispatcher(t *testing.T) {
 	in := startInstance(t) // default delivery: a dispatcher
 	running := func() *App {
