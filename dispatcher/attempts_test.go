@@ -26,17 +26,6 @@ func (e *env) crashedInstance(rc *testenv.Receiver) *Dispatcher {
 	return d
 }
 
-// expireLease moves the lease of the event's claimed delivery into the past, as if the lease
-// had run out.
-func (e *env) expireLease(eventID uuid.UUID) {
-	e.t.Helper()
-	tag, err := e.pool.Exec(context.Background(), `UPDATE delivery_queue SET locked_until = now() - interval '1 second'
-		WHERE event_id = $1 AND status = 'in_flight'`, eventID)
-	if err != nil || tag.RowsAffected() != 1 {
-		e.t.Fatalf("expire lease: %v (%d rows)", err, tag.RowsAffected())
-	}
-}
-
 // attemptNumbers returns the attempt numbers in the event's delivery log, in order.
 func (e *env) attemptNumbers(eventID uuid.UUID) []int {
 	e.t.Helper()
@@ -112,10 +101,11 @@ func TestReclaimedLeaseIsNotAnAttempt(t *testing.T) {
 // TestAlwaysFailingWithExpiredLeaseGetsFourAttempts: a delivery whose receiver always fails, and
 // whose second attempt was claimed by an instance that crashed before making it, still gets
 // exactly four attempts, logged as 1, 2, 3, 4, and is failed after the fourth. The schedule is an
-// hour between attempts: the test makes each retry due (next_attempt_at moved into the past) and
-// the crashed claim's lease pass (locked_until moved into the past) instead of waiting.
+// hour between attempts: the test moves the clock on by the hour to make each retry due, and past
+// the crashed claim's lease, instead of waiting.
 func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	e := newEnv(t)
+	clk := e.useClock()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}})
@@ -126,7 +116,7 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	cfg.RetryDelays = []time.Duration{time.Hour, time.Hour, time.Hour}
 
 	// recorded waits until the outcome of attempt n is in (or the delivery failed), then checks
-	// the log holds attempts 1..n and the delivery counts n and is status.
+	// the log holds attempts 1..n and the delivery counts n and is status, its retry an hour on.
 	recorded := func(n int, status string) {
 		t.Helper()
 		testenv.Eventually(t, patience, func() bool {
@@ -138,12 +128,10 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 		if row := e.delivery(id); row.status != status || row.attempts != n {
 			t.Fatalf("after attempt %d: %+v, want %s with %d attempts", n, row, status, n)
 		}
-	}
-	due := func() {
-		t.Helper()
-		if _, err := e.pool.Exec(ctx, `UPDATE delivery_queue SET next_attempt_at = now() - interval '1 second'
-			WHERE event_id = $1 AND status = 'pending'`, id); err != nil {
-			t.Fatal(err)
+		if status == "pending" {
+			if due := testenv.QueryValue[time.Time](t, e.fix, `SELECT next_attempt_at FROM delivery_queue WHERE event_id = $1`, id); !due.Equal(clk.Now().Add(time.Hour)) {
+				t.Fatalf("after attempt %d the retry is due at %v, want an hour after %v", n, due, clk.Now())
+			}
 		}
 	}
 
@@ -151,18 +139,18 @@ func TestAlwaysFailingWithExpiredLeaseGetsFourAttempts(t *testing.T) {
 	recorded(1, "pending")
 	stop() // (so that the crashing instance is the one that claims the retry)
 
-	due()
+	clk.Advance(time.Hour)
 	crashed := e.crashedInstance(rc)
 	if jobs, _, err := crashed.claim(ctx, 10); err != nil || len(jobs) != 1 || jobs[0].EventID != id {
 		t.Fatalf("claim by the crashing instance: %+v %v", jobs, err)
 	}
-	e.expireLease(id)
+	clk.Advance(crashed.Lease() + time.Microsecond)
 
 	e.run(cfg) // reclaims the lease: attempt 2
 	recorded(2, "pending")
-	due()
+	clk.Advance(time.Hour)
 	recorded(3, "pending")
-	due()
+	clk.Advance(time.Hour)
 	recorded(4, "failed")
 	if n := len(rc.Deliveries()); n != 4 {
 		t.Fatalf("%d receipts, want 4", n)

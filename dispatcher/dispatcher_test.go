@@ -104,12 +104,13 @@ func dedupeKeys(items []store.IncomingItem) []string {
 // a deadline for a failing test, never a timing the test asserts.
 const patience = 30 * time.Second
 
-// config is a test dispatcher's configuration: quick retries and polls; an attempt timeout (and
-// a lease) that a slow, loaded machine cannot run into, so that no test sees a retry it did not
-// ask for (tests of the timeout set their own); the env's clock, if it has one.
+// config is a test dispatcher's configuration: retries due at once (tests of the schedule set
+// their own and move the clock: retrySchedule) and quick polls; an attempt timeout (and a lease)
+// that a slow, loaded machine cannot run into, so that no test sees a retry it did not ask for
+// (tests of the timeout set their own); the env's clock, if it has one.
 func (e *env) config(rc *testenv.Receiver) Config {
 	cfg := Config{
-		RetryDelays:         []time.Duration{50 * time.Millisecond, 100 * time.Millisecond, 150 * time.Millisecond},
+		RetryDelays:         []time.Duration{0, 0, 0},
 		Timeout:             10 * time.Second,
 		Lease:               30 * time.Second,
 		PollInterval:        50 * time.Millisecond,
@@ -282,9 +283,33 @@ func TestSignMatchesIndependentImplementation(t *testing.T) {
 	}
 }
 
+// retrySchedule makes a delivery's retries fall due by moving the clock: for each delay, it
+// waits until the outcome of attempt n (from 1) is recorded, checks that the retry is due the
+// delay after it, and moves the clock on by the delay.
+func (e *env) retrySchedule(eventID uuid.UUID, delays []time.Duration) {
+	e.t.Helper()
+	for i, delay := range delays {
+		testenv.Eventually(e.t, patience, func() bool { return len(e.attemptRows(eventID)) > i }, "the outcome of attempt %d", i+1)
+		due := testenv.QueryValue[time.Time](e.t, e.fix, `SELECT next_attempt_at FROM delivery_queue WHERE event_id = $1`, eventID)
+		if want := e.clk.Now().Add(delay); !due.Equal(want) {
+			e.t.Fatalf("attempt %d due at %v, want %v after the outcome (%v)", i+2, due, delay, e.clk.Now())
+		}
+		e.clk.Advance(delay)
+	}
+}
+
+// TestRetriesThenSucceeds: failed attempts are retried on the default schedule, each retry due
+// its delay after the failed attempt's outcome (by the clock) and made no sooner, signed afresh
+// with the same webhook-id, until a 2xx.
 func TestRetriesThenSucceeds(t *testing.T) {
 	e := newEnv(t)
+	clk := e.useClock()
+	var mu sync.Mutex
+	var at []time.Time // the clock's time at each hit
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		at = append(at, clk.Now())
+		mu.Unlock()
 		if n <= 2 {
 			http.Error(w, "boom "+strconv.Itoa(n), http.StatusInternalServerError)
 			return
@@ -294,7 +319,10 @@ func TestRetriesThenSucceeds(t *testing.T) {
 	_, secret := e.webhook(rc.URL)
 	ids := e.events(1)
 	cfg := e.config(rc)
+	cfg.RetryDelays = nil // the defaults: 30s, 2m, 10m
 	e.run(cfg)
+	delays := []time.Duration{30 * time.Second, 2 * time.Minute}
+	e.retrySchedule(ids[0], delays)
 	// delivered is final and written after the receiver answered: every hit is in by now, and
 	// no further claim can pick the delivery up
 	testenv.Eventually(t, patience, e.statusIs(ids[0], "delivered"), "delivered")
@@ -302,6 +330,8 @@ func TestRetriesThenSucceeds(t *testing.T) {
 	if len(hits) != 3 {
 		t.Fatalf("%d hits, want 3", len(hits))
 	}
+	mu.Lock()
+	defer mu.Unlock()
 	for i, h := range hits {
 		if _, err := testenv.VerifySignature(secret, h.Header, h.Body); err != nil {
 			t.Fatalf("hit %d: %v", i, err)
@@ -310,29 +340,33 @@ func TestRetriesThenSucceeds(t *testing.T) {
 			t.Fatalf("hit %d webhook-id %q", i, h.Header.Get("webhook-id"))
 		}
 		if i > 0 {
-			if gap := h.At.Sub(hits[i-1].At); gap < cfg.RetryDelays[i-1] {
-				t.Fatalf("gap before attempt %d is %v, want >= %v", i+1, gap, cfg.RetryDelays[i-1])
-			} else {
-				t.Logf("gap before attempt %d: %v (delay %v)", i+1, gap, cfg.RetryDelays[i-1])
+			if gap := at[i].Sub(at[i-1]); gap < delays[i-1] {
+				t.Fatalf("gap before attempt %d is %v by the clock, want >= %v", i+1, gap, delays[i-1])
 			}
 		}
 	}
-	at := e.attemptRows(ids[0])
-	if len(at) != 3 || *at[0].code != 500 || *at[1].code != 500 || *at[2].code != 200 || *at[0].err != "http_500" ||
-		!strings.HasPrefix(*at[0].body, "boom 1") || at[2].err != nil {
-		t.Fatalf("attempts %+v", at)
+	rows := e.attemptRows(ids[0])
+	if len(rows) != 3 || *rows[0].code != 500 || *rows[1].code != 500 || *rows[2].code != 200 || *rows[0].err != "http_500" ||
+		!strings.HasPrefix(*rows[0].body, "boom 1") || rows[2].err != nil {
+		t.Fatalf("attempts %+v", rows)
 	}
 	if row := e.delivery(ids[0]); row.attempts != 3 || *row.code != 200 || row.lastErr != nil {
 		t.Fatalf("delivery %+v", row)
 	}
 }
 
+// TestAlwaysFailingEndsFailed: a delivery whose receiver always fails gets its four attempts on
+// the default schedule (by the clock) and is failed after the fourth.
 func TestAlwaysFailingEndsFailed(t *testing.T) {
 	e := newEnv(t)
+	e.useClock()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true, Respond: func(n int, w http.ResponseWriter, r *http.Request) { w.WriteHeader(503) }})
 	e.webhook(rc.URL)
 	ids := e.events(1)
-	e.run(e.config(rc))
+	cfg := e.config(rc)
+	cfg.RetryDelays = nil // the defaults: 30s, 2m, 10m
+	e.run(cfg)
+	e.retrySchedule(ids[0], []time.Duration{30 * time.Second, 2 * time.Minute, 10 * time.Minute})
 	testenv.Eventually(t, patience, e.statusIs(ids[0], "failed"), "failed") // final: every hit is in
 	if n := len(rc.Deliveries()); n != 4 {
 		t.Fatalf("%d hits, want 4", n)

@@ -154,3 +154,60 @@ func TestLeaseEndsByTheClock(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryScheduledByTheClock: a failed attempt's retry is due its delay after the outcome is
+// recorded, by the queue's clock, and not before; a claim handed back with a delay is due that
+// long after; a manual retry of a failed delivery is due at once.
+func TestRetryScheduledByTheClock(t *testing.T) {
+	e := newClockEnv(t)
+	e.events(3, store.Claim{})
+	c := e.claim("i")
+	if len(c.Deliveries) != 3 {
+		t.Fatalf("claimed %d, want 3", len(c.Deliveries))
+	}
+	retried, handed, failed := c.Deliveries[0], c.Deliveries[1], c.Deliveries[2]
+	e.clk.Advance(time.Second) // (the attempts took a second)
+	t1 := e.clk.Now()
+	e.fail("i", retried, 30*time.Second)
+	e.fail("i", failed, -1)
+	if err := e.q.Release(context.Background(), "i", []store.Handback{{ID: handed.ID, Claim: handed.Claim, After: 5 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	if at := e.nextAttempt(retried.ID); !at.Equal(t1.Add(30 * time.Second)) {
+		t.Fatalf("retry due at %v, want 30s after the outcome (%v)", at, t1)
+	}
+	if at := e.nextAttempt(handed.ID); !at.Equal(t1.Add(5 * time.Second)) {
+		t.Fatalf("handed-back claim due at %v, want 5s after %v", at, t1)
+	}
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM deliveries WHERE updated_at = $1`, t1); n != 2 {
+		t.Fatalf("%d log rows updated at the outcomes' time, want 2", n)
+	}
+	e.clk.Advance(5*time.Second - time.Microsecond)
+	if c := e.claim("i"); len(c.Deliveries) != 0 {
+		t.Fatalf("claimed %d before anything is due", len(c.Deliveries))
+	}
+	e.clk.Set(t1.Add(5 * time.Second))
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != handed.ID || c.Deliveries[0].Attempt != 1 {
+		t.Fatalf("claimed %+v, want the handed-back claim under its first attempt", c.Deliveries)
+	}
+	e.clk.Set(t1.Add(30*time.Second - time.Microsecond))
+	if c := e.claim("i"); len(c.Deliveries) != 0 {
+		t.Fatalf("claimed %d before the retry is due", len(c.Deliveries))
+	}
+	e.clk.Set(t1.Add(30 * time.Second))
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != retried.ID || c.Deliveries[0].Attempt != 2 {
+		t.Fatalf("claimed %+v, want the retry, attempt 2", c.Deliveries)
+	}
+
+	// a manual retry of the failed delivery: due at once, by the store's clock
+	e.clk.Advance(time.Hour)
+	if err := e.f.Store.RetryDelivery(context.Background(), e.org, e.hook, failed.ID); err != nil {
+		t.Fatal(err)
+	}
+	if at := e.nextAttempt(failed.ID); !at.Equal(e.clk.Now()) {
+		t.Fatalf("manual retry due at %v, want now (%v)", at, e.clk.Now())
+	}
+	if c := e.claim("i"); len(c.Deliveries) != 1 || c.Deliveries[0].ID != failed.ID || c.Deliveries[0].Attempt != 1 {
+		t.Fatalf("claimed %+v, want the manual retry as a first attempt", c.Deliveries)
+	}
+}

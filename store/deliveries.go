@@ -136,14 +136,14 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 }
 
 // requeueSQL puts failed deliveries of webhook $1 (the log rows selected by the condition
-// appended to it) back in the queue with a fresh schedule (attempt counting restarts): due now,
-// or held if the webhook is paused. It returns the requeued ids. A delivery of an ordered
+// appended to it) back in the queue with a fresh schedule (attempt counting restarts): due at
+// $3 (NULL: the database's now(), see package clock), or held if the webhook is paused. It returns the requeued ids. A delivery of an ordered
 // webhook keeps its conversation: when the conversation has rows queued it waits behind their
 // head, then goes before the later ones (the first waiting row in inbound order is promoted
 // next, see claimableSQL).
 const requeueSQL = `
 	WITH f AS (
-		UPDATE deliveries d SET status = 'pending', attempts = 0, updated_at = now()
+		UPDATE deliveries d SET status = 'pending', attempts = 0, updated_at = coalesce($3::timestamptz, now())
 		WHERE d.webhook_id = $1 AND d.status = 'failed' AND `
 
 var requeueTail = `
@@ -153,7 +153,7 @@ var requeueTail = `
 	SELECT f.id, f.created_at, f.event_id, f.webhook_id,
 	       ` + queueStatusSQL("f.webhook_id", "f.conversation", "f.conv_rank",
 	`CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = f.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END`) + `,
-	       now(), f.conversation
+	       coalesce($3::timestamptz, now()), f.conversation
 	FROM (SELECT f.*, row_number() OVER (PARTITION BY f.conversation ORDER BY f.created_at, f.event_id, f.id) AS conv_rank FROM f) f
 	ON CONFLICT (delivery_id) DO NOTHING`
 
@@ -164,7 +164,7 @@ func (s *Store) RetryDelivery(ctx context.Context, orgID, webhookID, deliveryID 
 		return err
 	}
 	return s.inTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, requeueSQL+`d.id = $2`+requeueTail, webhookID, deliveryID)
+		tag, err := tx.Exec(ctx, requeueSQL+`d.id = $2`+requeueTail, webhookID, deliveryID, s.nowArg())
 		if err != nil {
 			return fmt.Errorf("retry delivery: %w", err)
 		}
@@ -191,7 +191,7 @@ func (s *Store) RecoverDeliveries(ctx context.Context, orgID, webhookID uuid.UUI
 	}
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, requeueSQL+`d.created_at >= $2`+requeueTail, webhookID, since)
+		tag, err := tx.Exec(ctx, requeueSQL+`d.created_at >= $2`+requeueTail, webhookID, since, s.nowArg())
 		if err != nil {
 			return err
 		}

@@ -328,7 +328,8 @@ type Outcome struct {
 // instance ($12) still holds the delivery under the claim that made the attempt (same
 // claim_seq; attempts still one less than the attempt's number). Only then is the attempt
 // counted and logged: the queue row is deleted (delivered, or failed for good) or rescheduled
-// (held instead of pending if the webhook was paused meanwhile), the delivery log row updated
+// (held instead of pending if the webhook was paused meanwhile; due retry_in after $16, NULL:
+// the database's now(), see package clock), the delivery log row updated
 // (a HOT update: no indexed column changes) and the attempt appended. A rescheduled head of an
 // ordered conversation keeps its place: the rows behind it are waiting (see claimableSQL), not
 // due, so nothing steps over them meanwhile. The outcome of a claim
@@ -353,7 +354,8 @@ r AS (
 ), again AS (
 	UPDATE delivery_queue q SET
 		status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
-		attempts = r.attempt, next_attempt_at = now() + r.retry_in * interval '1 millisecond', locked_by = NULL, locked_until = NULL
+		attempts = r.attempt, next_attempt_at = coalesce($16::timestamptz, now()) + r.retry_in * interval '1 millisecond',
+		locked_by = NULL, locked_until = NULL
 	FROM r
 	WHERE q.delivery_id = r.delivery_id AND q.locked_by = $12 AND q.claim_seq = r.claim AND q.attempts = r.attempt - 1
 	  AND NOT r.ok AND r.retry_in >= 0
@@ -363,7 +365,7 @@ r AS (
 ), log AS (
 	UPDATE deliveries d SET
 		status = CASE WHEN k.ok THEN 'delivered' WHEN k.retry_in >= 0 THEN 'pending' ELSE 'failed' END,
-		attempts = k.attempt, last_status_code = k.status_code, last_error = k.error, updated_at = now()
+		attempts = k.attempt, last_status_code = k.status_code, last_error = k.error, updated_at = coalesce($16::timestamptz, now())
 	FROM kept k WHERE d.created_at >= $14 AND d.created_at < $15 AND d.id = k.delivery_id AND d.created_at = k.created_at
 )
 INSERT INTO delivery_attempts (id, delivery_id, attempt, started_at, duration_ms, status_code, error, response_body)
@@ -414,7 +416,7 @@ func (q *Queue) record(ctx context.Context, db batchSender, instance string, out
 		for k, i := range is {
 			group[k] = outs[i]
 		}
-		tag, err := execGeneric(ctx, db, recordSQL, recordArgs(group, instance, d)...)
+		tag, err := execGeneric(ctx, db, recordSQL, recordArgs(group, instance, d, q.nowArg())...)
 		if err != nil {
 			return recorded, fmt.Errorf("record delivery attempts: %w", err)
 		}
@@ -450,8 +452,9 @@ func (q *Queue) Unrecorded(ctx context.Context, outs []Outcome) (already, delete
 	return already, deleted, lost, nil
 }
 
-// recordArgs returns the arguments of recordSQL for outcomes of deliveries created on day.
-func recordArgs(outs []Outcome, instance string, day time.Time) []any {
+// recordArgs returns the arguments of recordSQL for outcomes of deliveries created on day,
+// recorded at now (nil: the database's now()).
+func recordArgs(outs []Outcome, instance string, day time.Time, now *time.Time) []any {
 	n := len(outs)
 	ids, attemptIDs := make([]uuid.UUID, n), make([]uuid.UUID, n)
 	created, started := make([]time.Time, n), make([]time.Time, n)
@@ -472,11 +475,11 @@ func recordArgs(outs []Outcome, instance string, day time.Time) []any {
 	}
 	// Planned for each batch (unnamed statement), like claimSQL.
 	return []any{ids, created, attempts, claims, started, ok, codes, errs, bodies, retryIn, durations, instance, attemptIDs,
-		day, day.AddDate(0, 0, 1)}
+		day, day.AddDate(0, 0, 1), now}
 }
 
 // Handback returns a claim to the queue without an attempt (none was made: attempts is
-// unchanged), due again no sooner than After from now.
+// unchanged), due again no sooner than After from now (the queue's clock).
 type Handback struct {
 	ID    uuid.UUID
 	Claim int
@@ -496,10 +499,12 @@ func (q *Queue) Release(ctx context.Context, instance string, hs []Handback) err
 		UPDATE delivery_queue q SET
 			status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
 			locked_by = NULL, locked_until = NULL,
-			next_attempt_at = CASE WHEN r.after > 0 THEN greatest(q.next_attempt_at, now() + r.after * interval '1 millisecond') ELSE q.next_attempt_at END
+			next_attempt_at = CASE WHEN r.after > 0
+				THEN greatest(q.next_attempt_at, coalesce($5::timestamptz, now()) + r.after * interval '1 millisecond')
+				ELSE q.next_attempt_at END
 		FROM unnest($1::uuid[], $2::int[], $3::bigint[]) AS r(delivery_id, claim, after)
 		WHERE q.delivery_id = r.delivery_id AND q.locked_by = $4 AND q.claim_seq = r.claim AND q.status = 'in_flight'`,
-		ids, claims, after, instance)
+		ids, claims, after, instance, q.nowArg())
 	if err != nil {
 		return fmt.Errorf("hand back deliveries: %w", err)
 	}
