@@ -39,7 +39,7 @@ func BenchmarkRelayRedisCPU(b *testing.B) {
 			client := testenv.RedisClient(b, srv.URL(), func(o *redis.Options) { o.Protocol = 2 })
 			prefix := "wabarelay:cost:" + rand.Text() + ":"
 			idem := idempotency.NewRedis(client, idempotency.Options{Prefix: prefix}, nil)
-			b.Cleanup(func() { idem.Close() })
+			b.Cleanup(func() { _ = idem.Close() })
 			adm := NewRedis(client, ratelimit.NewRedis(client, 100, time.Minute, prefix+"rl:"), idem, nil, nil)
 			channels := make([]uuid.UUID, 10000)
 			for i := range channels {
@@ -135,7 +135,7 @@ func infoInt(info, field string) int64 {
 // selfCPU is this process's user + system CPU in seconds.
 func selfCPU() float64 {
 	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru) // cannot fail for RUSAGE_SELF
 	return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
 }
 

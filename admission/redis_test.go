@@ -35,7 +35,7 @@ func newPair(t *testing.T, clients [2]redis.UniversalClient, limit int) pair {
 	p := pair{prefix: "wabarelay:admission:test:" + rand.Text() + ":"}
 	for i, c := range clients {
 		p.stores[i] = idempotency.NewRedis(c, idempotency.Options{Prefix: p.prefix}, zaptest.NewLogger(t))
-		t.Cleanup(func() { p.stores[i].Close() })
+		t.Cleanup(func() { _ = p.stores[i].Close() })
 		p.lims[i] = ratelimit.NewRedis(c, limit, time.Minute, p.prefix+"rl:")
 		p.adms[i] = NewRedis(c, p.lims[i], p.stores[i], nil, nil).combined
 	}
@@ -76,7 +76,7 @@ func testClaimRedis(t *testing.T, clients [2]redis.UniversalClient) {
 	// Every refused key is free: nothing was claimed for it (a store that does not wait says
 	// in progress for the others).
 	check := idempotency.NewRedis(clients[0], idempotency.Options{Prefix: p.prefix, Wait: -1}, nil)
-	defer check.Close()
+	defer func() { _ = check.Close() }()
 	free := 0
 	for i := range 150 {
 		res, err := check.Begin(ctx, "{ch-a}:k"+strconv.Itoa(i), "fp")
@@ -205,7 +205,7 @@ func BenchmarkClaimRedis(b *testing.B) {
 	client := testenv.RedisClient(b, testenv.Redis(b), testenv.ShortTimeouts)
 	prefix := "wabarelay:admission:bench:" + rand.Text() + ":"
 	idem := idempotency.NewRedis(client, idempotency.Options{Prefix: prefix}, nil)
-	b.Cleanup(func() { idem.Close() })
+	b.Cleanup(func() { _ = idem.Close() })
 	adm := NewRedis(client, ratelimit.NewRedis(client, 1<<30, time.Minute, prefix+"rl:"), idem, nil, nil)
 	channel, ctx := uuid.New(), context.Background()
 	b.ReportAllocs()

@@ -318,7 +318,9 @@ func (h *Handler) renderExpired(w http.ResponseWriter) {
 	hdr.Set("Cache-Control", "no-store")
 	hdr.Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(http.StatusGone)
-	h.expired.Execute(w, struct{ AssetBase string }{"/connect/assets/"})
+	if err := h.expired.Execute(w, struct{ AssetBase string }{"/connect/assets/"}); err != nil {
+		h.opt.Logger.Error("connect expired page render failed", zap.Error(err))
+	}
 }
 
 func (h *Handler) fail(w http.ResponseWriter, r *http.Request, err error) {

@@ -103,7 +103,7 @@ func (w *world) post(path, body string) answer {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	a := answer{status: resp.StatusCode, raw: string(b)}
-	json.Unmarshal(b, &a.body)
+	_ = json.Unmarshal(b, &a.body) // not every answer is JSON: raw has the bytes
 	return a
 }
 
@@ -144,7 +144,9 @@ func TestCompleteSuccessAndRepeat(t *testing.T) {
 		t.Fatalf("relay view: %+v %v", rc, err)
 	}
 	var clear int
-	w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE position('EAAGbusiness1'::bytea in upstream_token_enc) > 0`).Scan(&clear)
+	if err := w.Pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE position('EAAGbusiness1'::bytea in upstream_token_enc) > 0`).Scan(&clear); err != nil {
+		t.Fatal(err)
+	}
 	if clear != 0 {
 		t.Fatal("upstream token stored in clear")
 	}
@@ -269,7 +271,9 @@ func TestLinksAndPage(t *testing.T) {
 func TestExpiredUnknownAndBadInput(t *testing.T) {
 	w := newWorld(t, "")
 	c := w.channel()
-	w.Pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID)
+	if _, err := w.Pool.Exec(context.Background(), `UPDATE channels SET token_expires_at = now() - interval '1 second' WHERE id = $1`, c.ID); err != nil {
+		t.Fatal(err)
+	}
 	for _, tok := range []string{c.ChannelToken, "unknown-token", strings.Repeat("x", 500)} {
 		resp, err := http.Get(w.srv.URL + "/connect/" + tok)
 		if err != nil {

@@ -61,7 +61,7 @@ func (h scripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proce
 func testCompleteBatched(t *testing.T, client redis.UniversalClient, counted scripts) {
 	ctx := context.Background()
 	s := NewRedis(client, Options{Prefix: testPrefix()}, nil)
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	const n = 200
 	var queued atomic.Bool
 	*counted.gate = func(first int) {

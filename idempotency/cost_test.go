@@ -17,7 +17,7 @@ func BenchmarkCompleteCost(b *testing.B) {
 	srv := testenv.StartRedis(b)
 	c := testenv.RedisClient(b, srv.URL())
 	s := NewRedis(c, Options{Prefix: testPrefix()}, nil)
-	b.Cleanup(func() { s.Close() })
+	b.Cleanup(func() { _ = s.Close() })
 	ctx := context.Background()
 	fp := Fingerprint("POST", "/v1/123/messages", "", []byte(`{"to":"15551234567"}`))
 	tokens := make([]string, b.N)

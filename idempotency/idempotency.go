@@ -58,16 +58,16 @@ func (r Response) Clone() Response {
 type Outcome int
 
 const (
-	// Acquired: the caller owns the key. It sends upstream and then calls Complete (the send was
-	// attempted) or Release (the upstream provably did not send).
+	// Acquired means the caller owns the key. It sends upstream and then calls Complete (the
+	// send was attempted) or Release (the upstream provably did not send).
 	Acquired Outcome = iota
-	// Replay: a response is stored for this key and fingerprint; the caller replays
+	// Replay means a response is stored for this key and fingerprint; the caller replays
 	// Result.Response without calling upstream.
 	Replay
-	// InProgress: another request with this key was still in flight after waiting up to
+	// InProgress means another request with this key was still in flight after waiting up to
 	// Options.Wait; the caller answers 409.
 	InProgress
-	// Mismatch: the key was used with a different fingerprint; the caller answers 422.
+	// Mismatch means the key was used with a different fingerprint; the caller answers 422.
 	Mismatch
 )
 

@@ -9,7 +9,7 @@ import (
 
 func newMemoryStores(t *testing.T, opt Options) (Store, Store) {
 	s := NewMemory(opt)
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { _ = s.Close() })
 	return s, s
 }
 
@@ -26,7 +26,7 @@ func TestMemoryJanitor(t *testing.T) {
 
 func testMemoryJanitor(t *testing.T) {
 	s := NewMemory(Options{TTL: 200 * time.Millisecond, Lease: 200 * time.Millisecond})
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 	ctx := context.Background()
 	r, err := s.Begin(ctx, "k-done", "fp")
 	if err != nil {

@@ -114,7 +114,7 @@ func (s *Redis) Close() error {
 	s.mu.Unlock()
 	s.cancel()
 	if ps != nil {
-		ps.Close() // unblocks the listener's read
+		_ = ps.Close() // unblocks the listener's read; the store is closing either way
 	}
 	s.startOnce.Do(func() { close(s.done) }) // never started: nothing to wait for
 	<-s.done
@@ -446,7 +446,7 @@ func (s *Redis) session(lost *bool) (wasSubscribed bool, err error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		ps.Close()
+		_ = ps.Close() // never subscribed: nothing to lose
 		return false, errors.New("closed")
 	}
 	s.ps = ps
@@ -455,7 +455,7 @@ func (s *Redis) session(lost *bool) (wasSubscribed bool, err error) {
 		s.mu.Lock()
 		s.ps = nil
 		s.mu.Unlock()
-		ps.Close()
+		_ = ps.Close() // the session is over; the next one dials a new connection
 	}()
 
 	if err := ps.PSubscribe(s.ctx, s.pattern); err != nil {

@@ -31,7 +31,7 @@ func newRedisPair(t *testing.T, url string, opt Options) (*Redis, *Redis) {
 	}
 	a := NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), opt, zaptest.NewLogger(t).Named("a"))
 	b := NewRedis(testenv.RedisClient(t, url, testenv.ShortTimeouts), opt, zaptest.NewLogger(t).Named("b"))
-	t.Cleanup(func() { a.Close(); b.Close() })
+	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
 	return a, b
 }
 
@@ -148,7 +148,7 @@ func TestRedisRecord(t *testing.T) {
 
 	// A custom TTL.
 	b := NewRedis(c, Options{Prefix: prefix, TTL: 90 * time.Minute}, nil)
-	defer b.Close()
+	defer func() { _ = b.Close() }()
 	r = mustBegin(t, b, "chan-1:k-ttl2", fp, Acquired)
 	if err := b.Complete(ctx, "chan-1:k-ttl2", r.Token, want); err != nil {
 		t.Fatal(err)
@@ -189,7 +189,7 @@ func TestRedisKillRestart(t *testing.T) {
 		stores[i] = NewRedis(c, opt, zaptest.NewLogger(t).Named(name))
 	}
 	a, b := stores[0], stores[1]
-	t.Cleanup(func() { a.Close(); b.Close() })
+	t.Cleanup(func() { _, _ = a.Close(), b.Close() })
 	ctx := context.Background()
 	const fp = "fp"
 
@@ -300,7 +300,7 @@ func TestRedisClose(t *testing.T) {
 	mustBegin(t, s, "k", "fp", Acquired)
 	waitSubscribed(t, s)
 	done := make(chan struct{})
-	go func() { s.Close(); close(done) }()
+	go func() { _ = s.Close(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(patience):
@@ -316,7 +316,7 @@ func TestRedisClose(t *testing.T) {
 	testenv.Eventually(t, patience, func() bool { return logs.FilterMessageSnippet("pub/sub connection to Redis lost").Len() > 0 },
 		"the listener to report its failed connection")
 	done = make(chan struct{})
-	go func() { s.Close(); close(done) }()
+	go func() { _ = s.Close(); close(done) }()
 	select {
 	case <-done:
 	case <-time.After(patience):

@@ -26,7 +26,7 @@ func TestHandlerTracesStore(t *testing.T) {
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ctx, server := tp.Tracer("caddy").Start(context.Background(), "POST")
 	body := messages("t1", "t2")
 	r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/webhooks/upstream", strings.NewReader(body))

@@ -301,7 +301,7 @@ func TestRedisOneRoundTrip(t *testing.T) {
 
 func TestRedisUnavailable(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: time.Second})
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if _, err := NewRedis(c, 5, time.Minute, "x:").Allow(context.Background(), "k"); err == nil {
 		t.Fatal("want an error when Redis is unreachable")
 	}

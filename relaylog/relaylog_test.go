@@ -175,7 +175,7 @@ func TestWriterDropsWithoutWaiting(t *testing.T) {
 	lim := ratelimit.NewMemory(1000, time.Minute)
 	defer lim.Close()
 	mem := idempotency.NewMemory(idempotency.Options{})
-	defer mem.Close()
+	defer func() { _ = mem.Close() }()
 	rl := &relay.Relay{Channels: relay.NewCache(f.Store, relay.DefaultTTL), Objects: f.Store,
 		Admission: admission.NewMemory(lim, mem), UpstreamBase: "/" + fake.Version(), CallLog: w}
 	send := func() {

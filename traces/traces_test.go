@@ -58,7 +58,7 @@ func TestOffCostsNothing(t *testing.T) {
 func TestChildContinueProvider(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	ctx, server := tp.Tracer("caddy").Start(context.Background(), "server")
 
 	var p Provider

@@ -132,7 +132,11 @@ func main() {
 		if err != nil {
 			fail(err)
 		}
-		defer f.Close()
+		defer func() {
+			if err := f.Close(); err != nil {
+				fmt.Fprintln(os.Stderr, "fakegraph: request log:", err)
+			}
+		}()
 		logw = f
 	}
 	if *quiet {
@@ -193,7 +197,7 @@ func main() {
 	<-sig
 	g.Close()
 	if recv != nil {
-		recv.Close()
+		_ = recv.Close() // shutting down: the process exits next
 	}
 }
 

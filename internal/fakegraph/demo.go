@@ -430,9 +430,7 @@ func (s *Server) postWebhook(ctx context.Context, url, appSecret string, body []
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-	if s.logw != nil {
-		fmt.Fprintf(s.logw, "%s webhook -> %s %d (%d bytes)\n", time.Now().Format(time.RFC3339), url, resp.StatusCode, len(body))
-	}
+	logf(s.logw, "%s webhook -> %s %d (%d bytes)\n", time.Now().Format(time.RFC3339), url, resp.StatusCode, len(body))
 	return resp.StatusCode, answer, nil
 }
 

@@ -139,6 +139,14 @@ func WithoutGzip() Option { return func(s *Server) { s.noGzip = true } }
 // WithLog writes one line per request (method, path, status, duration) to w.
 func WithLog(w io.Writer) Option { return func(s *Server) { s.logw = w } }
 
+// logf writes one line of a request log to w, when there is one. The log is for watching a
+// demo or a test: a failed write loses that line and nothing else.
+func logf(w io.Writer, format string, args ...any) {
+	if w != nil {
+		_, _ = fmt.Fprintf(w, format, args...)
+	}
+}
+
 // Template is a message template of a WhatsApp Business Account.
 type Template struct {
 	ID       string // generated when empty
@@ -310,7 +318,7 @@ func (s *Server) Listen(addr string) (string, error) {
 	s.srvMu.Lock()
 	if s.hs != nil {
 		s.srvMu.Unlock()
-		ln.Close()
+		_ = ln.Close() // never served
 		return "", errors.New("fakegraph: already started")
 	}
 	s.hs = hs
@@ -729,9 +737,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if (s.demoSDK || s.callback != "") && (r.URL.Path == "/sdk.js" || strings.HasPrefix(r.URL.Path, "/_fake/")) {
 		sw := &statusWriter{ResponseWriter: w}
 		if s.serveDemo(sw, r) {
-			if s.logw != nil {
-				fmt.Fprintf(s.logw, "%s %s %s %d %s\n", start.Format(time.RFC3339), r.Method, r.URL.RequestURI(), sw.status, time.Since(start).Round(time.Microsecond))
-			}
+			logf(s.logw, "%s %s %s %d %s\n", start.Format(time.RFC3339), r.Method, r.URL.RequestURI(), sw.status, time.Since(start).Round(time.Microsecond))
 			return
 		}
 	}
@@ -745,7 +751,7 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	rc := &reqCtx{w: w, r: r, body: body, reqID: randID(23), traceID: randID(11)}
 	if s.logw != nil {
 		defer func() {
-			fmt.Fprintf(s.logw, "%s %s %s %d %s\n", start.Format(time.RFC3339), r.Method, r.URL.RequestURI(), rc.status, time.Since(start).Round(time.Microsecond))
+			logf(s.logw, "%s %s %s %d %s\n", start.Format(time.RFC3339), r.Method, r.URL.RequestURI(), rc.status, time.Since(start).Round(time.Microsecond))
 		}()
 	}
 

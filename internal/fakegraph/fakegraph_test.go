@@ -776,7 +776,7 @@ func TestMedia(t *testing.T) {
 	_ = mw.WriteField("type", "image/png")
 	fw, _ := mw.CreateFormFile("file", "a.png")
 	_, _ = fw.Write([]byte("PNGDATA"))
-	mw.Close()
+	_ = mw.Close()
 	req, _ := http.NewRequest("POST", f.base+"/"+pnid+"/media", &buf)
 	req.Header.Set("Content-Type", mw.FormDataContentType())
 	req.Header.Set("Authorization", "Bearer "+tok)

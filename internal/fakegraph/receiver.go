@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -80,9 +79,7 @@ func (rc *Receiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			rc.recent = append([]Delivery(nil), rc.recent[len(rc.recent)-keepDeliveries:]...)
 		}
 		rc.mu.Unlock()
-		if rc.Log != nil {
-			fmt.Fprintf(rc.Log, "receiver: delivery %s (%s) %s %s\n", ev.Type, ev.ID, r.URL.Path, compact.String())
-		}
+		logf(rc.Log, "receiver: delivery %s (%s) %s %s\n", ev.Type, ev.ID, r.URL.Path, compact.String())
 		w.WriteHeader(http.StatusNoContent)
 	case http.MethodGet, http.MethodHead:
 		rc.mu.Lock()

@@ -39,7 +39,7 @@ func TestReceiver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { srv.Close() })
+	t.Cleanup(func() { _ = srv.Close() })
 	client := testenv.TLSClient(t, caFile)
 
 	body := `{"id":"evt_1","type":"messages","data":{"message":{"text":{"body":"Hello"}}}}`
@@ -70,7 +70,9 @@ func TestReceiver(t *testing.T) {
 		t.Fatalf("list: %+v %v", got, err)
 	}
 	var compact bytes.Buffer
-	json.Compact(&compact, got[0].Body)
+	if err := json.Compact(&compact, got[0].Body); err != nil {
+		t.Fatalf("listed body %s: %v", got[0].Body, err)
+	}
 	if compact.String() != body || string(got[0].Raw) != body || got[0].Path != "/receiver" {
 		t.Fatalf("listed body %s", got[0].Body)
 	}

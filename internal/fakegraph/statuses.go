@@ -132,9 +132,7 @@ func (s *Server) reportStatuses(pnid, wamid, recipient string, template bool, ac
 		value := whValue{MessagingProduct: "whatsapp", Metadata: meta, Statuses: []whStatus{ws}}
 		code, _, err := s.postWebhook(s.bg, s.callback, s.appSecret, s.webhookBody(waba, value))
 		if err != nil || code != http.StatusOK {
-			if s.logw != nil {
-				fmt.Fprintf(s.logw, "%s status webhook %s of %s: %d %v\n", time.Now().Format(time.RFC3339), ws.Status, wamid, code, err)
-			}
+			logf(s.logw, "%s status webhook %s of %s: %d %v\n", time.Now().Format(time.RFC3339), ws.Status, wamid, code, err)
 			return
 		}
 	}

@@ -100,7 +100,7 @@ func (l *Listener) once(ctx context.Context, connected func()) (err error) {
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		conn.Close(cctx)
+		_ = conn.Close(cctx) // the connection is dropped either way; the next attempt dials anew
 	}()
 	for _, ch := range l.Channels {
 		lctx, cancel := context.WithTimeout(ctx, timeout)
