@@ -2,11 +2,16 @@ package dispatcher
 
 import (
 	"context"
+	"encoding/json"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -45,66 +50,131 @@ func failingSetup(t *testing.T, threshold int, first, longest time.Duration) (*e
 	return e, rc, wid, obs, cfg
 }
 
+// webhookRow returns the webhook's row.
+func (e *env) webhookRow(id uuid.UUID) store.Webhook {
+	e.t.Helper()
+	w, err := e.st.GetWebhook(context.Background(), e.org, id)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return w
+}
+
+// failingSince waits until the webhook is failing and returns since when: the env's clock's
+// time, which stands still meanwhile.
+func (e *env) failingSince(id uuid.UUID) time.Time {
+	e.t.Helper()
+	var since time.Time
+	testenv.Eventually(e.t, patience, func() bool {
+		if h := e.webhookRow(id).Health; h.FailingSince != nil {
+			since = *h.FailingSince
+			return true
+		}
+		return false
+	}, "webhook failing")
+	if !since.Equal(e.clk.Now()) {
+		e.t.Fatalf("failing since %v, want the clock's time %v", since, e.clk.Now())
+	}
+	return since
+}
+
 // TestFailingWebhookHeldAndProbed: a receiver that answers 503 makes its webhook failing after
-// FailureThreshold attempts; from then on only probes reach it, at most as many as the probe
-// schedule allows, and no delivery fails for good, however many attempts the retry schedule
-// would have allowed; once it answers 2xx, the first probe ends failing and every held delivery
-// arrives, delivered.
+// FailureThreshold attempts; from then on only probes reach it, one each time the probe schedule
+// (the product's: 30s doubling to 5m, by the clock) makes one due and none a moment before, at
+// most as many as the schedule allows, and no delivery fails for good, however many attempts the
+// retry schedule would have allowed; once it answers 2xx, the first probe ends failing and every
+// held delivery arrives, delivered.
+//
+// That no probe goes out early is seen without waiting: a sentinel webhook, failing too, has its
+// probe due a microsecond before each of the webhook's; the claim of probes that takes the
+// sentinel's at that time would take the webhook's as well if it were due.
 func TestFailingWebhookHeldAndProbed(t *testing.T) {
-	e, rc, wid, obs, cfg := failingSetup(t, 3, 100*time.Millisecond, 400*time.Millisecond)
+	e, rc, wid, obs, cfg := failingSetup(t, 3, DefaultProbeInterval, DefaultProbeIntervalMax)
+	clk := e.useClock()
+	cfg.Clock = clk
 	cfg.PerWebhook = 2
 	ids := e.events(20)
-	e.run(cfg)
-
-	var since time.Time
-	testenv.Eventually(t, patience, func() bool {
-		w, err := e.st.GetWebhook(context.Background(), e.org, wid)
-		if err != nil || w.Health.FailingSince == nil {
-			return false
+	sentinelRC := testenv.NewDownReceiver(t)
+	sentinel, _ := e.fix.Webhook(t, e.org, sentinelRC.URL, &testenv.WebhookOpts{Name: "sentinel", Events: []string{"message_status"}})
+	if res, err := e.st.StoreEvents(context.Background(), []store.IncomingItem{{Type: "message_status", PhoneNumberID: e.phone,
+		DedupeKey: "s:sentinel", Data: json.RawMessage(`{"status":{"id":"sentinel"}}`)}}, store.Claim{}); err != nil || res.Deliveries != 1 {
+		t.Fatalf("the sentinel's delivery: %+v %v", res, err)
+	}
+	e.fix.Exec(t, `UPDATE webhooks SET consecutive_failures = 3, failing_since = $2::timestamptz, probe_interval_ms = 3600000, next_probe_at = $2::timestamptz + interval '1 hour'
+		WHERE id = $1`, sentinel.ID, clk.Now())
+	core, logs := observer.New(zapcore.InfoLevel)
+	e.launch(e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
+	probes := func() int { // the webhook's, not the sentinel's
+		n := 0
+		for _, l := range logs.FilterMessage("probing failing webhook").All() {
+			if l.ContextMap()["webhook_id"] == wid.String() {
+				n++
+			}
 		}
-		since = *w.Health.FailingSince
-		return true
-	}, "webhook failing")
+		return n
+	}
+
+	since := e.failingSince(wid)
 	// more events while it is failing: held with the others
 	ids = append(ids, e.events(10)...)
-	testenv.Eventually(t, patience, func() bool { return rc.WhileDown() >= int64(cfg.FailureThreshold+5) }, "5 probes")
-	total, elapsed := rc.WhileDown(), time.Since(since)
+	// five probes, each made when the clock reaches its time and not a microsecond before, its
+	// outcome doubling the gap
+	for k := range 5 {
+		h := e.webhookRow(wid).Health
+		next, gap := *h.NextProbeAt, min(2*h.ProbeInterval, cfg.ProbeIntervalMax)
+		e.fix.Exec(t, `UPDATE webhooks SET next_probe_at = $2 WHERE id = $1`, sentinel.ID, next.Add(-time.Microsecond))
+		seen := sentinelRC.WhileDown()
+		clk.Set(next.Add(-time.Microsecond))
+		testenv.Eventually(t, patience, func() bool { return sentinelRC.WhileDown() > seen }, "the sentinel's probe %d", k+1)
+		if n := probes(); n != k {
+			t.Fatalf("%d probes a microsecond before probe %d is due, want %d", n, k+1, k)
+		}
+		clk.Set(next)
+		testenv.Eventually(t, patience, func() bool {
+			h := e.webhookRow(wid).Health
+			return probes() > k && h.NextProbeAt != nil && h.NextProbeAt.Equal(next.Add(gap)) && h.ProbeInterval == gap
+		}, "probe %d and its outcome, the next probe %v on", k+1, gap)
+	}
+	total, elapsed := rc.WhileDown(), clk.Now().Sub(since)
 	rc.SetDown(false)
 	bound := AttemptsWhileDown(cfg.FailureThreshold, cfg.PerWebhook, cfg.ProbeInterval, cfg.ProbeIntervalMax, elapsed)
-	t.Logf("down: %d attempts, %v of them failing; bound %d (threshold %d, per_webhook %d, probes %v doubling to %v)",
-		total, elapsed.Round(time.Millisecond), bound, cfg.FailureThreshold, cfg.PerWebhook, cfg.ProbeInterval, cfg.ProbeIntervalMax)
+	t.Logf("down: %d attempts, %v of them failing by the clock; bound %d (threshold %d, per_webhook %d, probes %v doubling to %v)",
+		total, elapsed, bound, cfg.FailureThreshold, cfg.PerWebhook, cfg.ProbeInterval, cfg.ProbeIntervalMax)
 	if total > int64(bound) {
 		t.Errorf("%d attempts while down, the probe schedule allows %d", total, bound)
 	}
 
+	clk.Set(*e.webhookRow(wid).Health.NextProbeAt)
 	for _, id := range ids {
 		testenv.Eventually(t, patience, e.statusIs(id, "delivered"), "event %s delivered", id)
 	}
 	if n := testenv.QueryValue[int](t, e.fix, `SELECT count(*) FROM deliveries WHERE status = 'failed'`); n != 0 {
 		t.Fatalf("%d deliveries failed for good", n)
 	}
-	w, err := e.st.GetWebhook(context.Background(), e.org, wid)
-	if err != nil || w.Health.State() != store.HealthOK || w.Health.ConsecutiveFailures != 0 {
-		t.Fatalf("webhook after recovery: %+v %v", w, err)
+	w := e.webhookRow(wid)
+	if w.Health.State() != store.HealthOK || w.Health.ConsecutiveFailures != 0 {
+		t.Fatalf("webhook after recovery: %+v", w)
 	}
 	if obs.count(HealthFailing) != 1 || obs.count(HealthRecovered) != 1 {
 		t.Fatalf("health changes observed: %v", obs.n)
 	}
 }
 
-// TestFailingWebhookPausedAfterDisableAfter: a webhook failing for DisableAfter is paused with
-// paused_reason "failing", its deliveries held (none failed); resuming resets its health and
-// they are delivered.
+// TestFailingWebhookPausedAfterDisableAfter: a webhook failing for DisableAfter (the product's,
+// by the clock) is paused with paused_reason "failing" by the outcome of its probe then, its
+// deliveries held (none failed); resuming resets its health and they are delivered.
 func TestFailingWebhookPausedAfterDisableAfter(t *testing.T) {
-	e, rc, wid, obs, cfg := failingSetup(t, 2, 50*time.Millisecond, 100*time.Millisecond)
-	cfg.DisableAfter = 300 * time.Millisecond
+	e, rc, wid, obs, cfg := failingSetup(t, 2, DefaultProbeInterval, DefaultProbeIntervalMax)
+	clk := e.useClock()
+	cfg.Clock = clk
 	ids := e.events(5)
 	e.run(cfg)
+	since := e.failingSince(wid)
+	clk.Set(since.Add(DefaultDisableAfter))
 	var w store.Webhook
 	testenv.Eventually(t, patience, func() bool {
-		var err error
-		w, err = e.st.GetWebhook(context.Background(), e.org, wid)
-		return err == nil && w.Status == store.WebhookPaused
+		w = e.webhookRow(wid)
+		return w.Status == store.WebhookPaused
 	}, "webhook paused")
 	testenv.Eventually(t, patience, func() bool { return obs.count(HealthPaused) == 1 }, "the pause observed")
 	if w.PausedReason == nil || *w.PausedReason != store.PausedFailing || w.Health.State() != store.HealthFailing {
@@ -124,6 +194,7 @@ func TestFailingWebhookPausedAfterDisableAfter(t *testing.T) {
 	if err != nil || w.PausedReason != nil || w.Health.State() != store.HealthOK {
 		t.Fatalf("resumed: %+v %v", w, err)
 	}
+	clk.Advance(localHold(cfg)) // (this instance's own short hold of the webhook, from its last failure, passes)
 	for _, id := range ids {
 		testenv.Eventually(t, patience, e.statusIs(id, "delivered"), "event %s delivered", id)
 	}

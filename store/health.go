@@ -93,7 +93,7 @@ type HealthState struct {
 
 // recordHealthSQL applies a batch of per-webhook sums (parallel arrays $1..$4) to the webhooks'
 // health with the policy in $5..$8 (threshold, first and longest probe interval in ms,
-// disable_after in ms). Only rows that change are locked and written: a batch of successes for
+// disable_after in ms), at $9 (NULL: the database's now(); see package clock). Only rows that change are locked and written: a batch of successes for
 // healthy webhooks reads one index entry per webhook and writes nothing. The locking CTE reads
 // each row's latest version (another instance may have just written it), and the update is
 // computed from it: a 2xx resets the count and ends failing (with its probe schedule); at the
@@ -119,11 +119,11 @@ WITH r AS (
 ), t AS (
 	SELECT s.*,
 	       NOT s.still AND s.new_cf >= $5 AND s.status = 'active' AS became,
-	       s.still AND s.status = 'active' AND s.failing_since <= now() - $8 * interval '1 millisecond' AS pause
+	       s.still AND s.status = 'active' AND s.failing_since <= coalesce($9::timestamptz, now()) - $8 * interval '1 millisecond' AS pause
 	FROM s
 ), u AS (
 	SELECT t.*,
-	       CASE WHEN t.still THEN t.failing_since WHEN t.became THEN now() END AS new_since,
+	       CASE WHEN t.still THEN t.failing_since WHEN t.became THEN coalesce($9::timestamptz, now()) END AS new_since,
 	       CASE WHEN t.became THEN $6::bigint
 	            WHEN t.still AND t.probe_failed THEN least(coalesce(t.probe_interval_ms, $6) * 2, $7::bigint)
 	            WHEN t.still THEN coalesce(t.probe_interval_ms, $6::bigint) END AS new_interval
@@ -135,11 +135,11 @@ UPDATE webhooks w SET
 	consecutive_failures = u.new_cf,
 	failing_since = u.new_since,
 	probe_interval_ms = u.new_interval,
-	next_probe_at = CASE WHEN u.became OR (u.still AND u.probe_failed) THEN now() + u.new_interval * interval '1 millisecond'
+	next_probe_at = CASE WHEN u.became OR (u.still AND u.probe_failed) THEN coalesce($9::timestamptz, now()) + u.new_interval * interval '1 millisecond'
 	                     WHEN u.still THEN u.next_probe_at END,
 	status = CASE WHEN u.pause THEN 'paused' ELSE w.status END,
 	paused_reason = CASE WHEN u.pause THEN 'failing' ELSE w.paused_reason END,
-	updated_at = CASE WHEN u.pause THEN now() ELSE w.updated_at END
+	updated_at = CASE WHEN u.pause THEN coalesce($9::timestamptz, now()) ELSE w.updated_at END
 FROM u WHERE w.id = u.id
 RETURNING w.id, w.org_id, u.recovered, u.became, u.pause, w.consecutive_failures, w.failing_since, w.next_probe_at, w.probe_interval_ms`
 
@@ -155,7 +155,7 @@ func (q *Queue) RecordHealth(ctx context.Context, pol HealthPolicy, outs []Healt
 		ids[i], delivered[i], fails[i], probeFailed[i] = o.WebhookID, o.Delivered, o.Failures, o.ProbeFailed
 	}
 	rows, err := queryGeneric(ctx, q.pool, recordHealthSQL, ids, delivered, fails, probeFailed,
-		pol.Threshold, pol.ProbeInterval.Milliseconds(), pol.ProbeIntervalMax.Milliseconds(), pol.DisableAfter.Milliseconds())
+		pol.Threshold, pol.ProbeInterval.Milliseconds(), pol.ProbeIntervalMax.Milliseconds(), pol.DisableAfter.Milliseconds(), q.nowArg())
 	if err != nil {
 		return nil, fmt.Errorf("record webhook health: %w", err)
 	}
@@ -189,7 +189,8 @@ func (q *Queue) RecordHealth(ctx context.Context, pol HealthPolicy, outs []Healt
 	return out, nil
 }
 
-// claimProbesSQL takes the probes of up to $3 failing active webhooks whose next probe is due:
+// claimProbesSQL takes the probes of up to $3 failing active webhooks whose next probe is due
+// at $4 (NULL: the database's now(); see package clock):
 // for each, one delivery — one whose lease expired (its instance died mid-probe), else the
 // oldest due pending one that the ordering rule lets out (claimableSQL: for an ordered webhook,
 // the first of its conversation) — claimed like Claim's ($1 instance, $2 lease in ms). The webhook's
@@ -199,22 +200,22 @@ func (q *Queue) RecordHealth(ctx context.Context, pol HealthPolicy, outs []Healt
 const claimProbesSQL = `
 WITH h AS (
 	SELECT w.id FROM webhooks w
-	WHERE w.failing_since IS NOT NULL AND w.next_probe_at <= now() AND w.status = 'active'
+	WHERE w.failing_since IS NOT NULL AND w.next_probe_at <= coalesce($4::timestamptz, now()) AND w.status = 'active'
 	ORDER BY w.next_probe_at LIMIT $3
 	FOR NO KEY UPDATE SKIP LOCKED
 ), p AS (
 	SELECT * FROM (SELECT h.id AS webhook_id, coalesce(
 		(SELECT d.delivery_id FROM delivery_queue d
-		 WHERE d.status = 'in_flight' AND d.locked_until < now() AND d.webhook_id = h.id LIMIT 1 FOR UPDATE SKIP LOCKED),
+		 WHERE d.status = 'in_flight' AND d.locked_until < coalesce($4::timestamptz, now()) AND d.webhook_id = h.id LIMIT 1 FOR UPDATE SKIP LOCKED),
 		(SELECT q.delivery_id FROM delivery_queue q
-		 WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= now() AND ` + claimableSQL + `
+		 WHERE q.webhook_id = h.id AND q.status = 'pending' AND q.next_attempt_at <= coalesce($4::timestamptz, now()) AND ` + claimableSQL + `
 		 ORDER BY q.next_attempt_at, q.created_at, q.event_id LIMIT 1 FOR UPDATE SKIP LOCKED)) AS delivery_id
 	FROM h) x WHERE x.delivery_id IS NOT NULL
 ), mark AS (
-	UPDATE webhooks w SET next_probe_at = now() + $2 * interval '1 millisecond' FROM p WHERE w.id = p.webhook_id
+	UPDATE webhooks w SET next_probe_at = coalesce($4::timestamptz, now()) + $2 * interval '1 millisecond' FROM p WHERE w.id = p.webhook_id
 )
 UPDATE delivery_queue d
-SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = now() + $2 * interval '1 millisecond'
+SET status = 'in_flight', claim_seq = d.claim_seq + 1, locked_by = $1, locked_until = coalesce($4::timestamptz, now()) + $2 * interval '1 millisecond'
 FROM p, webhooks w
 WHERE d.delivery_id = p.delivery_id AND w.id = d.webhook_id
 RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.attempts + 1, d.claim_seq, w.url, d.conversation`
@@ -222,7 +223,7 @@ RETURNING d.delivery_id, d.event_id, d.webhook_id, w.org_id, d.created_at, d.att
 // ClaimProbes claims the due probes of failing webhooks (see claimProbesSQL), at most limit,
 // with their payloads. Each is marked Probe.
 func (q *Queue) ClaimProbes(ctx context.Context, instance string, lease time.Duration, limit int) ([]ClaimedDelivery, error) {
-	rows, err := queryGeneric(ctx, q.pool, claimProbesSQL, instance, lease.Milliseconds(), limit)
+	rows, err := queryGeneric(ctx, q.pool, claimProbesSQL, instance, lease.Milliseconds(), limit, q.nowArg())
 	if err != nil {
 		return nil, fmt.Errorf("claim probes: %w", err)
 	}
