@@ -80,7 +80,8 @@ func (p RetentionPolicy) Check() error {
 // days past the retention dropped (the relay log's too) and messages created before it
 // deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
 // every MaintenanceInterval; any number of instances may run it at once (partition changes take
-// an advisory lock, the rest is idempotent). A nil logger logs nothing.
+// an advisory lock, the rest is idempotent). Its days and limits are counted from the store's
+// clock (SetClock). A nil logger logs nothing.
 func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *zap.Logger) {
 	if logger == nil {
 		logger = zap.NewNop()

@@ -2,9 +2,11 @@ package store_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -40,5 +42,68 @@ func TestMaintainCreatesPartitions(t *testing.T) {
 	var ok bool
 	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok); err != nil || !ok {
 		t.Fatalf("partition %s after Maintain: %v %v", name, ok, err)
+	}
+}
+
+// TestMaintainRetentionByTheClock: a round of maintenance decides by the store's clock: a
+// paused webhook's held delivery fails once it is older than max_hold, and not a moment before;
+// a day's partitions are dropped once the day ended the retention ago (its delivery having
+// finished), and not a moment before.
+func TestMaintainRetentionByTheClock(t *testing.T) {
+	ctx := context.Background()
+	f, org := storeWithChannel(t)
+	s := f.Store
+	w, _ := f.Webhook(t, org.ID, "https://h.example.com")
+	clk := clock.NewStub(time.Now())
+	s.SetClock(clk)
+	policy := store.RetentionPolicy{Retention: 8 * 24 * time.Hour, MaxHold: 2 * 24 * time.Hour}
+	if _, err := s.SetWebhookStatus(ctx, org.ID, w.ID, store.WebhookPaused); err != nil {
+		t.Fatal(err)
+	}
+	t0 := clk.Now()
+	if res, err := s.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: "1", DedupeKey: "m:held",
+		Data: json.RawMessage(`{}`)}}, store.Claim{}); err != nil || res.Deliveries != 1 {
+		t.Fatalf("stored %+v, %v", res, err)
+	}
+	status := func() (queued int, log string) {
+		t.Helper()
+		queued = testenv.QueryValue[int](t, f, `SELECT count(*) FROM delivery_queue WHERE status = 'held'`)
+		log = testenv.QueryValue[string](t, f, `SELECT status FROM deliveries`)
+		return queued, log
+	}
+
+	clk.Set(t0.Add(policy.MaxHold))
+	s.Maintain(ctx, policy, nil)
+	if held, log := status(); held != 1 || log != "pending" {
+		t.Fatalf("at max_hold: %d held, log %s; want it held still", held, log)
+	}
+	clk.Advance(time.Microsecond)
+	s.Maintain(ctx, policy, nil)
+	if held, log := status(); held != 0 || log != "failed" {
+		t.Fatalf("past max_hold: %d held, log %s; want it failed", held, log)
+	}
+	if at := testenv.QueryValue[time.Time](t, f, `SELECT updated_at FROM deliveries`); !at.Equal(clk.Now()) {
+		t.Fatalf("failed at %v, want the clock's %v", at, clk.Now())
+	}
+
+	day := t0.UTC().Truncate(24 * time.Hour)
+	partition := "events_p" + day.Format("20060102")
+	exists := func() bool {
+		t.Helper()
+		return testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, partition)
+	}
+	gone := day.AddDate(0, 0, 1).Add(policy.Retention) // the day ended the retention ago
+	clk.Set(gone.Add(-time.Microsecond))
+	s.Maintain(ctx, policy, nil)
+	if !exists() {
+		t.Fatalf("%s dropped before its day ended the retention ago", partition)
+	}
+	clk.Set(gone)
+	s.Maintain(ctx, policy, nil)
+	if exists() {
+		t.Fatalf("%s kept once its day ended the retention ago", partition)
+	}
+	if n := f.Count(t, "deliveries"); n != 0 {
+		t.Fatalf("%d deliveries left, want none", n)
 	}
 }

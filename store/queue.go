@@ -530,7 +530,8 @@ func (q *Queue) Depth(ctx context.Context) (n int64, oldest float64, err error) 
 // keep its days' partitions forever. The waiting deliveries of paused webhooks created before
 // cutoff fail with them (their conversations' heads are held or gone), and the first waiting
 // row left of each conversation that lost its live rows is promoted (held: its webhook is
-// paused), under the conversations' locks (see claimableSQL).
+// paused), under the conversations' locks (see claimableSQL). The delivery log shows them failed
+// at the store's clock's time.
 func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (int, error) {
 	var n int
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
@@ -547,10 +548,10 @@ func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (
 				      AND q.webhook_id IN (SELECT w.id FROM webhooks w WHERE w.status = 'paused')))
 				RETURNING q.delivery_id, q.created_at, q.webhook_id, q.conversation
 			), log AS (
-				UPDATE deliveries d SET status = 'failed', last_error = $2, updated_at = now()
+				UPDATE deliveries d SET status = 'failed', last_error = $2, updated_at = coalesce($3::timestamptz, now())
 				FROM f WHERE d.id = f.delivery_id AND d.created_at = f.created_at
 			)
-			SELECT f.webhook_id, f.conversation, count(*) FROM f GROUP BY 1, 2`, cutoff, reason)
+			SELECT f.webhook_id, f.conversation, count(*) FROM f GROUP BY 1, 2`, cutoff, reason, s.nowArg())
 		if err != nil {
 			return err
 		}
