@@ -256,6 +256,11 @@ func TestInboundCreatesMissingPartition(t *testing.T) {
 	if err != nil || res.Events != 1 {
 		t.Fatalf("stored %+v, %v", res, err)
 	}
+	name := "events_p" + ahead.Format("20060102")
+	if ok, at := testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, name),
+		testenv.QueryValue[time.Time](t, f, `SELECT created_at FROM events WHERE dedupe_key = 'x'`); !ok || !at.Equal(ahead.Truncate(time.Microsecond)) {
+		t.Fatalf("partition %s made: %v; event stored at %v, want the store's clock's %v", name, ok, at, ahead)
+	}
 }
 
 // TestHeldDeliveriesFailAfterMaxHold: a paused webhook's deliveries are held apart from the

@@ -32,16 +32,32 @@ func TestRetentionPolicy(t *testing.T) {
 	}
 }
 
-// TestMaintainCreatesPartitions: one round of maintenance makes the partitions ahead.
+// TestMaintainCreatesPartitions: a round of maintenance makes the partitions from the day before
+// the store's clock through PartitionsAhead days after it (and no more), whatever the real date.
 func TestMaintainCreatesPartitions(t *testing.T) {
-	f := testenv.NewStore(t)
-	s, pool := f.Store, f.Pool
 	ctx := context.Background()
-	s.Maintain(ctx, store.RetentionPolicy{}, nil)
-	name := "events_p" + time.Now().UTC().AddDate(0, 0, store.PartitionsAhead).Format("20060102")
-	var ok bool
-	if err := pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&ok); err != nil || !ok {
-		t.Fatalf("partition %s after Maintain: %v %v", name, ok, err)
+	f := testenv.NewStore(t)
+	later := time.Now().UTC().AddDate(0, 0, 40)
+	f.Store.SetClock(clock.NewStub(later))
+	exists := func(table string, d time.Time) bool {
+		t.Helper()
+		return testenv.QueryValue[bool](t, f, `SELECT to_regclass($1) IS NOT NULL`, table+"_p"+d.Format("20060102"))
+	}
+	for _, table := range []string{"events", "deliveries", "delivery_attempts"} {
+		if exists(table, later) {
+			t.Fatalf("%s has a partition 40 days ahead before the maintenance", table)
+		}
+	}
+	f.Store.Maintain(ctx, store.RetentionPolicy{}, nil)
+	for _, table := range []string{"events", "deliveries", "delivery_attempts"} {
+		for k := -1; k <= store.PartitionsAhead; k++ {
+			if !exists(table, later.AddDate(0, 0, k)) {
+				t.Fatalf("%s has no partition for the clock's day %+d after the maintenance", table, k)
+			}
+		}
+		if exists(table, later.AddDate(0, 0, store.PartitionsAhead+1)) || exists(table, later.AddDate(0, 0, -2)) {
+			t.Fatalf("%s has partitions beyond the clock's days", table)
+		}
 	}
 }
 
