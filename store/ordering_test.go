@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -25,6 +26,16 @@ type orderingEnv struct {
 	ordered, plain uuid.UUID
 	names          map[uuid.UUID]string // event id → item name
 	claimed        map[uuid.UUID]store.ClaimedDelivery
+	clk            *clock.Stub // set by useClock
+}
+
+// useClock makes the env's store and queue decide by a stubbed clock, set to the time now, and
+// returns it. Call it before storing.
+func (e *orderingEnv) useClock() *clock.Stub {
+	e.clk = clock.NewStub(time.Now())
+	e.f.Store.SetClock(e.clk)
+	e.q = e.q.WithClock(e.clk)
+	return e.clk
 }
 
 func newOrderingEnv(t *testing.T) *orderingEnv {
@@ -52,7 +63,7 @@ func (e *orderingEnv) store(handOff int, names ...string) []string {
 	}
 	claim := store.Claim{}
 	if handOff > 0 {
-		claim = store.Claim{Instance: "i1", Lease: time.Minute, Max: handOff}
+		claim = store.Claim{Instance: "i1", Lease: 24 * time.Hour, Max: handOff}
 	}
 	res, err := e.f.Store.StoreEvents(context.Background(), items, claim)
 	if err != nil || res.Events != len(names) {
@@ -87,10 +98,10 @@ func (e *orderingEnv) hookName(id uuid.UUID) string {
 	return "plain"
 }
 
-// claim claims everything claimable and returns "<hook>:<name>" sorted.
+// claim claims everything claimable (under a lease of a day) and returns "<hook>:<name>" sorted.
 func (e *orderingEnv) claim() []string {
 	e.t.Helper()
-	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: "i1", Lease: time.Minute, Limit: 100, PerWebhook: 100})
+	c, err := e.q.Claim(context.Background(), store.QueueClaim{Instance: "i1", Lease: 24 * time.Hour, Limit: 100, PerWebhook: 100})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -129,9 +140,11 @@ func (e *orderingEnv) want(got []string, want ...string) {
 
 // TestClaimOrderedConversation: a webhook with ordering "conversation" gets one delivery of a
 // conversation at a time, in inbound order, while its other conversations and a plain webhook
-// go on; a retry holds its conversation; the hand-off never takes an ordered delivery.
+// go on; a retry holds its conversation until it is due by the clock, and then goes first; the
+// hand-off never takes an ordered delivery.
 func TestClaimOrderedConversation(t *testing.T) {
 	e := newOrderingEnv(t)
+	clk := e.useClock()
 	// the hand-off takes the plain webhook's deliveries only
 	e.want(e.store(10, "x1", "y1", "x2"), "plain:x1", "plain:x2", "plain:y1")
 	e.store(0, "x3", "y2")
@@ -139,22 +152,26 @@ func TestClaimOrderedConversation(t *testing.T) {
 	e.want(e.claim()) // x and y each have one in flight
 
 	e.record("ordered:x1", false, time.Hour) // x1 waits an hour for its retry: x2, x3 wait with it
+	retryAt := clk.Now().Add(time.Hour)
 	e.want(e.claim())
 	e.record("ordered:y1", true, 0)
 	e.want(e.claim(), "ordered:y2")
 	// x1 is pending an hour ahead; x2 and x3 wait behind it, out of the claims' index
 	var later, waiting int
-	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND next_attempt_at > now() + interval '50 minutes'),
-		count(*) FILTER (WHERE status = 'waiting') FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&later, &waiting)
+	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND next_attempt_at = $2),
+		count(*) FILTER (WHERE status = 'waiting') FROM delivery_queue WHERE webhook_id = $1`, e.ordered, retryAt).Scan(&later, &waiting)
 	if later != 1 || waiting != 2 {
 		t.Fatalf("x's deliveries: %d pending for x1's retry (want 1), %d waiting (want 2: x2, x3)", later, waiting)
 	}
 	// a new message of x waits for x1's retry too, not due meanwhile
 	e.store(0, "x4")
 	e.want(e.claim(), "plain:x4")
+	clk.Set(retryAt.Add(-time.Microsecond))
+	e.want(e.claim())
 
-	// x1 fails for good: x2 goes, then a manual retry puts x1 back before x3 and x4
-	e.f.Exec(t, `UPDATE delivery_queue SET next_attempt_at = now() WHERE webhook_id = $1`, e.ordered)
+	// x1's retry is due, before x2; it fails for good: x2 goes, then a manual retry puts x1
+	// back before x3 and x4
+	clk.Set(retryAt)
 	e.want(e.claim(), "ordered:x1")
 	e.record("ordered:x1", false, -1)
 	e.want(e.claim(), "ordered:x2")
