@@ -48,6 +48,7 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 	}))
 	t.Cleanup(redirect.Close)
 
+	hanging, _ := hangingListener(t)
 	cases := []struct {
 		name, url, want string
 		allowPrivate    bool
@@ -55,7 +56,7 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 		{"closed port", "http://" + closedPort(t) + "/hook", ClassConnectionRefused, true},
 		{"unresolvable host", "https://wabarelay-test.invalid/hook", ClassDNS, true},
 		{"self-signed certificate", selfSigned.URL + "/hook", ClassTLS, true},
-		{"never answers", hangingListener(t), ClassTimeout, true},
+		{"never answers", hanging, ClassTimeout, true},
 		{"status 500", status500.URL + "/hook", "http_500", true},
 		{"redirect", redirect.URL + "/hook", "http_302", true},
 		{"private address refused", status500.URL + "/hook", ClassAddressNotAllowed, false},
@@ -69,7 +70,11 @@ func TestDeliveryErrorsAreClassified(t *testing.T) {
 			e.webhook(c.url)
 			ids := e.events(1)
 			core, logs := observer.New(zapcore.DebugLevel)
-			cfg := Config{RetryDelays: []time.Duration{}, Timeout: time.Second, Lease: 30 * time.Second,
+			timeout := time.Second
+			if c.want == ClassTimeout {
+				timeout = 200 * time.Millisecond // (what the case waits for: nothing else can end it)
+			}
+			cfg := Config{RetryDelays: []time.Duration{}, Timeout: timeout, Lease: 30 * time.Second,
 				PollInterval: 50 * time.Millisecond, AllowPrivateTargets: c.allowPrivate, InstanceID: "test-" + uuid.NewString()[:6]}
 			e.launch(e.st.WebhookSecret, cfg, zap.New(core))
 
