@@ -24,6 +24,7 @@ import (
 // receiver is never called.
 func TestUndecryptableSecretFails(t *testing.T) {
 	e := newEnv(t)
+	e.useClock()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	wid, _ := e.webhook(rc.URL + "/h")
 	if _, err := e.pool.Exec(context.Background(),
@@ -40,6 +41,9 @@ func TestUndecryptableSecretFails(t *testing.T) {
 		return s, err
 	}
 	runWithSecrets(t, e, rc, secrets, zap.New(core))
+	for k := range maxSecretFailures - 1 {
+		e.handedBack(ids[0], k+1)
+	}
 
 	var status, lastErr string
 	testenv.Eventually(t, 20*time.Second, func() bool {
@@ -61,6 +65,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 // the delivery is handed back, and the dispatcher goes on delivering.
 func TestAttemptPanicSurvived(t *testing.T) {
 	e := newEnv(t)
+	e.useClock()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.webhook(rc.URL + "/h")
 	ids := e.events(1)
@@ -73,6 +78,7 @@ func TestAttemptPanicSurvived(t *testing.T) {
 		return e.st.WebhookSecret(ctx, id)
 	}
 	runWithSecrets(t, e, rc, secrets, zap.New(core))
+	e.handedBack(ids[0], 1)
 	var status string
 	testenv.Eventually(t, 20*time.Second, func() bool {
 		e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status)
@@ -83,11 +89,29 @@ func TestAttemptPanicSurvived(t *testing.T) {
 	}
 }
 
-// runWithSecrets runs a dispatcher reading secrets with secrets and logging to logger, with
-// quick secret retries, until the test ends.
+// runWithSecrets runs a dispatcher reading secrets with secrets and logging to logger until
+// the test ends.
 func runWithSecrets(t *testing.T, e *env, rc *testenv.Receiver, secrets Secrets, logger *zap.Logger) {
 	t.Helper()
-	cfg := e.config(rc)
-	cfg.secretRetry = 20 * time.Millisecond
-	e.launch(secrets, cfg, logger)
+	e.launch(secrets, e.config(rc), logger)
+}
+
+// handedBack waits until the event's delivery has been handed back without an attempt for the
+// n-th time (its n-th claim ended), due the secret retry's delay later by the env's clock, and
+// moves the clock on by that delay.
+func (e *env) handedBack(eventID uuid.UUID, n int) {
+	e.t.Helper()
+	const delay = 5 * time.Second // (Config.secretRetry's default)
+	var due time.Time
+	testenv.Eventually(e.t, patience, func() bool {
+		var status string
+		var claim, attempts int
+		err := e.pool.QueryRow(context.Background(), `SELECT status, claim_seq, attempts, next_attempt_at FROM delivery_queue WHERE event_id = $1`,
+			eventID).Scan(&status, &claim, &attempts, &due)
+		return err == nil && status == "pending" && claim == n && attempts == 0
+	}, "hand-back %d", n)
+	if want := e.clk.Now().Add(delay); !due.Equal(want) {
+		e.t.Fatalf("handed back due at %v, want %v after %v", due, delay, e.clk.Now())
+	}
+	e.clk.Advance(delay)
 }
