@@ -188,9 +188,8 @@ func claimArgs(c QueueClaim, now *time.Time) []any {
 
 // Claim takes due deliveries (see claimSQL), with their events' payloads.
 func (q *Queue) Claim(ctx context.Context, c QueueClaim) (Claimed, error) {
-	// A generic plan under a guard (queryGeneric): planned per claim, the statement spent about
-	// three quarters of its time in the planner (bench/README.md "Issue 21: generic plans and
-	// ids in binary").
+	// A generic plan under a guard (queryGeneric): planned per claim, the statement spent most
+	// of its time in the planner.
 	rows, err := queryGeneric(ctx, q.pool, claimSQL, claimArgs(c, q.nowArg())...)
 	if err != nil {
 		return Claimed{Next: c.After}, fmt.Errorf("claim deliveries: %w", err)
