@@ -10,8 +10,10 @@ build: ## Build the Caddy binary with every wabarelay module
 run: ## Run locally against the local Postgres, with a demo org and API key
 	bash scripts/dev.sh
 
+# -parallel 4: the parallel tests (package e2e's) mostly wait on the Caddy processes they start;
+# four at a time keep two cores busy, more add nothing.
 test: ## Run every test (starts throwaway Postgres/Redis unless WABARELAY_TEST_* are set)
-	$(GO) test -race -count=1 -timeout 15m ./...
+	$(GO) test -race -count=1 -parallel 4 -timeout 15m ./...
 
 FUZZTIME ?= 30s
 fuzz: ## Run every fuzz target for FUZZTIME each (`make test` runs their seed corpora)
