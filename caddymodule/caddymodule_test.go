@@ -148,7 +148,9 @@ example.com {
 			Wabarelay json.RawMessage `json:"wabarelay"`
 		} `json:"apps"`
 	}
-	json.Unmarshal(cfg, &parsed)
+	if err := json.Unmarshal(cfg, &parsed); err != nil {
+		t.Fatal(err)
+	}
 	want := `{"database":"{env.DB}","redis":"{env.REDIS}","encryption_key":"{file./run/secrets/key}",` +
 		`"upstream":"https://graph.facebook.com/v26.0","connect_base":"https://relay.example.com",` +
 		`"proxy_url":"https://relay.example.com/upstream-proxy","connect_link_ttl":86400000000000,` +
@@ -222,7 +224,7 @@ func startInstance(t *testing.T) *instance {
 	t.Setenv("WBR_TEST_DATABASE", in.dsn)
 	t.Setenv("WBR_TEST_KEY", f.KeyB64)
 	in.load(caddyfileFor(in.port, ""))
-	t.Cleanup(func() { caddy.Stop() })
+	t.Cleanup(func() { _ = caddy.Stop() }) // Stop logs what the apps' Stop return; its own error is always nil
 	_, in.key = f.APIKey(t, f.Org(t).ID)
 	return in
 }
@@ -360,7 +362,7 @@ func TestStartFailsWithoutDatabase(t *testing.T) {
 	t.Setenv("WBR_TEST_DATABASE", dsn)
 	t.Setenv("WBR_TEST_KEY", base64.StdEncoding.EncodeToString(testenv.NewKey()))
 	err := caddy.Load(adapt(t, caddyfileFor(testenv.FreePort(t), "")), true)
-	t.Cleanup(func() { caddy.Stop() })
+	t.Cleanup(func() { _ = caddy.Stop() }) // Stop logs what the apps' Stop return; its own error is always nil
 	if err == nil {
 		t.Fatal("load succeeded without a database")
 	}
@@ -438,7 +440,9 @@ func TestCLI(t *testing.T) {
 	if !strings.HasPrefix(apiKey, "crt_pk_") || out[0]["expires_at"] == nil || !strings.HasPrefix(apiKey, out[0]["prefix"].(string)) {
 		t.Fatalf("apikey create output: %v", out[0])
 	}
-	runCLITest(t, "apikey", "create", "--org", orgID)
+	if out, err := runCLITest(t, "apikey", "create", "--org", orgID); err != nil || len(out) != 1 {
+		t.Fatalf("apikey create without a name: %v %v", out, err)
+	}
 	out, err = runCLITest(t, "apikey", "list", "--org", orgID)
 	if err != nil || len(out) != 2 || out[0]["id"] != keyID {
 		t.Fatalf("apikey list: %v %v", out, err)

@@ -47,8 +47,10 @@ func TestDemoCaddyfileDefaults(t *testing.T) {
 		return sdk, private, rootCA
 	}
 	for _, v := range []string{"WABARELAY_SDK_URL", "WABARELAY_CONNECT_ORIGIN_SUFFIX", "WABARELAY_ALLOW_PRIVATE_TARGETS", "WABARELAY_DELIVERY_ROOT_CA"} {
-		t.Setenv(v, "")
-		os.Unsetenv(v)
+		t.Setenv(v, "") // restores the variable after the test
+		if err := os.Unsetenv(v); err != nil {
+			t.Fatal(err)
+		}
 	}
 	app, cfg := read()
 	if app.Meta == nil || app.Delivery == nil || !strings.Contains(cfg, `"origin_suffix":"facebook.com"`) {

@@ -2,6 +2,7 @@ package caddymodule
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
@@ -158,20 +159,21 @@ func caddyInstanceID() string {
 }
 
 // Cleanup releases the shared clients. It is safe to call more than once and without Start.
+// Every client is released; the error joins what their destructors returned.
 func (a *App) Cleanup() error {
 	if a.released {
 		return nil
 	}
 	a.released = true
-	a.mgmtLimiter.release()
+	errs := []error{a.mgmtLimiter.release()}
 	if a.idemKey != "" {
-		releaseIdempotency(a.idemKey)
+		errs = append(errs, releaseIdempotency(a.idemKey))
 	}
 	if a.redisKey != "" {
-		releaseRedis(a.redisKey)
+		errs = append(errs, releaseRedis(a.redisKey))
 	}
 	if a.poolKey != "" {
-		releasePool(a.poolKey)
+		errs = append(errs, releasePool(a.poolKey))
 	}
-	return nil
+	return errors.Join(errs...)
 }

@@ -67,7 +67,12 @@ func acquirePool(dsn string) (*pgxpool.Pool, string, error) {
 	return v.(pgPoolDestructor).Pool, key, nil
 }
 
-func releasePool(key string) { pgPools.Delete(key) }
+// releasePool gives back a use of the pool under key; the last one closes the pool after
+// closeDelay. The error is the destructor's.
+func releasePool(key string) error {
+	_, err := pgPools.Delete(key)
+	return err
+}
 
 // noJIT turns Postgres's JIT compilation off for the product's sessions unless the connection
 // string sets jit: every statement here is a short OLTP one, and under the server's default
@@ -82,7 +87,8 @@ func noJIT(params map[string]string) {
 type redisDestructor struct{ redis.UniversalClient }
 
 func (r redisDestructor) Destruct() error {
-	time.AfterFunc(closeDelay, func() { r.Close() })
+	// Closed after the delay whatever Close reports: no caller is left to tell.
+	time.AfterFunc(closeDelay, func() { _ = r.Close() })
 	return nil
 }
 
@@ -107,7 +113,11 @@ func acquireRedis(cfg RedisConfig) (redis.UniversalClient, string, error) {
 	return v.(redisDestructor).UniversalClient, key, nil
 }
 
-func releaseRedis(key string) { redisClients.Delete(key) }
+// releaseRedis gives back a use of the client under key, as releasePool does.
+func releaseRedis(key string) error {
+	_, err := redisClients.Delete(key)
+	return err
+}
 
 type memLimiterDestructor struct{ *ratelimit.MemoryLimiter }
 
@@ -126,7 +136,11 @@ func acquireMemoryLimiter(prefix string, limit int, window time.Duration) (*rate
 	return v.(memLimiterDestructor).MemoryLimiter, key
 }
 
-func releaseMemoryLimiter(key string) { memLimiters.Delete(key) }
+// releaseMemoryLimiter gives back a use of the limiter under key; the last one stops it.
+func releaseMemoryLimiter(key string) error {
+	_, err := memLimiters.Delete(key)
+	return err
+}
 
 var idemStores = caddy.NewUsagePool()
 
@@ -144,7 +158,8 @@ type idemDestructor struct {
 }
 
 func (d idemDestructor) Destruct() error {
-	time.AfterFunc(closeDelay, func() { d.close() })
+	// Closed after the delay whatever close reports: no caller is left to tell.
+	time.AfterFunc(closeDelay, func() { _ = d.close() })
 	return nil
 }
 
@@ -166,4 +181,8 @@ func acquireIdempotency(rdb redis.UniversalClient, redisKey string, logger *zap.
 	return v.(idemDestructor).idemStore, key
 }
 
-func releaseIdempotency(key string) { idemStores.Delete(key) }
+// releaseIdempotency gives back a use of the store under key, as releasePool does.
+func releaseIdempotency(key string) error {
+	_, err := idemStores.Delete(key)
+	return err
+}

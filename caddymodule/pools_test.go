@@ -21,7 +21,9 @@ func TestPoolSessionsWithoutJIT(t *testing.T) {
 		if err := pool.QueryRow(context.Background(), `SHOW jit`).Scan(&jit); err != nil {
 			t.Fatal(err)
 		}
-		releasePool(key)
+		if err := releasePool(key); err != nil {
+			t.Fatal(err)
+		}
 		if jit != want {
 			t.Errorf("jit %s with %q, want %s", jit, strings.SplitN(dsn, "?", 2)[len(strings.SplitN(dsn, "?", 2))-1], want)
 		}

@@ -82,8 +82,7 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 
 // Cleanup releases the rate limiter.
 func (h *RelayHandler) Cleanup() error {
-	h.limiter.release()
-	return nil
+	return h.limiter.release()
 }
 
 // ServeHTTP implements caddyhttp.MiddlewareHandler.

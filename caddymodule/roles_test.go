@@ -69,7 +69,9 @@ func TestAdaptDeliveryWorkers(t *testing.T) {
 		}
 	}
 	var a App
-	json.Unmarshal([]byte(`{"delivery":{"workers":0}}`), &a)
+	if err := json.Unmarshal([]byte(`{"delivery":{"workers":0}}`), &a); err != nil {
+		t.Fatal(err)
+	}
 	if a.Delivery.Workers == nil || *a.Delivery.Workers != 0 {
 		t.Fatalf(`"workers":0 unmarshals to %v, want a pointer to 0`, a.Delivery.Workers)
 	}

@@ -36,8 +36,7 @@ func (a *App) wire(ctx caddy.Context, redisCfg RedisConfig) (err error) {
 	}
 	if redisCfg.isSet() {
 		if a.redis, a.redisKey, err = acquireRedis(redisCfg); err != nil {
-			a.Cleanup()
-			return err
+			return errors.Join(err, a.Cleanup())
 		}
 	}
 	a.store = store.New(a.pool, a.box)
@@ -52,8 +51,7 @@ func (a *App) wire(ctx caddy.Context, redisCfg RedisConfig) (err error) {
 		}
 	}
 	if a.inbound, err = a.newInbound(); err != nil {
-		a.Cleanup()
-		return err
+		return errors.Join(err, a.Cleanup())
 	}
 	mgmtLimit := a.ManagementRateLimit
 	a.mgmtLimiter = a.newLimiter("wabarelay:mgmt:", mgmtLimit.Requests, time.Duration(mgmtLimit.Window))
@@ -122,10 +120,11 @@ type limiterHandle struct {
 	memKey string
 }
 
-func (l limiterHandle) release() {
-	if l.memKey != "" {
-		releaseMemoryLimiter(l.memKey)
+func (l limiterHandle) release() error {
+	if l.memKey == "" {
+		return nil
 	}
+	return releaseMemoryLimiter(l.memKey)
 }
 
 // newLimiter returns a rate limiter: Redis-backed with an in-memory fallback when Redis is
