@@ -121,11 +121,12 @@ func Start(name, logPath string, cmd *exec.Cmd) (*Child, error) {
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := Spawn(cmd); err != nil {
-		f.Close()
+		_ = f.Close() // the error returned is what went wrong
 		return nil, fmt.Errorf("starting %s: %w", name, err)
 	}
 	c := &Child{Name: name, Cmd: cmd, log: f, done: make(chan struct{})}
-	go func() { cmd.Wait(); close(c.done) }()
+	// Wait's error is how the process exited, which cmd.ProcessState keeps.
+	go func() { _ = cmd.Wait(); close(c.done) }()
 	return c, nil
 }
 
@@ -255,22 +256,25 @@ func (c *Child) Logs() string { return string(c.LogBytes()) }
 // has exited; later calls do nothing.
 func (c *Child) Stop() {
 	c.once.Do(func() {
-		c.Cmd.Process.Signal(syscall.SIGTERM)
+		// It fails only if the process has exited already (done is closed then) or cannot be
+		// signalled, and then SIGKILL ends it after StopGrace.
+		_ = c.Cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-c.done:
 		case <-time.After(StopGrace):
-			c.Cmd.Process.Kill()
+			_ = c.Cmd.Process.Kill() // fails only if it has exited meanwhile, which <-c.done sees as well
 			<-c.done
 		}
-		c.log.Close()
+		// The process wrote its log through its own descriptor, and LogBytes reads it by name.
+		_ = c.log.Close()
 	})
 }
 
 // Kill ends the process with SIGKILL and waits for it; later calls (and Stop) do nothing.
 func (c *Child) Kill() {
 	c.once.Do(func() {
-		c.Cmd.Process.Kill()
+		_ = c.Cmd.Process.Kill() // fails only if it has exited already, which <-c.done sees as well
 		<-c.done
-		c.log.Close()
+		_ = c.log.Close() // as in Stop
 	})
 }
