@@ -78,7 +78,9 @@ func CaddyBinary(t testing.TB) caddyproc.Binary {
 // removeBuiltCaddy removes what CaddyBinary built (called by Main).
 func removeBuiltCaddy() {
 	if built.dir != "" {
-		os.RemoveAll(built.dir)
+		if err := os.RemoveAll(built.dir); err != nil {
+			fmt.Fprintf(os.Stderr, "testenv: removing the built Caddy: %v\n", err)
+		}
 	}
 }
 

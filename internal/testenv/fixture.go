@@ -191,8 +191,10 @@ func (f *Fixture) WaitListen(t testing.TB, channel string) {
 	t.Helper()
 	Eventually(t, Patience, func() bool {
 		var n int
-		f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND query IN ('LISTEN ' || $1, 'LISTEN "' || $1 || '"')`, channel).Scan(&n)
+		if err := f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query IN ('LISTEN ' || $1, 'LISTEN "' || $1 || '"')`, channel).Scan(&n); err != nil {
+			t.Fatalf("testenv: looking for a session listening on %s: %v", channel, err)
+		}
 		return n > 0
 	}, "LISTEN %s", channel)
 }

@@ -105,7 +105,7 @@ func (s *PGServer) CreateDB(t testing.TB) string {
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }() // closed even if Close returns an error
 	name, err := createTestDB(admin, conn, &s.tmpl, false)
 	if err != nil {
 		t.Fatalf("testenv: %v", err)
@@ -132,14 +132,14 @@ func newPGServer(syncOff bool) (*PGServer, error) {
 	}
 	s := &PGServer{dir: dir, initdb: initdb, postgres: postgres, cred: cred, syncOff: syncOff}
 	if err := s.runInitdb(); err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // what is left, reapStaleDirs removes once this process is gone
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err = launchOnFreePort(&s.port, s.launch)
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // what is left, reapStaleDirs removes once this process is gone
 		return nil, err
 	}
 	return s, nil
@@ -209,7 +209,7 @@ func makeServerDir(cred *syscall.Credential) (string, error) {
 	}
 	// The Unix socket path (dir/.s.PGSQL.<port>) must fit in sun_path.
 	if len(dir)+len("/.s.PGSQL.65535") > 107 {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // it holds nothing yet
 		return "", fmt.Errorf("temporary directory %q is too long for a Unix socket path; set TMPDIR=/tmp", base)
 	}
 	err = os.WriteFile(filepath.Join(dir, "owner"), []byte(strconv.Itoa(os.Getpid())), 0o644)
@@ -220,7 +220,7 @@ func makeServerDir(cred *syscall.Credential) (string, error) {
 		err = os.Chown(dir, int(cred.Uid), int(cred.Gid))
 	}
 	if err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir) // best effort: the error returned is what went wrong
 		return "", fmt.Errorf("preparing the postgres directory: %w", err)
 	}
 	return dir, nil
@@ -253,7 +253,9 @@ func (s *PGServer) runInitdb() error {
 			return nil
 		}
 		outs = append(outs, fmt.Sprintf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out))
-		os.RemoveAll(data)
+		if err := os.RemoveAll(data); err != nil {
+			outs = append(outs, fmt.Sprintf("removing %s for the next attempt: %v", data, err))
+		}
 	}
 	return fmt.Errorf("initdb failed:\n%s", strings.Join(outs, "\n"))
 }
@@ -267,7 +269,8 @@ func (s *PGServer) launch() error {
 	if err != nil {
 		return err
 	}
-	defer logf.Close()
+	// postgres writes the log through its own descriptor; ours is only for starting it.
+	defer func() { _ = logf.Close() }()
 	logStart, _ := logf.Seek(0, 2)
 	syncCommit := "on"
 	if s.syncOff {
@@ -284,7 +287,8 @@ func (s *PGServer) launch() error {
 		return fmt.Errorf("starting postgres: %w", err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	// Wait's error is how postgres exited, which cmd.ProcessState keeps.
+	go func() { _ = cmd.Wait(); close(exited) }()
 
 	socketDSN := fmt.Sprintf("host=%s port=%d user=postgres dbname=postgres sslmode=disable connect_timeout=5", s.dir, s.port)
 	deadline := time.Now().Add(60 * time.Second)
@@ -302,12 +306,12 @@ func (s *PGServer) launch() error {
 		conn, err := connect(ctx, socketDSN)
 		cancel()
 		if err == nil {
-			conn.Close(context.Background())
+			_ = conn.Close(context.Background()) // only a probe; closed even if Close returns an error
 			s.cmd, s.exited = cmd, exited
 			return nil
 		}
 		if time.Now().After(deadline) {
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill() // fails only if it has exited already, which <-exited sees as well
 			<-exited
 			return fmt.Errorf("postgres did not accept connections within a minute (%v); its log:\n%s",
 				err, readFrom(logPath, logStart))
@@ -324,13 +328,18 @@ func (s *PGServer) stop() error {
 	}
 	cmd, exited := s.cmd, s.exited
 	s.cmd, s.exited = nil, nil
-	cmd.Process.Signal(syscall.SIGQUIT) // immediate shutdown
+	// SIGQUIT: immediate shutdown. It fails only if postgres has exited already (exited is
+	// closed then) or cannot be signalled, which the timeout below reports.
+	sigErr := cmd.Process.Signal(syscall.SIGQUIT)
 	select {
 	case <-exited:
 		return nil
 	case <-time.After(30 * time.Second):
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill() // fails only if it has exited meanwhile, which <-exited sees as well
 		<-exited
+		if sigErr != nil {
+			return fmt.Errorf("postgres on port %d: SIGQUIT: %w; killed after 30 s", s.port, sigErr)
+		}
 		return fmt.Errorf("postgres on port %d ignored SIGQUIT for 30 s and was killed", s.port)
 	}
 }
@@ -382,13 +391,14 @@ func reapStaleDirs() {
 			if b, err := os.ReadFile(filepath.Join(dir, "data", "postmaster.pid")); err == nil {
 				first, _, _ := strings.Cut(string(b), "\n")
 				if pid, err := strconv.Atoi(strings.TrimSpace(first)); err == nil && pid > 0 && isPostgres(pid) {
-					syscall.Kill(pid, syscall.SIGQUIT)
+					// best effort, as all of the reaping
+					_ = syscall.Kill(pid, syscall.SIGQUIT)
 					for i := 0; i < 100 && processAlive(pid); i++ {
 						time.Sleep(50 * time.Millisecond)
 					}
 				}
 			}
-			os.RemoveAll(dir)
+			_ = os.RemoveAll(dir) // best effort: a later run tries again
 		}
 	}
 }

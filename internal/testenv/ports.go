@@ -59,7 +59,7 @@ func freePort() (int, error) {
 		if err != nil {
 			continue
 		}
-		l.Close()
+		_ = l.Close() // only a probe: the port was free
 		handedPorts.seen[p] = true
 		return p, nil
 	}
@@ -85,6 +85,7 @@ func kernelPort() (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("finding a free port: %w", err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close() // only a probe: the port was free
+	return port, nil
 }

@@ -41,7 +41,9 @@ func RedisClient(t testing.TB, url string, tune ...func(*redis.Options)) *redis.
 		f(opt)
 	}
 	c := redis.NewClient(opt)
-	t.Cleanup(func() { c.Close() })
+	// An error means the test closed it already, or a connection failed to close: nothing is
+	// left to release either way.
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -132,7 +134,7 @@ func (s *RedisServer) kill() {
 	if s.cmd == nil {
 		return
 	}
-	s.cmd.Process.Kill()
+	_ = s.cmd.Process.Kill() // fails only if it has exited already, which <-s.exited sees as well
 	<-s.exited
 	s.cmd, s.exited = nil, nil
 }
@@ -158,12 +160,13 @@ func (s *RedisServer) launch() error {
 		return fmt.Errorf("starting redis-server: %w", err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	// Wait's error is how redis-server exited, which cmd.ProcessState keeps.
+	go func() { _ = cmd.Wait(); close(exited) }()
 
 	client := redis.NewClient(&redis.Options{
 		Addr: s.Addr(), DialTimeout: time.Second, ReadTimeout: time.Second, MaxRetries: -1, PoolSize: 1,
 	})
-	defer client.Close()
+	defer func() { _ = client.Close() }() // a probe's connection: nothing is left to release
 	want := "process_id:" + strconv.Itoa(cmd.Process.Pid)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -183,7 +186,7 @@ func (s *RedisServer) launch() error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill() // fails only if it has exited already, which <-exited sees as well
 			<-exited
 			return fmt.Errorf("redis-server on port %d did not answer within 30 s (%v); its output:\n%s", s.port, err, out)
 		}

@@ -225,7 +225,7 @@ func ensureTemplate(ctx context.Context, admin, name string, migrate func(contex
 	if err != nil {
 		return "", err
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }() // closed even if Close returns an error
 	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", templateLockKey); err != nil {
 		return "", fmt.Errorf("taking the template lock: %w", err)
 	}
@@ -266,8 +266,9 @@ func ensureTemplate(ctx context.Context, admin, name string, migrate func(contex
 		return "", err
 	}
 	err = migrate(ctx, bconn)
-	// Nobody may be connected to the database when it is renamed or cloned.
-	bconn.Close(context.Background())
+	// Nobody may be connected to the database when it is renamed or cloned. pgx closes the
+	// connection even if Close returns an error.
+	_ = bconn.Close(context.Background())
 	if err != nil {
 		return "", fmt.Errorf("migrating template %s: %w", name, err)
 	}
