@@ -152,7 +152,7 @@ func (a *answer) finish(upErr error) error {
 		if upErr != nil {
 			d.pw.CloseWithError(upErr)
 		} else {
-			d.pw.Close()
+			_ = d.pw.Close() // a pipe's Close returns nil
 		}
 		<-d.done
 		a.dec = nil
@@ -163,7 +163,7 @@ func (a *answer) finish(upErr error) error {
 		}
 	}
 	if a.state == passing {
-		a.red.flush() // a failed write is the caller's hang-up, seen as such already
+		_ = a.red.flush() // a failed write is the caller's hang-up, seen as such already
 	}
 	return err
 }
@@ -208,7 +208,9 @@ func (a *answer) ReadFrom(r io.Reader) (int64, error) {
 // tested first: while a decoder runs, a.state is its goroutine's to change.)
 func (a *answer) Flush() {
 	if a.dec == nil && a.state == passing {
-		http.NewResponseController(a.w).Flush()
+		// Flush has no error to give: a failed flush is the caller gone, which the next
+		// write reports (FlushError passes it on).
+		_ = http.NewResponseController(a.w).Flush()
 	}
 }
 
@@ -265,7 +267,7 @@ func newAnswer(w http.ResponseWriter, method, upath string, ch *store.RelayChann
 func (a *answer) free() {
 	const keep = 64 << 10
 	if a.dec != nil { // an answer left unfinished: its decoder must not outlive it
-		a.finish(errRefusedEncoding)
+		_ = a.finish(errRefusedEncoding) // abandoned: no one is left to answer
 	}
 	buf, cp, red := a.buf, a.copy, a.red
 	*a = answer{}
@@ -301,7 +303,9 @@ func startDecoder(a *answer, encoding string) *decoder {
 		if d.err != nil {
 			pr.CloseWithError(d.err) // the upstream's writes fail from now on
 		} else {
-			io.Copy(io.Discard, pr) // trailing bytes after the encoded stream
+			// Trailing bytes after the encoded stream; an error here is the upstream's own,
+			// which the caller of the upstream sees.
+			_, _ = io.Copy(io.Discard, pr)
 		}
 	}()
 	return d

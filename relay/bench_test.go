@@ -61,7 +61,9 @@ func BenchmarkServeSend(b *testing.B) {
 				}
 			}
 			b.StopTimer()
-			f.pending.Wait(context.Background())
+			if err := f.pending.Wait(context.Background()); err != nil {
+				b.Fatal(err)
+			}
 		})
 	}
 }

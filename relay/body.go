@@ -123,7 +123,7 @@ func keyIs(raw []byte, name string) bool {
 		return string(raw[1:len(raw)-1]) == name
 	}
 	var key string
-	json.Unmarshal(raw, &key) // valid JSON: cannot fail
+	_ = json.Unmarshal(raw, &key) // valid JSON: cannot fail
 	return key == name
 }
 

@@ -25,7 +25,9 @@ func TestRemoveKey(t *testing.T) {
 			continue
 		}
 		var a, b map[string]any
-		json.Unmarshal([]byte(tc.in), &a)
+		if err := json.Unmarshal([]byte(tc.in), &a); err != nil {
+			t.Fatalf("case %s is not JSON: %v", tc.in, err)
+		}
 		if json.Unmarshal(out, &b) != nil {
 			t.Errorf("output is not JSON: %s", out)
 		}
@@ -100,7 +102,9 @@ func TestCleanSendBody(t *testing.T) {
 			continue
 		}
 		var a, b map[string]any
-		json.Unmarshal([]byte(tc.in), &a)
+		if err := json.Unmarshal([]byte(tc.in), &a); err != nil {
+			t.Fatalf("case %s is not JSON: %v", tc.in, err)
+		}
 		if json.Unmarshal(out, &b) != nil {
 			t.Errorf("output is not JSON: %s", out)
 		}

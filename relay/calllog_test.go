@@ -150,7 +150,7 @@ func TestCallLogRefusals(t *testing.T) {
 		lim := ratelimit.NewMemory(2, time.Hour)
 		t.Cleanup(func() { lim.Close() })
 		mem := idempotency.NewMemory(idempotency.Options{Wait: -1})
-		t.Cleanup(func() { mem.Close() })
+		t.Cleanup(func() { _ = mem.Close() })
 		return admission.NewMemory(lim, mem), mem
 	})
 	l := withCallLog(f)

@@ -117,7 +117,9 @@ func FuzzRedactor(f *testing.F) {
 		if _, err := r.Write(rest); errors.Is(err, errUnredactable) {
 			return
 		}
-		r.flush()
+		if err := r.flush(); err != nil {
+			t.Fatal(err)
+		}
 		got := out.Bytes()
 		if len(got) != len(in) || bytes.Contains(got, []byte(secret)) {
 			t.Fatalf("redact(%q, %q) = %q", in, secret, got)

@@ -104,7 +104,9 @@ func (relay *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.R
 	if aborted && upErr == nil {
 		upErr = http.ErrAbortHandler
 	}
-	a.finish(upErr)
+	// What finish reports is seen below: a.undecodable, the upstream's err, or an answer
+	// that was not inspected.
+	_ = a.finish(upErr)
 	switch {
 	case a.refused || a.undecodable:
 		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
@@ -224,7 +226,7 @@ func (relay *Relay) download(w http.ResponseWriter, r *http.Request, ch *store.R
 	n, cerr := io.CopyBuffer(red, src, *buf)
 	copyBufs.Put(buf)
 	if cerr == nil {
-		red.flush()
+		_ = red.flush() // a failed write is the caller's hang-up: the status is sent and counted
 	}
 	red.reset(nil, "")
 	mediaRedactors.Put(red)

@@ -36,13 +36,38 @@ func (m *mediaMetrics) MediaFirstByte(time.Duration) {
 	m.first++
 }
 
+// mediaForm is an upload's multipart body (messaging_product, the file, its type) and its
+// Content-Type.
+func mediaForm(t *testing.T, filename string, data []byte, mime string) (*bytes.Buffer, string) {
+	t.Helper()
+	var form bytes.Buffer
+	mw := multipart.NewWriter(&form)
+	if err := mw.WriteField("messaging_product", "whatsapp"); err != nil {
+		t.Fatal(err)
+	}
+	part, err := mw.CreateFormFile("file", filename)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := part.Write(data); err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.WriteField("type", mime); err != nil {
+		t.Fatal(err)
+	}
+	if err := mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return &form, mw.FormDataContentType()
+}
+
 // serveReq runs r through the relay with the channel's token and the fake.
 func (f *relayFixture) serveReq(r *http.Request) *httptest.ResponseRecorder {
 	f.t.Helper()
 	r.Header.Set("Authorization", "Bearer "+f.token)
 	w := httptest.NewRecorder()
 	f.relay.Serve(w, r, f.upstream)
-	f.pending.Wait(context.Background())
+	f.wait()
 	return w
 }
 
@@ -57,15 +82,9 @@ func TestRelayMediaRoundTrip(t *testing.T) {
 	data := make([]byte, 300<<10)
 	rand.Read(data)
 
-	var form bytes.Buffer
-	mw := multipart.NewWriter(&form)
-	mw.WriteField("messaging_product", "whatsapp")
-	part, _ := mw.CreateFormFile("file", "photo.jpg")
-	part.Write(data)
-	mw.WriteField("type", "image/jpeg")
-	mw.Close()
+	form, ctype := mediaForm(t, "photo.jpg", data, "image/jpeg")
 	r := httptest.NewRequest("POST", "http://relay.example.com/"+tPNID+"/media", bytes.NewReader(form.Bytes()))
-	r.Header.Set("Content-Type", mw.FormDataContentType())
+	r.Header.Set("Content-Type", ctype)
 	w := f.serveReq(r)
 	var up struct{ ID string }
 	if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &up) != nil || up.ID == "" {
@@ -77,7 +96,9 @@ func TestRelayMediaRoundTrip(t *testing.T) {
 
 	w = f.serve("GET", "/"+up.ID, "", nil)
 	var raw map[string]any
-	json.Unmarshal(w.Body.Bytes(), &raw)
+	if err := json.Unmarshal(w.Body.Bytes(), &raw); err != nil {
+		t.Fatalf("media object: %d %s: %v", w.Code, w.Body, err)
+	}
 	want := "https://relay.example.com/upstream-proxy/" + up.ID + "/download"
 	if w.Code != 200 || raw["url"] != want || raw["mime_type"] != "image/jpeg" {
 		t.Fatalf("media object: %d %s (url want %s)", w.Code, w.Body, want)
@@ -119,15 +140,9 @@ func TestRelayMediaMasksTheToken(t *testing.T) {
 	for _, i := range at {
 		copy(data[i:], tUpstream)
 	}
-	var form bytes.Buffer
-	mw := multipart.NewWriter(&form)
-	mw.WriteField("messaging_product", "whatsapp")
-	part, _ := mw.CreateFormFile("file", "clip.mp4")
-	part.Write(data)
-	mw.WriteField("type", "video/mp4")
-	mw.Close()
+	form, ctype := mediaForm(t, "clip.mp4", data, "video/mp4")
 	r := httptest.NewRequest("POST", "http://relay.example.com/"+tPNID+"/media", bytes.NewReader(form.Bytes()))
-	r.Header.Set("Content-Type", mw.FormDataContentType())
+	r.Header.Set("Content-Type", ctype)
 	w := f.serveReq(r)
 	var up struct{ ID string }
 	if w.Code != 200 || json.Unmarshal(w.Body.Bytes(), &up) != nil || up.ID == "" {
@@ -182,7 +197,9 @@ func TestRelayMediaScope(t *testing.T) {
 func TestRelayMediaDeadToken(t *testing.T) {
 	f := newRelayFixture(t, 100, nil)
 	f.fake.AddMedia("8080", tPNID, "image/png", []byte("x"))
-	f.store.AdmitChannelObjects(context.Background(), f.channel, "media", []string{"8080"})
+	if _, err := f.store.AdmitChannelObjects(context.Background(), f.channel, "media", []string{"8080"}); err != nil {
+		t.Fatal(err)
+	}
 	f.relay.Channels.(*Cache).Invalidate(f.channel)
 	f.fake.FailNext("GET /8080", 1, 0, fakegraph.ErrInvalidToken())
 	w := f.serve("GET", "/8080/download", "", nil)

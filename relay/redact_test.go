@@ -99,19 +99,27 @@ func TestRedactorPassesAtOnce(t *testing.T) {
 	var out bytes.Buffer
 	var r redactor
 	r.reset(&out, "EAAGsecret")
-	r.Write([]byte(`{"messaging_product":"whatsapp",`))
+	write := func(s string) {
+		t.Helper()
+		if _, err := r.Write([]byte(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`{"messaging_product":"whatsapp",`)
 	if out.String() != `{"messaging_product":"whatsapp",` {
 		t.Fatalf("held back: %q", out.String())
 	}
-	r.Write([]byte(`"x":"EAAG`))
+	write(`"x":"EAAG`)
 	if out.String() != `{"messaging_product":"whatsapp","x":"` {
 		t.Fatalf("a possible start not held back: %q", out.String())
 	}
 	if len(r.held) != len("EAAG") {
 		t.Fatalf("held %d bytes", len(r.held))
 	}
-	r.Write([]byte(`secret"}`))
-	r.flush()
+	write(`secret"}`)
+	if err := r.flush(); err != nil {
+		t.Fatal(err)
+	}
 	if out.String() != `{"messaging_product":"whatsapp","x":"**********"}` {
 		t.Fatalf("got %q", out.String())
 	}
@@ -128,13 +136,17 @@ func TestRedactorManyOccurrencesBoundedMemory(t *testing.T) {
 	r.reset(&out, secret)
 	for rest, n := s, 1; rest != ""; n = n%61 + 1 {
 		n = min(n, len(rest))
-		r.Write([]byte(rest[:n]))
+		if _, err := r.Write([]byte(rest[:n])); err != nil {
+			t.Fatal(err)
+		}
 		if len(r.held) >= len(secret) {
 			t.Fatalf("held %d bytes", len(r.held))
 		}
 		rest = rest[n:]
 	}
-	r.flush()
+	if err := r.flush(); err != nil {
+		t.Fatal(err)
+	}
 	if out.String() != want(s, secret) {
 		t.Fatal("output differs")
 	}
@@ -171,7 +183,9 @@ func BenchmarkRedactorBinary(b *testing.B) {
 						b.Fatal(err)
 					}
 				}
-				r.flush()
+				if err := r.flush(); err != nil {
+					b.Fatal(err)
+				}
 			}
 		})
 	}

@@ -75,7 +75,7 @@ func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, id
 		lim := ratelimit.NewMemory(limit, time.Minute)
 		t.Cleanup(func() { lim.Close() })
 		mem := idempotency.NewMemory(idempotency.Options{})
-		t.Cleanup(func() { mem.Close() })
+		t.Cleanup(func() { _ = mem.Close() })
 		adm, idem = admission.NewMemory(lim, mem), mem
 	}
 	f := &relayFixture{t: t, fake: fake, store: st, idem: idem, token: ch.ChannelToken, channel: ch.ID}
@@ -88,6 +88,14 @@ func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, id
 		Pending:      &f.pending,
 	}
 	return f
+}
+
+// wait returns once every background store of the calls served is done.
+func (f *relayFixture) wait() {
+	f.t.Helper()
+	if err := f.pending.Wait(context.Background()); err != nil {
+		f.t.Fatal(err)
+	}
 }
 
 // upstream is the fake, called in process.
@@ -113,7 +121,7 @@ func (f *relayFixture) serve(method, path, body string, up Upstream) *httptest.R
 	}
 	w := httptest.NewRecorder()
 	f.relay.Serve(w, r, up)
-	f.pending.Wait(context.Background())
+	f.wait()
 	return w
 }
 
@@ -180,7 +188,9 @@ func TestRelayHangUpStoresTheRealAnswer(t *testing.T) {
 		sendCtxErr = r.Context().Err()
 		// Like reverse_proxy: the upstream's answer is copied down, and a failed write aborts.
 		up := httptest.NewRecorder()
-		f.upstream(up, r)
+		if err := f.upstream(up, r); err != nil {
+			return err
+		}
 		for k, v := range up.Header() {
 			w.Header()[k] = v
 		}
@@ -190,7 +200,7 @@ func TestRelayHangUpStoresTheRealAnswer(t *testing.T) {
 		}
 		return nil
 	})
-	f.pending.Wait(context.Background())
+	f.wait()
 	if sendCtxErr != nil {
 		t.Fatalf("the send's context ended with the caller's: %v", sendCtxErr)
 	}
@@ -222,7 +232,7 @@ func TestRelayAbortedAnswerIsNotResent(t *testing.T) {
 			panic(http.ErrAbortHandler)
 		})
 	}()
-	f.pending.Wait(context.Background())
+	f.wait()
 	expectError(t, f.serve("POST", "/"+tPNID+"/messages", sendBody("hi", "abort"), nil), 502, MsgUpstreamDown)
 	if n := f.sends.Load(); n != 1 {
 		t.Fatalf("%d upstream sends, want 1", n)
@@ -309,7 +319,7 @@ func TestRelayStreamsSends(t *testing.T) {
 		w.Write([]byte(`"messages":[{"id":"wamid.stream"}]}`))
 		return nil
 	})
-	f.pending.Wait(context.Background())
+	f.wait()
 	replay := f.serve("POST", "/"+tPNID+"/messages", sendBody("hi", "stream"), nil)
 	if replay.Body.String() != `{"messaging_product":"whatsapp","messages":[{"id":"wamid.stream"}]}` || rec.Body.String() != replay.Body.String() {
 		t.Fatalf("caller got %q, replay %q", rec.Body, replay.Body)
@@ -380,7 +390,7 @@ func TestRelayRedisAdmission(t *testing.T) {
 		prefix := "t:" + rand.Text() + ":"
 		limitLog := ratelimit.NewRedis(rdb, 2, time.Minute, prefix+"rl:")
 		ri := idempotency.NewRedis(rdb, idempotency.Options{Prefix: prefix + "idem:"}, nil)
-		t.Cleanup(func() { ri.Close() })
+		t.Cleanup(func() { _ = ri.Close() })
 		return admission.NewRedis(rdb, limitLog, ri, nil, nil), ri
 	})
 }

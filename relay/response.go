@@ -145,7 +145,7 @@ func jsonString(s string) []byte {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	enc.Encode(s) // a string always encodes
+	_ = enc.Encode(s) // a string always encodes
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
 

@@ -23,19 +23,28 @@ func chunked(w http.ResponseWriter, body []byte, n int) {
 	}
 }
 
+// gzipped and deflated compress b in memory, where writing cannot fail: they panic if it does.
 func gzipped(b []byte) []byte {
 	var buf bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-	zw.Write(b)
-	zw.Close()
-	return buf.Bytes()
+	zw, err := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	if err != nil {
+		panic(err)
+	}
+	return compressed(&buf, zw, b)
 }
 
 func deflated(b []byte) []byte {
 	var buf bytes.Buffer
-	zw := zlib.NewWriter(&buf)
-	zw.Write(b)
-	zw.Close()
+	return compressed(&buf, zlib.NewWriter(&buf), b)
+}
+
+func compressed(buf *bytes.Buffer, zw io.WriteCloser, b []byte) []byte {
+	if _, err := zw.Write(b); err != nil {
+		panic(err)
+	}
+	if err := zw.Close(); err != nil {
+		panic(err)
+	}
 	return buf.Bytes()
 }
 
@@ -228,13 +237,22 @@ func TestRelayCallerAccessToken(t *testing.T) {
 		mw := multipart.NewWriter(&buf)
 		for i := 0; i < len(fields); i += 2 {
 			if fields[i] == "file" {
-				fw, _ := mw.CreateFormFile("file", "a.jpg")
-				fw.Write([]byte(fields[i+1]))
+				fw, err := mw.CreateFormFile("file", "a.jpg")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := fw.Write([]byte(fields[i+1])); err != nil {
+					t.Fatal(err)
+				}
 				continue
 			}
-			mw.WriteField(fields[i], fields[i+1])
+			if err := mw.WriteField(fields[i], fields[i+1]); err != nil {
+				t.Fatal(err)
+			}
 		}
-		mw.Close()
+		if err := mw.Close(); err != nil {
+			t.Fatal(err)
+		}
 		return mw.FormDataContentType(), buf.String()
 	}
 	n := len(u.bodies)
