@@ -137,10 +137,10 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 
 // requeueSQL puts failed deliveries of webhook $1 (the log rows selected by the condition
 // appended to it) back in the queue with a fresh schedule (attempt counting restarts): due at
-// $3 (NULL: the database's now(), see package clock), or held if the webhook is paused. It returns the requeued ids. A delivery of an ordered
-// webhook keeps its conversation: when the conversation has rows queued it waits behind their
-// head, then goes before the later ones (the first waiting row in inbound order is promoted
-// next, see claimableSQL).
+// $3 (NULL: the database's now(), see package clock), or held if the webhook is paused. It
+// returns the requeued ids. A delivery of an ordered webhook keeps its conversation: when the
+// conversation has rows queued it waits behind their head, then goes before the later ones (the
+// first waiting row in inbound order is promoted next, see claimableSQL).
 const requeueSQL = `
 	WITH f AS (
 		UPDATE deliveries d SET status = 'pending', attempts = 0, updated_at = coalesce($3::timestamptz, now())

@@ -532,10 +532,10 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 // storeDeliveriesSQL makes the deliveries of stored events (storeGroup), one per matching
 // webhook: a log row, and a queue row — claimed for this instance (up to its post's claim Max,
 // active webhooks; leased from $11, NULL: the database's now()), pending (active) or held
-// (paused). A webhook with ordering "conversation"
-// gets the item's conversation on both rows, and no hand-off (its claims keep the order, see
-// claimableSQL); its queue row waits behind the conversation's rows already queued, or earlier
-// in the statement (queueStatusSQL: one index probe).
+// (paused). A webhook with ordering "conversation" gets the item's conversation on both rows,
+// and no hand-off (its claims keep the order, see claimableSQL); its queue row waits behind the
+// conversation's rows already queued, or earlier in the statement (queueStatusSQL: one index
+// probe).
 //
 // It runs on a generic plan (queryGeneric): planned per call, it spent more time in the planner
 // than running. It inserts into deliveries, a partitioned table, into which a generic plan
