@@ -93,14 +93,14 @@ type HealthState struct {
 
 // recordHealthSQL applies a batch of per-webhook sums (parallel arrays $1..$4) to the webhooks'
 // health with the policy in $5..$8 (threshold, first and longest probe interval in ms,
-// disable_after in ms), at $9 (NULL: the database's now(); see package clock). Only rows that change are locked and written: a batch of successes for
-// healthy webhooks reads one index entry per webhook and writes nothing. The locking CTE reads
-// each row's latest version (another instance may have just written it), and the update is
-// computed from it: a 2xx resets the count and ends failing (with its probe schedule); at the
-// threshold an active webhook becomes failing, its first probe one interval ahead; a failed
-// probe doubles the interval (up to the longest) and schedules the next one; a webhook still
-// failing disable_after after it began is paused (paused_reason 'failing'), its pending
-// deliveries held as on any pause.
+// disable_after in ms), at $9 (NULL: the database's now(); see package clock). Only rows that
+// change are locked and written: a batch of successes for healthy webhooks reads one index entry
+// per webhook and writes nothing. The locking CTE reads each row's latest version (another instance
+// may have just written it), and the update is computed from it: a 2xx resets the count and ends
+// failing (with its probe schedule); at the threshold an active webhook becomes failing, its first
+// probe one interval ahead; a failed probe doubles the interval (up to the longest) and schedules
+// the next one; a webhook still failing disable_after after it began is paused (paused_reason
+// 'failing'), its pending deliveries held as on any pause.
 const recordHealthSQL = `
 WITH r AS (
 	SELECT * FROM unnest($1::uuid[], $2::bool[], $3::int[], $4::bool[]) AS r(webhook_id, delivered, fails, probe_failed)

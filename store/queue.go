@@ -58,22 +58,21 @@ type QueueClaim struct {
 	After map[uuid.UUID]uuid.UUID
 }
 
-// claimSQL takes up to $3 deliveries due at $12 (NULL: the database's now(); see package clock)
-// for this instance ($1, lease $2 ms from $12), fairly across
-// orgs first, then across each org's webhooks. It walks the webhooks that have pending rows (a
-// skip scan of delivery_queue_due: one index probe per webhook, however long its backlog; held
-// rows of paused webhooks are not in that index at all) and keeps the active ones with
-// something due whose webhook is under this instance's per-webhook cap ($6, counts in $4/$5)
-// and whose org is under its per-org cap ($9, counts in $7/$8). Each org with such webhooks
-// gets an equal share of the claim (at most its free slots), however many webhooks it has:
-// an org cannot buy a larger share of the workers by creating webhooks. An org's share is split
-// across its webhooks in round-robin order after the org's cursor ($10/$11), an equal part each
-// (at most its free slots; a webhook with fewer free slots leaves the rest of the org's share
-// to the others), taken oldest due first (retries and first attempts alike: a retry
-// waits only for what fell due before it). Expired leases (a crashed or stuck instance: ended
-// before $12) come first, up to a quarter of the claim. Every row read is a row taken or one probe per
-// webhook: a claim never scans another webhook's backlog. The webhooks are read by primary key
-// (their org and status), once per webhook with pending rows.
+// claimSQL takes up to $3 deliveries due at $12 (NULL: the database's now(); see package clock) for
+// this instance ($1, lease $2 ms from $12), fairly across orgs first, then across each org's
+// webhooks. It walks the webhooks that have pending rows (a skip scan of delivery_queue_due: one
+// index probe per webhook, however long its backlog; held rows of paused webhooks are not in that
+// index at all) and keeps the active ones with something due whose webhook is under this instance's
+// per-webhook cap ($6, counts in $4/$5) and whose org is under its per-org cap ($9, counts in
+// $7/$8). Each org with such webhooks gets an equal share of the claim (at most its free slots),
+// however many webhooks it has: an org cannot buy a larger share of the workers by creating
+// webhooks. An org's share is split across its webhooks in round-robin order after the org's cursor
+// ($10/$11), an equal part each (at most its free slots; a webhook with fewer free slots leaves the
+// rest of the org's share to the others), taken oldest due first (retries and first attempts alike:
+// a retry waits only for what fell due before it). Expired leases (a crashed or stuck instance:
+// ended before $12) come first, up to a quarter of the claim. Every row read is a row taken or one
+// probe per webhook: a claim never scans another webhook's backlog. The webhooks are read by
+// primary key (their org and status), once per webhook with pending rows.
 //
 // A row of an ordered webhook (one with a conversation) is due only when claimableSQL allows:
 // the first of its conversation, none of which is in flight. At most one row per conversation
