@@ -66,7 +66,7 @@ func startDemo(t *testing.T, opts ...fakegraph.Option) *demoWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { fakeRecvSrv.Close() })
+	t.Cleanup(func() { _ = fakeRecvSrv.Close() }) // the test is over: nothing is left to tell
 	w.fakeReceiver = fakeRecv
 	fakePEM, err := os.ReadFile(fakeCA)
 	if err != nil {

@@ -63,7 +63,9 @@ func TestDemoRepoCaddyfile(t *testing.T) {
 	// a second channel connects its own number (a new fetch of the SDK)
 	r = w.api("POST", "/channels", `{"name":"Sales line"}`)
 	var ch2 demoChannel
-	json.Unmarshal(r.body, &ch2)
+	if r.status != 201 || json.Unmarshal(r.body, &ch2) != nil {
+		t.Fatalf("create the second channel: %d %s", r.status, r.body)
+	}
 	su2 := w.sdkSignup(w.fake.URL() + "/sdk.js")
 	r = call(t, "POST", w.origin+"/connect/"+ch2.ChannelToken, "",
 		`{"code":"`+su2.Code+`","phone_number_id":"`+su2.PhoneNumberID+`","waba_id":"`+su2.WabaID+`"}`)

@@ -41,11 +41,23 @@ func TestRelayMedia(t *testing.T) {
 	pr, pw := io.Pipe()
 	mw := multipart.NewWriter(pw)
 	go func() {
-		mw.WriteField("messaging_product", "whatsapp")
-		part, _ := mw.CreateFormFile("file", "clip.mp4")
-		part.Write(data)
-		mw.WriteField("type", "video/mp4")
-		pw.CloseWithError(mw.Close())
+		// An error (the request gave up reading, say) ends the body with it, and the upload fails.
+		pw.CloseWithError(func() error {
+			if err := mw.WriteField("messaging_product", "whatsapp"); err != nil {
+				return err
+			}
+			part, err := mw.CreateFormFile("file", "clip.mp4")
+			if err != nil {
+				return err
+			}
+			if _, err := part.Write(data); err != nil {
+				return err
+			}
+			if err := mw.WriteField("type", "video/mp4"); err != nil {
+				return err
+			}
+			return mw.Close()
+		}())
 	}()
 	req, _ := http.NewRequest("POST", base+"/"+pnid+"/media", pr)
 	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
@@ -66,8 +78,7 @@ func TestRelayMedia(t *testing.T) {
 	obj := call(t, "GET", base+"/"+created.ID, ch.ChannelToken, "")
 	noToken(obj)
 	var m struct{ URL, MimeType string }
-	json.Unmarshal(obj.body, &m)
-	if obj.status != 200 || m.URL != base+"/"+created.ID+"/download" {
+	if obj.status != 200 || json.Unmarshal(obj.body, &m) != nil || m.URL != base+"/"+created.ID+"/download" {
 		t.Fatalf("media object: %d %s", obj.status, obj.body)
 	}
 

@@ -39,7 +39,7 @@ func leakBody(size int) []byte {
 // the request asked, in flushed (chunked) writes of 32 KiB.
 func leakUpstream(bodies map[int][]byte) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body) // read and dropped: the answer does not depend on it
 		size, _ := strconv.Atoi(r.URL.Query().Get("size"))
 		body := bodies[size]
 		w.Header().Set("Content-Type", "application/json; charset=UTF-8")
@@ -50,12 +50,17 @@ func leakUpstream(bodies map[int][]byte) http.Handler {
 			zw, _ := gzip.NewWriterLevel(w, gzip.BestSpeed)
 			for rest := body; len(rest) > 0; {
 				n := min(len(rest), 32<<10)
-				zw.Write(rest[:n])
-				zw.Flush()
+				// a write fails only when the client has gone: nothing is left to send
+				if _, err := zw.Write(rest[:n]); err != nil {
+					return
+				}
+				if err := zw.Flush(); err != nil {
+					return
+				}
 				w.(http.Flusher).Flush()
 				rest = rest[n:]
 			}
-			zw.Close()
+			_ = zw.Close() // the gzip trailer: an error means the client has gone, as above
 			return
 		}
 		w.WriteHeader(200)
@@ -171,11 +176,24 @@ func TestRelayCallerCredentialsStripped(t *testing.T) {
 	}
 	var buf bytes.Buffer
 	mw := multipart.NewWriter(&buf)
-	mw.WriteField("messaging_product", "whatsapp")
-	fw, _ := mw.CreateFormFile("file", "a.jpg")
-	fw.Write(bytes.Repeat([]byte("\xff\xd8jpeg"), 1<<20))
-	mw.WriteField("access_token", "callers")
-	mw.Close()
+	if err := func() error {
+		if err := mw.WriteField("messaging_product", "whatsapp"); err != nil {
+			return err
+		}
+		fw, err := mw.CreateFormFile("file", "a.jpg")
+		if err != nil {
+			return err
+		}
+		if _, err := fw.Write(bytes.Repeat([]byte("\xff\xd8jpeg"), 1<<20)); err != nil {
+			return err
+		}
+		if err := mw.WriteField("access_token", "callers"); err != nil {
+			return err
+		}
+		return mw.Close()
+	}(); err != nil {
+		t.Fatalf("multipart body: %v", err)
+	}
 	req, _ = http.NewRequest("POST", base+"/"+pnid+"/media", &buf)
 	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
 	req.Header.Set("Content-Type", mw.FormDataContentType())

@@ -132,7 +132,9 @@ func TestRelayForwarding(t *testing.T) {
 			Data   []struct{ ID, Name string }
 			Paging struct{ Next string }
 		}
-		json.Unmarshal(r.body, &page)
+		if err := json.Unmarshal(r.body, &page); err != nil {
+			t.Fatalf("templates page: %v: %s", err, r.body)
+		}
 		for _, d := range page.Data {
 			names = append(names, d.Name)
 		}

@@ -165,7 +165,11 @@ func TestRelayNeverReplaysStatusZero(t *testing.T) {
 	base := e.caddy(redisURL)
 	ch := e.channel(true)
 	idem := idempotency.NewRedis(testenv.RedisClient(t, redisURL), idempotency.Options{}, zap.NewNop())
-	defer idem.Close()
+	defer func() {
+		if err := idem.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
 	body := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"},"idempotency_key":"zero-1"}`
 	stripped := `{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"zero"}}`
 	k := admission.ClaimKey(ch.ID, "zero-1")
@@ -223,7 +227,9 @@ func TestRelayDecidesRefusalsFromMemory(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		var b bytes.Buffer
-		b.ReadFrom(resp.Body)
+		if _, err := b.ReadFrom(resp.Body); err != nil {
+			t.Fatalf("%s %s: reading the answer: %v", method, url, err)
+		}
 		return relayResp{resp.StatusCode, resp.Header, b.Bytes()}
 	}
 	r := callWith(client, "POST", base+"/"+pnid+"/messages", randomToken(), textBody)

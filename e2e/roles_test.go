@@ -102,7 +102,7 @@ func TestRolesInboundOnlyAndDispatcherOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Close(ctx)
+	defer func() { _ = listener.Close(ctx) }() // closed even if Close returns an error
 	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{store.DeliveriesNotifyChannel}.Sanitize()); err != nil {
 		t.Fatal(err)
 	}
