@@ -42,7 +42,7 @@ func hangingListener(t *testing.T) (url string, gone func()) {
 			}
 			mu.Lock()
 			if closed {
-				c.Close()
+				_ = c.Close()
 			} else {
 				conns = append(conns, c)
 			}
@@ -50,12 +50,12 @@ func hangingListener(t *testing.T) (url string, gone func()) {
 		}
 	}()
 	gone = sync.OnceFunc(func() {
-		ln.Close()
+		_ = ln.Close()
 		mu.Lock()
 		defer mu.Unlock()
 		closed = true
 		for _, c := range conns {
-			c.Close()
+			_ = c.Close()
 		}
 	})
 	t.Cleanup(gone)

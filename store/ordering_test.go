@@ -158,8 +158,10 @@ func TestClaimOrderedConversation(t *testing.T) {
 	e.want(e.claim(), "ordered:y2")
 	// x1 is pending an hour ahead; x2 and x3 wait behind it, out of the claims' index
 	var later, waiting int
-	e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND next_attempt_at = $2),
-		count(*) FILTER (WHERE status = 'waiting') FROM delivery_queue WHERE webhook_id = $1`, e.ordered, retryAt).Scan(&later, &waiting)
+	if err := e.f.Pool.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE status = 'pending' AND next_attempt_at = $2),
+		count(*) FILTER (WHERE status = 'waiting') FROM delivery_queue WHERE webhook_id = $1`, e.ordered, retryAt).Scan(&later, &waiting); err != nil {
+		t.Fatal(err)
+	}
 	if later != 1 || waiting != 2 {
 		t.Fatalf("x's deliveries: %d pending for x1's retry (want 1), %d waiting (want 2: x2, x3)", later, waiting)
 	}

@@ -52,7 +52,7 @@ func TestAgeQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Close(ctx)
+	defer func() { _ = listener.Close(ctx) }()
 	if _, err := listener.Exec(ctx, "LISTEN "+store.DeliveriesNotifyChannel); err != nil {
 		t.Fatal(err)
 	}
