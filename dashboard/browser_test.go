@@ -606,7 +606,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the key shown does not authenticate: %v", err)
 	}
-	if ci.ExpiresAt == nil || ci.ExpiresAt.Sub(time.Now()) < 719*time.Hour {
+	if ci.ExpiresAt == nil || time.Until(*ci.ExpiresAt) < 719*time.Hour {
 		t.Errorf("key expires at %v, want in 720h", ci.ExpiresAt)
 	}
 	shot(t, p, "created", "desktop")

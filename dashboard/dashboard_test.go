@@ -604,7 +604,7 @@ func TestDemoReceiverVerifies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { recv.Close() })
+	t.Cleanup(func() { _ = recv.Close() })
 	client := testenv.TLSClient(t, caFile)
 	e := newEnv(t, func(o *dashboard.Options) {
 		o.Demo = &dashboard.Demo{FakeUpstream: "http://127.0.0.1:1", Receiver: recvURL, Client: client}

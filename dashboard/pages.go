@@ -213,9 +213,6 @@ type webhookForm struct {
 	ChannelIDs map[string]bool
 }
 
-// Events lists the event types a webhook can take.
-var eventTypes = store.EventKinds
-
 func (h *Handler) webhooks(w http.ResponseWriter, r *http.Request, s *session) {
 	h.webhooksPage(w, r, page{Session: s, Notice: notices[r.URL.Query().Get("done")]}, http.StatusOK,
 		webhooksData{Form: webhookForm{Events: map[string]bool{"messages": true, "message_status": true}}})

@@ -66,7 +66,10 @@ func TestRelativeLinksResolve(t *testing.T) {
 				checked++
 			}
 		}
-		fh.Close()
+		if err := sc.Err(); err != nil {
+			t.Errorf("%s: %v", f, err)
+		}
+		_ = fh.Close() // read only: nothing was lost
 	}
 	if checked < 50 {
 		t.Fatalf("only %d links checked: the scan is broken", checked)

@@ -855,7 +855,9 @@ func TestDeliveryLog(t *testing.T) {
 	expectError(t, e.do("POST", base+"/"+failed+"/retry", e.keyB, ""), 404, "Webhook not found")
 	var st string
 	var attempts int
-	e.Pool.QueryRow(ctx, `SELECT status, attempts FROM deliveries WHERE id = $1`, failed).Scan(&st, &attempts)
+	if err := e.Pool.QueryRow(ctx, `SELECT status, attempts FROM deliveries WHERE id = $1`, failed).Scan(&st, &attempts); err != nil {
+		t.Fatal(err)
+	}
 	if st != "pending" || attempts != 0 {
 		t.Fatalf("after retry: %s %d", st, attempts)
 	}
