@@ -30,8 +30,10 @@ type Child = caddyproc.Child
 // Cleanups run in reverse order at the end of run, whatever happened.
 type Cleanups []func()
 
+// Add registers f to run at the end, before the cleanups added earlier.
 func (c *Cleanups) Add(f func()) { *c = append(*c, f) }
 
+// Run runs the cleanups, the last added first.
 func (c *Cleanups) Run() {
 	for i := len(*c) - 1; i >= 0; i-- {
 		(*c)[i]()
@@ -76,19 +78,23 @@ func Fatalf(format string, args ...any) {
 	os.Exit(2)
 }
 
+// Logf prints a progress line to stderr, prefixed with the time of day.
 func Logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "%s "+format+"\n", append([]any{time.Now().Format("15:04:05.000")}, args...)...)
 }
 
+// FreePort returns a loopback TCP port that was free a moment ago (it panics when none is).
 func FreePort() int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		panic(err)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close() // only its port was wanted
+	return port
 }
 
+// RandHex returns n random bytes, hex-encoded (2n characters).
 func RandHex(n int) string {
 	b := make([]byte, n)
 	rand.Read(b)
@@ -108,7 +114,11 @@ func TempDir(cl *Cleanups, pattern string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	cl.Add(func() { os.RemoveAll(dir) })
+	cl.Add(func() {
+		if err := os.RemoveAll(dir); err != nil {
+			Logf("remove %s: %v", dir, err)
+		}
+	})
 	return dir, nil
 }
 
@@ -160,11 +170,13 @@ func StartSelf(name, logPath string, env []string, args ...string) (*Child, erro
 	return StartChild(name, logPath, env, self, args...)
 }
 
+// WaitPort returns once addr accepts TCP connections, or an error when limit passes, ctx ends
+// or the child ch (if not nil) exits first.
 func WaitPort(ctx context.Context, addr string, limit time.Duration, ch *Child) error {
 	deadline := time.Now().Add(limit)
 	for {
 		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-			c.Close()
+			_ = c.Close() // a probe: that it connected is the answer
 			return nil
 		}
 		if ch != nil && ch.Exited() {

@@ -45,7 +45,7 @@ func NewDatabase(ctx context.Context, adminDSN, name string, cl *Cleanups) (stri
 		return "", fmt.Errorf("postgres admin connection (-pg): %w", err)
 	}
 	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		admin.Close(context.Background())
+		_ = admin.Close(context.Background()) // closed whatever Close returns; the Exec error is the one to report
 		return "", fmt.Errorf("create database: %w", err)
 	}
 	Logf("database %s created", name)
@@ -57,7 +57,7 @@ func NewDatabase(ctx context.Context, adminDSN, name string, cl *Cleanups) (stri
 		} else {
 			Logf("database %s dropped", name)
 		}
-		admin.Close(dctx)
+		_ = admin.Close(dctx) // closed whatever Close returns; the database is dropped or logged
 	})
 	return dsn, store.MigrateDSN(ctx, dsn)
 }
@@ -73,7 +73,7 @@ func Settings(ctx context.Context, dsn string, names ...string) []string {
 	if err != nil {
 		return out
 	}
-	defer conn.Close(context.Background())
+	defer func() { _ = conn.Close(context.Background()) }() // closed even if Close returns an error
 	for i, name := range names {
 		_ = conn.QueryRow(ctx, "SELECT current_setting($1)", name).Scan(&out[i])
 	}
@@ -88,7 +88,7 @@ func QueryInt(dsn, sql string) int64 {
 	if err != nil {
 		return -1
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }() // closed even if Close returns an error
 	var n int64
 	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
 		return -1

@@ -82,11 +82,11 @@ func StartRedisCluster(ctx context.Context, dir string, n int) ([]string, []*Chi
 				break
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {
-				node.Close()
+				_ = node.Close() // a probe client: its close changes nothing
 				return addrs, children, fmt.Errorf("redis cluster node %s not ready: %v", a, err)
 			}
 		}
-		node.Close()
+		_ = node.Close() // a probe client: its close changes nothing
 	}
 	Logf("redis cluster of %d masters on %s", n, strings.Join(addrs, " "))
 	return addrs, children, nil

@@ -7,6 +7,7 @@ import (
 	"time"
 )
 
+// MS returns d in milliseconds.
 func MS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // Quantile returns the p-quantile (0 < p ≤ 1, nearest rank) of sorted, in ms; 0 when empty.
