@@ -16,13 +16,13 @@ const (
 )
 
 type config struct {
-	caddyBin, pgDSN      string
-	rate, perPost        int
-	channels             int
-	statuses             float64
-	duration, drain      time.Duration
-	maxInflight          int
-	receiver, receiverTo string
+	caddyBin, pgDSN string
+	rate, perPost   int
+	channels        int
+	statuses        float64
+	duration, drain time.Duration
+	maxInflight     int
+	receiver        string
 }
 
 // parseFlags reads the flags.

@@ -20,7 +20,8 @@ import (
 )
 
 // runReceiver serves the webhook over HTTPS and its counts over plain HTTP (GET /stats), and
-// writes "<webhook URL>\n<stats URL>\n<CA PEM>" to out.
+// writes "<webhook URL>\n<stats URL>\n<CA PEM>" to out. It serves until the process is
+// killed: it returns only when it cannot start or the counts can no longer be served.
 func runReceiver(out string) error {
 	var mu sync.Mutex
 	seen := map[string]struct{}{}
@@ -42,12 +43,6 @@ func runReceiver(out string) error {
 	if err != nil {
 		return err
 	}
-	go http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		n := len(seen)
-		mu.Unlock()
-		fmt.Fprintf(w, "%d %d", n, receipts.Load())
-	}))
 	ca := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: hook.Certificate().Raw})
 	tmp := out + ".tmp"
 	if err := os.WriteFile(tmp, []byte(hook.URL+"/hook\nhttp://"+ln.Addr().String()+"/stats\n"+string(ca)), 0o600); err != nil {
@@ -56,7 +51,13 @@ func runReceiver(out string) error {
 	if err := os.Rename(tmp, out); err != nil {
 		return err
 	}
-	select {} // until killed
+	// The listener queues the generator's first connections until Serve accepts them.
+	return http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		n := len(seen)
+		mu.Unlock()
+		fmt.Fprintf(w, "%d %d", n, receipts.Load())
+	}))
 }
 
 // statsReader reads the receiver's counts.
