@@ -83,13 +83,17 @@ func runFake(spec string) error {
 				rep.ForwardedBadB++
 			}
 		}
-		json.NewEncoder(w).Encode(rep)
+		_ = json.NewEncoder(w).Encode(rep) // an error is the bench gone: no one to tell
 	})
 	ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(fc.PortCtl))
 	if err != nil {
 		return err
 	}
-	go (&http.Server{Handler: ctl, ReadHeaderTimeout: 10 * time.Second}).Serve(ln)
+	go func() {
+		if err := (&http.Server{Handler: ctl, ReadHeaderTimeout: 10 * time.Second}).Serve(ln); err != nil {
+			benchkit.Logf("fake upstream: control server: %v", err)
+		}
+	}()
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	<-sig
@@ -139,7 +143,11 @@ func serveFake(port int, fake *fakegraph.Server, counts map[byte][]atomic.Uint32
 				conns.Add(1)
 			}
 		}}
-	go hs.Serve(ln)
+	go func() {
+		if err := hs.Serve(ln); err != nil {
+			benchkit.Logf("fake upstream on port %d: %v", port, err)
+		}
+	}()
 	return nil
 }
 

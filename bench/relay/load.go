@@ -179,7 +179,7 @@ func (t *target) phase(ctx context.Context, d time.Duration, minReq, budget int,
 				if resp.StatusCode/100 != 2 {
 					rb, _ = io.ReadAll(io.LimitReader(resp.Body, 2048))
 				} else {
-					io.Copy(io.Discard, resp.Body)
+					_, _ = io.Copy(io.Discard, resp.Body) // drained for the connection's reuse; the status is the answer
 				}
 				resp.Body.Close()
 				el := time.Since(s)

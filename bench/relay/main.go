@@ -134,7 +134,7 @@ func run(ctx context.Context, c config) (err error) {
 	}
 	rdb := redisNodes[0]
 	for _, n := range redisNodes {
-		cl.Add(func() { n.Close() })
+		cl.Add(func() { _ = n.Close() })
 	}
 	redisVersion, err := benchkit.RedisVersion(ctx, rdb)
 	if err != nil {
