@@ -27,7 +27,7 @@ func runAll(c config, base baseline, dir string) map[string]float64 {
 			benchkit.Logf("%s %s", b.name, strings.Join(args, " "))
 			ratios, out, err := runBench(bin, args)
 			if c.verbose || err != nil {
-				os.Stdout.Write(out)
+				_, _ = os.Stdout.Write(out) // the bench's own output, passed on
 			}
 			if err != nil {
 				benchkit.Logf("%s failed: %v", b.name, err)

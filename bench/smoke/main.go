@@ -43,7 +43,11 @@ func main() {
 	if err != nil {
 		benchkit.Fatalf("%v", err)
 	}
-	defer os.RemoveAll(tmp)
+	defer func() {
+		if err := os.RemoveAll(tmp); err != nil {
+			benchkit.Logf("remove %s: %v", tmp, err)
+		}
+	}()
 
 	start := time.Now()
 	load := benchkit.LoadAvg()
