@@ -469,7 +469,7 @@ func newClient(cfg Config) *http.Client {
 				},
 			})
 			if err := tc.HandshakeContext(ctx); err != nil {
-				raw.Close()
+				_ = raw.Close() // the handshake's error is the one to report
 				return nil, err
 			}
 			return tc, nil

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -82,12 +83,9 @@ func (e *env) events(n int) []uuid.UUID {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	defer rows.Close()
-	var ids []uuid.UUID
-	for rows.Next() {
-		var id uuid.UUID
-		rows.Scan(&id)
-		ids = append(ids, id)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		e.t.Fatal(err)
 	}
 	return ids
 }
@@ -516,7 +514,9 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	stopA, stopB := e.run(cfgA), e.run(cfgB)
 	testenv.Eventually(t, 2*patience, func() bool {
 		var left int
-		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left)
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status <> 'delivered'`).Scan(&left); err != nil {
+			t.Fatal(err)
+		}
 		return left == 0
 	}, "all delivered")
 	stopA()
@@ -529,12 +529,10 @@ func TestTwoInstancesDeliverEachOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for rows.Next() {
-		var id string
-		rows.Scan(&id)
-		timedOut[id] = true
+	var id string
+	if _, err := pgx.ForEachRow(rows, []any{&id}, func() error { timedOut[id] = true; return nil }); err != nil {
+		t.Fatal(err)
 	}
-	rows.Close()
 	if len(timedOut) > 0 {
 		t.Logf("%d deliveries had an attempt time out (retried by design): not counted", len(timedOut))
 	}

@@ -108,7 +108,11 @@ func TestNeverAnsweringTenantDoesNotStarveOthers(t *testing.T) {
 				Message struct{ ID string } `json:"message"`
 			} `json:"data"`
 		}
-		json.NewDecoder(r.Body).Decode(&ev)
+		if err := json.NewDecoder(r.Body).Decode(&ev); err != nil {
+			t.Errorf("receiver: decode the event: %v", err)
+			w.WriteHeader(http.StatusBadRequest)
+			return
+		}
 		mu.Lock()
 		if _, ok := arrived[ev.Data.Message.ID]; !ok {
 			arrived[ev.Data.Message.ID] = time.Now()

@@ -191,7 +191,9 @@ func TestHandOffOverPerOrgCapGoesBackToQueue(t *testing.T) {
 	d.Deliver(n, jobsOf(res), false)
 	testenv.Eventually(t, patience, func() bool {
 		var delivered int
-		e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status = 'delivered'`).Scan(&delivered)
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM deliveries WHERE status = 'delivered'`).Scan(&delivered); err != nil {
+			t.Fatal(err)
+		}
 		return delivered == 3
 	}, "3 deliveries delivered")
 	var attempts int

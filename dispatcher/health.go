@@ -29,8 +29,8 @@ const (
 	HealthPaused    = store.HealthPaused        // failing for DisableAfter: paused
 )
 
-// HealthObserver, when Config.Observer implements it too, is told about every change of a
-// webhook's health that this instance records (for metrics). It must not block.
+// HealthObserver is told about every change of a webhook's health that this instance records
+// (for metrics), when Config.Observer implements it too. It must not block.
 type HealthObserver interface {
 	HealthChange(change string)
 }

@@ -47,7 +47,9 @@ func TestUndecryptableSecretFails(t *testing.T) {
 
 	var status, lastErr string
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		e.pool.QueryRow(context.Background(), `SELECT status, coalesce(last_error, '') FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status, &lastErr)
+		if err := e.pool.QueryRow(context.Background(), `SELECT status, coalesce(last_error, '') FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status, &lastErr); err != nil {
+			t.Fatal(err)
+		}
 		return status == "failed"
 	}, "the delivery to fail")
 	if !strings.Contains(lastErr, "cannot be decrypted") {
@@ -81,7 +83,9 @@ func TestAttemptPanicSurvived(t *testing.T) {
 	e.handedBack(ids[0], 1)
 	var status string
 	testenv.Eventually(t, 20*time.Second, func() bool {
-		e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status)
+		if err := e.pool.QueryRow(context.Background(), `SELECT status FROM deliveries WHERE event_id = $1`, ids[0]).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
 		return status == "delivered"
 	}, "delivery after a panic")
 	if logs.FilterMessageSnippet("panicked").Len() != 1 {

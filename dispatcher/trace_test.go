@@ -78,7 +78,7 @@ func TestTracedAttempts(t *testing.T) {
 
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
-	t.Cleanup(func() { tp.Shutdown(context.Background()) })
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	_, intake := tp.Tracer("caddy").Start(context.Background(), "intake")
 	var provider traces.Provider
 	provider.Remember(intake) // (while it records)
@@ -188,7 +188,7 @@ func TestTracedWithoutProvider(t *testing.T) {
 // "Issue 20: tracing off costs nothing".
 func BenchmarkAttempt(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
+		_, _ = io.Copy(io.Discard, r.Body) // the body is drained for the connection's reuse only
 		w.WriteHeader(http.StatusNoContent)
 	}))
 	defer srv.Close()
@@ -198,7 +198,7 @@ func BenchmarkAttempt(b *testing.B) {
 	}
 	defer pool.Close()
 	tp := sdktrace.NewTracerProvider()
-	defer tp.Shutdown(context.Background())
+	defer func() { _ = tp.Shutdown(context.Background()) }()
 	_, intake := tp.Tracer("caddy").Start(context.Background(), "intake")
 	var provider traces.Provider
 	provider.Remember(intake)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -57,7 +58,9 @@ func TestStoreEventsMatching(t *testing.T) {
 	}
 	count := func(webhook uuid.UUID) int {
 		var n int
-		s.Pool().QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE webhook_id = $1`, webhook).Scan(&n)
+		if err := s.Pool().QueryRow(ctx, `SELECT count(*) FROM deliveries WHERE webhook_id = $1`, webhook).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
 		return n
 	}
 	for name, c := range map[string]struct {
@@ -74,7 +77,9 @@ func TestStoreEventsMatching(t *testing.T) {
 	// the stored payload is the event, with the upstream object byte for byte as sent (key
 	// order and whitespace kept)
 	var payload string
-	s.Pool().QueryRow(ctx, `SELECT convert_from(payload, 'UTF8') FROM events WHERE dedupe_key = 'm:1'`).Scan(&payload)
+	if err := s.Pool().QueryRow(ctx, `SELECT convert_from(payload, 'UTF8') FROM events WHERE dedupe_key = 'm:1'`).Scan(&payload); err != nil {
+		t.Fatal(err)
+	}
 	var ev store.Event
 	if err := json.Unmarshal([]byte(payload), &ev); err != nil || ev.Type != "messages" || ev.ChannelID != c1.ID || ev.PhoneNumberID != "111" ||
 		string(ev.Data) != `{"message": {"id":"m:1", "z":1,"a":2}}` {
@@ -200,12 +205,10 @@ func TestRetentionDropsPartitions(t *testing.T) {
 	if n := partitionsOf(oldDay); n != 0 {
 		t.Fatalf("%d partitions of %s left", n, oldDay)
 	}
-	var left []string
 	rows, _ := pool.Query(ctx, `SELECT dedupe_key FROM events WHERE type <> 'channel_status' ORDER BY dedupe_key`)
-	for rows.Next() {
-		var k string
-		rows.Scan(&k)
-		left = append(left, k)
+	left, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
 	}
 	// (attempts are partitioned by the time they were made: mc's stays until its own day goes)
 	if strings.Join(left, ",") != "md" || count(`SELECT count(*) FROM deliveries`) != 1 || count(`SELECT count(*) FROM delivery_attempts`) != 2 {
@@ -438,15 +441,10 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 	if longest > store.MaxDedupeKeyLen || n != len(keys) {
 		t.Fatalf("%d events, longest key %d bytes; want %d events, keys of at most %d bytes", n, longest, len(keys), store.MaxDedupeKeyLen)
 	}
-	var objects []string
 	rows, _ := s.Pool().Query(ctx, `SELECT object_id FROM channel_objects ORDER BY octet_length(object_id)`)
-	for rows.Next() {
-		var o string
-		rows.Scan(&o)
-		objects = append(objects, o)
-	}
-	if rows.Err() != nil || !slices.Equal(objects, []string{"media1", okID}) {
-		t.Fatalf("objects recorded: %d (%v), want media1 and the %d-byte id", len(objects), rows.Err(), store.MaxObjectIDLen)
+	objects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || !slices.Equal(objects, []string{"media1", okID}) {
+		t.Fatalf("objects recorded: %d (%v), want media1 and the %d-byte id", len(objects), err, store.MaxObjectIDLen)
 	}
 	// a re-send on a later day is found in the earlier partition
 	for _, k := range keys[:3] {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -72,11 +73,10 @@ func TestStoreEventsGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	keyOf := map[uuid.UUID]string{}
-	for rows.Next() {
-		var id uuid.UUID
-		var k string
-		rows.Scan(&id, &k)
-		keyOf[id] = k
+	var id uuid.UUID
+	var k string
+	if _, err := pgx.ForEachRow(rows, []any{&id, &k}, func() error { keyOf[id] = k; return nil }); err != nil {
+		t.Fatal(err)
 	}
 	for id, post := range own {
 		if k := keyOf[id]; (post == 0) != (k == "a1" || k == "shared") || (post == 1) != (k == "b1") {

@@ -32,7 +32,7 @@ func TestMigrateConcurrentAndTwice(t *testing.T) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE empty"); err != nil {
 		t.Fatal(err)
 	}
-	admin.Close(ctx)
+	_ = admin.Close(ctx)
 	dsn := srv.DSN("empty")
 
 	var wg sync.WaitGroup
@@ -58,7 +58,7 @@ func TestMigrateConcurrentAndTwice(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	current, latest, err := store.SchemaVersion(ctx, conn)
 	if err != nil || current != latest || latest < 2 {
 		t.Fatalf("schema version %d of %d: %v", current, latest, err)
@@ -91,12 +91,12 @@ func TestMigration011KeepsHistoryAndQueue(t *testing.T) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
 		t.Fatal(err)
 	}
-	admin.Close(ctx)
+	_ = admin.Close(ctx)
 	conn, err := pgx.Connect(ctx, srv.DSN("old"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close(ctx)
+	defer func() { _ = conn.Close(ctx) }()
 	if err := store.MigrateTo(ctx, conn, 10); err != nil {
 		t.Fatal(err)
 	}
@@ -186,12 +186,12 @@ func oldDatabase(t *testing.T, version int32) (*pgx.Conn, *testenv.Fixture) {
 	if _, err := admin.Exec(ctx, "CREATE DATABASE old"); err != nil {
 		t.Fatal(err)
 	}
-	admin.Close(ctx)
+	_ = admin.Close(ctx)
 	conn, err := pgx.Connect(ctx, srv.DSN("old"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { conn.Close(context.Background()) })
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
 	if err := store.MigrateTo(ctx, conn, version); err != nil {
 		t.Fatal(err)
 	}
@@ -256,15 +256,10 @@ func TestMigration012KeepsDuplicatesRecognised(t *testing.T) {
 	digest := func(k string) string { d := sha256.Sum256([]byte(k)); return "h:" + hex.EncodeToString(d[:]) }
 	want := []string{"m:short", digest(olds[1].item), digest(olds[2].item), olds[3].item, olds[4].stored}
 	slices.Sort(want)
-	var keys []string
 	rows, _ := conn.Query(ctx, `SELECT dedupe_key FROM events ORDER BY dedupe_key COLLATE "C"`)
-	for rows.Next() {
-		var k string
-		rows.Scan(&k)
-		keys = append(keys, k)
-	}
-	if rows.Err() != nil || !slices.Equal(keys, want) {
-		t.Fatalf("keys after 012: %.100q (%v), want %.100q", keys, rows.Err(), want)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil || !slices.Equal(keys, want) {
+		t.Fatalf("keys after 012: %.100q (%v), want %.100q", keys, err, want)
 	}
 }
 
@@ -297,13 +292,10 @@ func TestMigration021MovesTheRelaySide(t *testing.T) {
 	}
 	got := map[string]string{}
 	rows, _ := conn.Query(ctx, `SELECT wamid, recipient || ' ' || status FROM messages`)
-	for rows.Next() {
-		var w, v string
-		rows.Scan(&w, &v)
-		got[w] = v
-	}
-	if rows.Err() != nil || got["wamid.P"] != "15550100 read" || got["wamid.N"] != "alice accepted" {
-		t.Fatalf("rows after 021: %v %v", got, rows.Err())
+	var w, v string
+	_, err := pgx.ForEachRow(rows, []any{&w, &v}, func() error { got[w] = v; return nil })
+	if err != nil || got["wamid.P"] != "15550100 read" || got["wamid.N"] != "alice accepted" {
+		t.Fatalf("rows after 021: %v %v", got, err)
 	}
 	if n := testenv.QueryValue[int](t, f, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'messages'
 		AND column_name IN ('idempotency_key', 'relay_at', 'relay_status', 'relay_latency_us', 'relay_replayed')`); n != 0 {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
@@ -178,7 +179,9 @@ func TestClaimOrderedConversation(t *testing.T) {
 	e.record("ordered:x1", false, -1)
 	e.want(e.claim(), "ordered:x2")
 	var x1 uuid.UUID
-	e.f.Pool.QueryRow(context.Background(), `SELECT d.id FROM deliveries d WHERE d.webhook_id = $1 AND d.status = 'failed'`, e.ordered).Scan(&x1)
+	if err := e.f.Pool.QueryRow(context.Background(), `SELECT d.id FROM deliveries d WHERE d.webhook_id = $1 AND d.status = 'failed'`, e.ordered).Scan(&x1); err != nil {
+		t.Fatal(err)
+	}
 	if err := e.f.Store.RetryDelivery(context.Background(), e.org, e.ordered, x1); err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +348,9 @@ func TestOrderedBacklogInFlightBounded(t *testing.T) {
 	}
 	e.f.Exec(t, `DELETE FROM delivery_queue WHERE webhook_id = $1`, e.plain) // only the ordered webhook's backlog matters here
 	var waiting int
-	e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'waiting'`, e.ordered).Scan(&waiting)
+	if err := e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'waiting'`, e.ordered).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
 	if waiting != 1000 {
 		t.Fatalf("the intake queued %d of x's 1,000 deliveries waiting behind x0, want all", waiting)
 	}
@@ -439,16 +444,13 @@ func TestOrderedConcurrentWritersNeverStrand(t *testing.T) {
 		}
 		if len(c.Deliveries) == 0 {
 			var left int
-			e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&left)
+			if err := e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&left); err != nil {
+				t.Fatal(err)
+			}
 			if left > 0 {
-				var st []string
 				rows, _ := e.f.Pool.Query(ctx, `SELECT status FROM delivery_queue WHERE webhook_id = $1`, e.ordered)
-				for rows.Next() {
-					var s string
-					rows.Scan(&s)
-					st = append(st, s)
-				}
-				t.Fatalf("writers done, %d of %d delivered, nothing claimable, %d left queued: %v", delivered, writers*batches, left, st)
+				st, err := pgx.CollectRows(rows, pgx.RowTo[string])
+				t.Fatalf("writers done, %d of %d delivered, nothing claimable, %d left queued: %v (%v)", delivered, writers*batches, left, st, err)
 			}
 		}
 	}
@@ -476,8 +478,10 @@ func TestFailHeldPromotes(t *testing.T) {
 		t.Fatalf("FailHeld: %d %v, want x1 and x2", n, err)
 	}
 	var held, waiting int
-	e.f.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'held'), count(*) FILTER (WHERE status = 'waiting')
-		FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&held, &waiting)
+	if err := e.f.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'held'), count(*) FILTER (WHERE status = 'waiting')
+		FROM delivery_queue WHERE webhook_id = $1`, e.ordered).Scan(&held, &waiting); err != nil {
+		t.Fatal(err)
+	}
 	if held != 1 || waiting != 1 {
 		t.Fatalf("after FailHeld: %d held, %d waiting; want x3 held, x4 waiting", held, waiting)
 	}

@@ -58,7 +58,7 @@ func TestUUIDCodec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer plain.Close(ctx)
+	defer func() { _ = plain.Close(ctx) }()
 	if encode, scan := plans(plain.TypeMap()); !strings.Contains(encode, "DriverValuer") || !strings.Contains(scan, "SQLScanner") {
 		t.Fatalf("without store.ConfigurePool, uuid.UUID encodes with %s, scans with %s: the check shows nothing", encode, scan)
 	}

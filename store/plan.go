@@ -49,7 +49,7 @@ func queryUnder(ctx context.Context, db batchSender, guard, sql string, args []a
 	}
 	rows, err := br.Query()
 	if err != nil {
-		br.Close()
+		_ = br.Close() // the statement's error is the one to report
 		return nil, err
 	}
 	return &batchRows{Rows: rows, br: br}, nil
@@ -76,7 +76,7 @@ func sendUnder(ctx context.Context, db batchSender, guard, sql string, args []an
 	b.Queue(sql, args...)
 	br := db.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
-		br.Close()
+		_ = br.Close() // the guard's error is the one to report
 		return nil, err
 	}
 	return br, nil

@@ -189,7 +189,9 @@ func TestRekeyResumes(t *testing.T) {
 	}
 	w.check(t, w.b, w.a) // half done: the service reads both
 	var underB int
-	w.pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE substr(channel_token_enc, 1, 5) = $1`, testenv.Keyring(t, w.b).Header()).Scan(&underB)
+	if err := w.pool.QueryRow(context.Background(), `SELECT count(*) FROM channels WHERE substr(channel_token_enc, 1, 5) = $1`, testenv.Keyring(t, w.b).Header()).Scan(&underB); err != nil {
+		t.Fatal(err)
+	}
 	if underB != 4 {
 		t.Fatalf("%d channel tokens under B after the interruption, want 4", underB)
 	}

@@ -70,11 +70,11 @@ func BenchmarkWriteRelayLog(b *testing.B) {
 				b.StopTimer()
 				fill()
 				b.StartTimer()
-				self0 := selfCPU()
+				self0 := selfCPU(b)
 				if err := f.Store.WriteRelayLog(ctx, calls); err != nil {
 					b.Fatal(err)
 				}
-				self += selfCPU() - self0
+				self += selfCPU(b) - self0
 			}
 			b.StopTimer()
 			b.ReportMetric(float64((procCPU(b, pid)-cpu0).Microseconds())/float64(b.N*batch), "pg-µs/call")
@@ -85,9 +85,11 @@ func BenchmarkWriteRelayLog(b *testing.B) {
 }
 
 // selfCPU is this process's user and system CPU time so far.
-func selfCPU() time.Duration {
+func selfCPU(b *testing.B) time.Duration {
 	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatalf("getrusage: %v", err)
+	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 

@@ -87,12 +87,26 @@ func TestChannelByTokenAndDeactivate(t *testing.T) {
 	if err != nil || d.Status != store.ChannelInactive || d.InactiveReason == nil || *d.InactiveReason != "operator" {
 		t.Fatalf("deactivate: %+v %v", d, err)
 	}
+	// Four deletes at once: one deletes the channel, the others find nothing.
 	var wg sync.WaitGroup
-	for i := 0; i < 4; i++ {
+	errs := make([]error, 4)
+	for i := range errs {
 		wg.Add(1)
-		go func() { defer wg.Done(); s.DeleteChannel(ctx, org.ID, c.ID, false) }() // errors: all but one find nothing
+		go func() { defer wg.Done(); _, errs[i] = s.DeleteChannel(ctx, org.ID, c.ID, false) }()
 	}
 	wg.Wait()
+	deleted := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			deleted++
+		case !errors.Is(err, store.ErrChannelNotFound):
+			t.Errorf("concurrent delete: %v", err)
+		}
+	}
+	if deleted != 1 {
+		t.Errorf("%d of 4 concurrent deletes deleted the channel, want 1", deleted)
+	}
 	if _, err := s.GetChannel(ctx, org.ID, c.ID); !errors.Is(err, store.ErrChannelNotFound) {
 		t.Fatalf("inactive channel not deleted: %v", err)
 	}

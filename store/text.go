@@ -1,8 +1,6 @@
 package store
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"strings"
 	"unicode/utf8"
 )
@@ -11,17 +9,6 @@ import (
 // characters. Caller and upstream content that is not text never reaches a text parameter.
 func IsText(s string) bool {
 	return utf8.ValidString(s) && strings.IndexByte(s, 0) < 0
-}
-
-// textKey returns k when it is text, else a stable text stand-in for it ("h:" + hex SHA-256 of
-// its bytes), so that keys built from upstream ids holding NUL characters or invalid UTF-8 are
-// stored, and recognised again when re-sent, like any other.
-func textKey(k string) string {
-	if IsText(k) {
-		return k
-	}
-	sum := sha256.Sum256([]byte(k))
-	return "h:" + hex.EncodeToString(sum[:])
 }
 
 // recordableObjectIDs returns the elements of ids that can be recorded in a channel's scope:
