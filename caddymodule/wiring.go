@@ -3,12 +3,10 @@ package caddymodule
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
-	"github.com/google/uuid"
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/connect"
@@ -18,7 +16,6 @@ import (
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/relay"
 	"github.com/wabarelay/wabarelay/relaylog"
-	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -161,24 +158,9 @@ func (a *App) dispatcherConfig() (dispatcher.Config, dispatcher.Secrets) {
 		}
 		cfg.AllowPrivateTargets, cfg.RootCAs = a.allowPrivateTargets, a.rootCAs
 	}
-	secrets := func(ctx context.Context, id uuid.UUID) (string, error) {
-		s, err := a.store.WebhookSecret(ctx, id)
-		return s, secretError(err)
-	}
-	cfg.PreviousSecrets = func(ctx context.Context, id uuid.UUID) (string, time.Time, error) {
-		s, until, err := a.store.PreviousWebhookSecret(ctx, id)
-		return s, until, secretError(err)
-	}
-	return cfg, secrets
-}
-
-// secretError marks a stored secret that no encryption key opens as unusable for the
-// dispatcher (dispatcher.ErrSecretUnusable: no retry cures it).
-func secretError(err error) error {
-	if errors.Is(err, secretbox.ErrOpen) {
-		return fmt.Errorf("%w: %w", dispatcher.ErrSecretUnusable, err)
-	}
-	return err
+	// The dispatcher takes a secret that no encryption key opens as unusable by itself.
+	cfg.PreviousSecrets = a.store.PreviousWebhookSecret
+	return cfg, a.store.WebhookSecret
 }
 
 // deliveryObserver feeds the delivery metrics.

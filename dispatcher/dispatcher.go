@@ -157,12 +157,14 @@ type Config struct {
 	secretRetry time.Duration
 }
 
-// Secrets returns the signing secret ("whsec_…") of a webhook.
+// Secrets returns the signing secret ("whsec_…") of a webhook (store.Store.WebhookSecret). An
+// error that no retry can cure wraps ErrSecretUnusable or secretbox.ErrOpen (a stored secret
+// that no encryption key opens).
 type Secrets func(ctx context.Context, webhookID uuid.UUID) (string, error)
 
 // PreviousSecrets returns the secret a webhook's last rotation replaced and when it stops
 // signing, or "" when there is none (store.Store.PreviousWebhookSecret). An error that no
-// retry can cure wraps ErrSecretUnusable, as with Secrets.
+// retry can cure wraps ErrSecretUnusable or secretbox.ErrOpen, as with Secrets.
 type PreviousSecrets func(ctx context.Context, webhookID uuid.UUID) (secret string, until time.Time, err error)
 
 // Dispatcher claims and delivers due deliveries. Create it with New and start it with Run.

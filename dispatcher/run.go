@@ -5,6 +5,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/wabarelay/wabarelay/internal/pglisten"
+	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -45,8 +47,18 @@ type result struct {
 const maxSecretFailures = 3
 
 // ErrSecretUnusable may be wrapped by a Secrets error that no retry can cure (the secret
-// cannot be decrypted).
+// cannot be decrypted). A secret read's error that wraps secretbox.ErrOpen (a stored secret
+// that no encryption key opens, as the store's reads return it) is taken as one too.
 var ErrSecretUnusable = errors.New("webhook secret cannot be decrypted")
+
+// secretError marks the error of a secret read that found a stored secret no encryption key
+// opens (secretbox.ErrOpen) as ErrSecretUnusable: no retry cures it.
+func secretError(err error) error {
+	if errors.Is(err, secretbox.ErrOpen) && !errors.Is(err, ErrSecretUnusable) {
+		return fmt.Errorf("%w: %w", ErrSecretUnusable, err)
+	}
+	return err
+}
 
 // Run claims and delivers until ctx ends, then waits (at most Timeout+1s) for the attempts in
 // flight and records their outcomes. dsn is used for a dedicated LISTEN connection (not from
@@ -305,13 +317,13 @@ func (d *Dispatcher) secrets(ctx context.Context, j job) ([]string, error) {
 	defer cancel()
 	s, err := d.current(ctx, id)
 	if err != nil {
-		return nil, err
+		return nil, secretError(err)
 	}
 	c = cachedSecret{secret: s, expires: now.Add(d.secretTTL), rotated: j.PreviousSecretExpiresAt}
 	// Only a webhook whose claim shows a grace still running has a previous secret to read.
 	if p := j.PreviousSecretExpiresAt; p != nil && now.Before(*p) && d.cfg.PreviousSecrets != nil {
 		if c.previous, c.previousUntil, err = d.cfg.PreviousSecrets(ctx, id); err != nil {
-			return nil, err
+			return nil, secretError(err)
 		}
 	}
 	d.mu.Lock()

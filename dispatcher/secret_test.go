@@ -2,8 +2,6 @@ package dispatcher
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,8 +12,6 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/wabarelay/wabarelay/internal/testenv"
-
-	"github.com/wabarelay/wabarelay/secretbox"
 )
 
 // TestUndecryptableSecretFails: a delivery whose webhook secret cannot be decrypted (the
@@ -33,14 +29,7 @@ func TestUndecryptableSecretFails(t *testing.T) {
 	}
 	ids := e.events(1)
 	core, logs := observer.New(zap.InfoLevel)
-	secrets := func(ctx context.Context, id uuid.UUID) (string, error) { // as the app wires the store
-		s, err := e.st.WebhookSecret(ctx, id)
-		if errors.Is(err, secretbox.ErrOpen) {
-			err = fmt.Errorf("%w: %w", ErrSecretUnusable, err)
-		}
-		return s, err
-	}
-	runWithSecrets(t, e, rc, secrets, zap.New(core))
+	runWithSecrets(t, e, rc, e.st.WebhookSecret, zap.New(core)) // as the app wires the store
 	for k := range maxSecretFailures - 1 {
 		e.handedBack(ids[0], k+1)
 	}
