@@ -12,9 +12,9 @@ import (
 // ConfigurePool prepares the config of a pool that a Store (or a Queue) will use: ids
 // (uuid.UUID, and slices of them) are encoded and scanned as Postgres's binary uuid directly.
 // Without it pgx goes through uuid.UUID's driver.Valuer and sql.Scanner, a string per id
-// formatted and parsed again: with the intake's and the claims' arrays of ids that was a sixth
-// of Caddy's CPU at 5,000 events/s (bench/README.md "Issue 21: generic plans and ids in
-// binary"). Every pool the product opens goes through it.
+// formatted and parsed again: with the intake's and the claims' arrays of ids, a large share of
+// Caddy's CPU under load (bench/README.md, "Figures behind the defaults (inbound, delivery)").
+// Every pool the product opens goes through it.
 func ConfigurePool(cfg *pgxpool.Config) {
 	next := cfg.AfterConnect
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {

@@ -26,14 +26,14 @@ const planGuardSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan',
 // connection string that disables it, the statement is planned per call as before, under the
 // same guard). In a transaction (db a pgx.Tx) the guard holds until it ends.
 //
-// For the hot statements of intake and delivery (bench/README.md "Issue 21: generic plans and
-// ids in binary"): the claims, the health sums, the intake's deliveries and the completions.
+// For the hot statements of intake and delivery (bench/README.md, "Figures behind the defaults
+// (inbound, delivery)"): the claims, the health sums, the intake's deliveries and the completions.
 // Not for the statements that read a partitioned table by a day's bounds (the events insert,
 // the payload and message look-ups), which stay planned per call: a generic plan prunes
 // partitions only when it runs, and Postgres 15 locks every partition of its tables at every
 // call. The completion, which updates one day of deliveries, was measured both ways: on its
-// generic plan its run time did not grow, and its planning went. So was the events insert
-// (bench/README.md): generic, it cost a little less (its planning went, its run time grew a
+// generic plan its run time did not grow, and its planning went. So was the events insert (the
+// same section): generic, it cost a little less (its planning went, its run time grew a
 // little), but the guard would then hold for the rest of the intake's transaction (the
 // messages upsert); not done.
 func queryGeneric(ctx context.Context, db batchSender, sql string, args ...any) (pgx.Rows, error) {

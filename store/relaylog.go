@@ -48,7 +48,7 @@ type RelayCall struct {
 	Calls int
 }
 
-// Caps on what a relay_log row stores (issue 31): a value over its cap is not stored (NULL).
+// Caps on what a relay_log row stores: a value over its cap is not stored (NULL).
 const (
 	// MaxRecipientLen caps the recipient ("to") stored: a phone number has at most 15 digits
 	// (E.164); 24 bytes leave room for a "+", spaces, dashes and parentheses. A longer "to" is
@@ -87,15 +87,16 @@ var relayLogColumns = []string{"at", "org_id", "channel_id", "status", "outcome"
 
 // WriteRelayLog writes a batch of relay calls in one transaction: the calls that keep rows
 // (KeepsRow, Calls 0) into relay_log with one COPY (a heap row and one or two partial index
-// entries per send, besides its wamid's: bench/README.md "Issue 20: relay log on and off"); the
-// others added to relay_counts, one row per channel, second, outcome and status; and every call
-// added to relay_minutes, one row per channel and minute (two upserts of a few rows each, sent
-// as one batch). A day without a partition has it created, and the batch is tried once more.
-// The writer then calls SettleMessages.
+// entries per send, besides its wamid's: bench/README.md, "Figures behind the defaults (relay
+// admission)"); the others added to relay_counts, one row per channel, second, outcome and
+// status; and every call added to relay_minutes, one row per channel and minute (two upserts of
+// a few rows each, sent as one batch). A day without a partition has it created, and the batch
+// is tried once more. The writer then calls SettleMessages.
 //
 // Every value goes to pgx as a pgtype value behind a pointer into a buffer reused per row or
 // per batch: no value is boxed or converted per call (uuid.UUID as a driver.Valuer costs a
-// string, its parse and an error per value; bench/README "Issue 21: the relay's CPU in Caddy").
+// string, its parse and an error per value; bench/README.md, "Figures behind the defaults (relay
+// admission)").
 func (s *Store) WriteRelayLog(ctx context.Context, calls []RelayCall) error {
 	if len(calls) == 0 {
 		return nil

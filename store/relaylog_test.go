@@ -188,7 +188,7 @@ func TestRetentionRelayLog(t *testing.T) {
 	}
 }
 
-// TestWriteRelayLogCounts (issue 31): the relay's refusals, and calls the writer folded
+// TestWriteRelayLogCounts: the relay's refusals, and calls the writer folded
 // (Calls > 0), are counted in relay_counts — one row per channel, second, outcome and status,
 // added to by later batches —, never written to relay_log one by one; every call is counted per
 // minute in relay_minutes; a row's recipient over MaxRecipientLen and key over

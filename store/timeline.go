@@ -155,8 +155,8 @@ func messageError(code *int32, title *string) *MessageError {
 // window bounds what a list reads of relay_log when few sends match (status accepted, a rare
 // recipient): at most this long of the channel's sends, 1,000 at the relay's 100 a minute.
 // Giving such sends rows of their own later was measured and not done: the check that a send
-// has none costs more per send than the messages write the relay log gave up (bench/README.md
-// "Issue 20: relay log on and off").
+// has none costs more per send than the messages write the relay log gave up (bench/README.md,
+// "Figures behind the defaults (relay admission)").
 const UnreportedWindow = 10 * time.Minute
 
 // maxTies bounds the relay calls of one microsecond read to complete a list page.
@@ -182,8 +182,8 @@ const maxKeyedMessages = 100
 // shape that reads every matching row before it returns one — no sequential or bitmap scan, no
 // hash or merge join. The timeline's list and the relay log's chart read a channel's rows in an
 // index's order up to a limit; a bitmap scan and a sort, or a hash of the messages the
-// unreported sends are checked against, would read all of them (issue 31: the planner chose
-// both once a channel had a few thousand rows).
+// unreported sends are checked against, would read all of them (the planner chose both once a
+// channel had a few thousand rows).
 const readGuardSQL = `SELECT set_config('plan_cache_mode', 'force_custom_plan', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true),
 	set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)`

@@ -629,7 +629,7 @@ func TestMessageCreatedAtIsTheRelayTime(t *testing.T) {
 	}
 }
 
-// TestMessageReadsBounded (issue 31): what a channel's page reads — its list, filtered by status
+// TestMessageReadsBounded: what a channel's page reads — its list, filtered by status
 // or recipient, searched by wamid, recipient or key, and its per-minute chart — is bounded
 // whatever its log holds: measured in rows read (EXPLAIN ANALYZE of the statements the reads
 // run), before and after a flood of refusals (counted by the writer, and 20,000 relay_log rows

@@ -1,8 +1,8 @@
--- The relay's side of a message lives in relay_log alone (issue 20: the relay log within 5% of
--- the relay without it). Until now the relay log's writer also upserted one messages row per
--- send (its recipient, key and relay_* fields), which cost the write path a heap row, a
--- speculative insertion and six index entries per send — most of the log's cost, measured in
--- bench/README.md "Issue 20: relay log on and off". Now:
+-- The relay's side of a message lives in relay_log alone, so that the relay log costs the relay
+-- little. Until now the relay log's writer also upserted one messages row per send (its
+-- recipient, key and relay_* fields), which cost the write path a heap row, a speculative
+-- insertion and six index entries per send — most of the log's cost (bench/README.md, "Figures
+-- behind the defaults (relay admission)"). Now:
 --
 -- * relay_log is the record of every send: the writer COPYs it and nothing else. A hash index on
 --   wamid finds a message's relay call (equality only, smaller and cheaper to insert into than a
