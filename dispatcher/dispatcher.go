@@ -146,11 +146,12 @@ type Config struct {
 	Traces *traces.Provider
 
 	// Clock is the time the dispatcher and its queue decide by: when deliveries, retries and
-	// probes fall due, when leases end, how long a webhook is held here (see package clock).
+	// probes fall due, when leases end, how long a webhook is held here, until when a secret
+	// rotation's previous secret signs and how long a secret is cached (see package clock).
 	// Default (nil): the real time, the database's own in the queue's statements. A clock that
 	// tells when it jumps (clock.Notifier: a test's clock.Stub) wakes the claiming loop, since a
-	// jump may make deliveries due. Attempts and their timeouts, signatures and the loop's own
-	// pacing (polls, batching, backoff after errors) keep the real time.
+	// jump may make deliveries due. Attempts and their timeouts, the signatures' timestamps and
+	// the loop's own pacing (polls, batching, backoff after errors) keep the real time.
 	Clock clock.Clock
 
 	// secretRetry is how long a delivery whose secret could not be read waits (tests).

@@ -49,11 +49,13 @@ func TestSignSeveralSecrets(t *testing.T) {
 }
 
 // TestRotationSignsWithBoth: after a rotation every attempt is signed with the new and the old
-// secret — at once, although the old secret was cached — until the grace ends (while cached
-// too); a second rotation drops the older secret, and grace 0 signs with the new one only.
+// secret — at once, although the old secret was cached — until the grace ends by the
+// dispatcher's clock, to the microsecond (while cached too); a second rotation drops the older
+// secret, and grace 0 signs with the new one only.
 func TestRotationSignsWithBoth(t *testing.T) {
 	ctx := context.Background()
 	e := newEnv(t)
+	clk := e.useClock()
 	rc := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	wid, first := e.webhook(rc.URL + "/h")
 	cfg := e.config(rc)
@@ -95,10 +97,20 @@ func TestRotationSignsWithBoth(t *testing.T) {
 	next(1, []string{first}, nil) // the first secret is cached now
 	second, _ := rotate(time.Hour)
 	next(2, []string{first, second}, nil)
-	third, until := rotate(8 * time.Second) // long enough for a delivery on a loaded machine
+	// a grace shorter than the secret cache's minute: it ends while the secrets are cached
+	third, until := rotate(30 * time.Second)
+	if want := clk.Now().Add(30 * time.Second); !until.Equal(want) {
+		t.Fatalf("grace until %v, want %v (30 s after the clock's time)", until, want)
+	}
 	next(2, []string{second, third}, []string{first})
-	testenv.Eventually(t, testenv.Patience, func() bool { return time.Now().After(until) }, "the grace to end")
+	clk.Set(until.Add(-time.Microsecond)) // the grace's last microsecond
+	next(2, []string{second, third}, []string{first})
+	clk.Set(until) // the grace is over
 	next(1, []string{third}, []string{second})
+	// The cache tells rotations apart by the end of their grace, which the claims carry: grace
+	// 0 at the very microsecond the last grace ended (which only a stubbed clock makes likely)
+	// would look like no rotation, so the next one comes a second later.
+	clk.Advance(time.Second)
 	fourth, _ := rotate(0)
 	next(1, []string{fourth}, []string{third})
 }

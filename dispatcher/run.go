@@ -299,10 +299,11 @@ func (d *Dispatcher) done(j job) {
 }
 
 // secrets returns the secrets to sign j's attempt with (cachedSecret.signingSecrets), from the
-// cache while it is fresh and no rotation happened since it was read.
+// cache while it is fresh and no rotation happened since it was read. The cache's freshness and
+// a rotation's grace are decided by the dispatcher's clock, as the store decides the grace.
 func (d *Dispatcher) secrets(ctx context.Context, j job) ([]string, error) {
 	id := j.WebhookID
-	now := time.Now()
+	now := d.now()
 	d.mu.Lock()
 	c, ok := d.cache[id]
 	d.mu.Unlock()

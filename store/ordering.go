@@ -187,7 +187,7 @@ func (s *Store) SetWebhookOrdering(ctx context.Context, orgID, id uuid.UUID, ord
 	}
 	w, err := scanWebhook(s.pool.QueryRow(ctx, `
 		WITH u AS (UPDATE webhooks SET ordering = $3, updated_at = now() WHERE id = $1 AND org_id = $2 RETURNING *)
-		SELECT `+webhookColumns+` FROM u w`, id, orgID, ordering))
+		SELECT `+webhookColumns(4)+` FROM u w`, id, orgID, ordering, s.nowArg()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Webhook{}, ErrWebhookNotFound
 	}

@@ -27,8 +27,8 @@ func webhookPreviousSecretAAD(id uuid.UUID) string { return "webhooks.previous_s
 // RotateWebhookSecret gives one of the org's webhooks a new signing secret and returns the
 // webhook and the new secret (stored encrypted, never returned again). The secret it replaces
 // keeps signing every attempt, beside the new one, for grace (0 to MaxSecretGrace; 0: not at
-// all); a previous secret still in the grace of an earlier rotation ends at once. An unknown
-// webhook, or another org's, gives ErrWebhookNotFound.
+// all) from the store's time; a previous secret still in the grace of an earlier rotation ends
+// at once. An unknown webhook, or another org's, gives ErrWebhookNotFound.
 func (s *Store) RotateWebhookSecret(ctx context.Context, orgID, id uuid.UUID, grace time.Duration) (Webhook, string, error) {
 	return s.rotateWebhookSecret(ctx, &orgID, id, grace)
 }
@@ -66,10 +66,10 @@ func (s *Store) rotateWebhookSecret(ctx context.Context, orgID *uuid.UUID, id uu
 		w, err = scanWebhook(tx.QueryRow(ctx, `
 			WITH u AS (
 				UPDATE webhooks SET secret_enc = $2, previous_secret_enc = $3,
-				       previous_secret_expires_at = now() + $4 * interval '1 microsecond', updated_at = now()
+				       previous_secret_expires_at = coalesce($5::timestamptz, now()) + $4 * interval '1 microsecond', updated_at = now()
 				WHERE id = $1 RETURNING *)
-			SELECT `+webhookColumns+` FROM u w`,
-			id, s.box.SealString(secret, webhookSecretAAD(id)), prev, grace.Microseconds()))
+			SELECT `+webhookColumns(5)+` FROM u w`,
+			id, s.box.SealString(secret, webhookSecretAAD(id)), prev, grace.Microseconds(), s.nowArg()))
 		return err
 	})
 	if errors.Is(err, ErrWebhookNotFound) {
@@ -82,14 +82,15 @@ func (s *Store) rotateWebhookSecret(ctx context.Context, orgID *uuid.UUID, id uu
 }
 
 // PreviousWebhookSecret returns, decrypted, the secret a webhook's last rotation replaced and
-// the time it stops signing, while that time is ahead; otherwise "" and the zero time (for the
-// dispatcher, which signs with it beside WebhookSecret's).
+// the time it stops signing, while that time is ahead of the store's; otherwise "" and the zero
+// time (for the dispatcher, which signs with it beside WebhookSecret's).
 func (s *Store) PreviousWebhookSecret(ctx context.Context, id uuid.UUID) (string, time.Time, error) {
 	var enc []byte
 	var until time.Time
 	err := s.pool.QueryRow(ctx, `
 		SELECT previous_secret_enc, previous_secret_expires_at FROM webhooks
-		WHERE id = $1 AND previous_secret_enc IS NOT NULL AND previous_secret_expires_at > now()`, id).Scan(&enc, &until)
+		WHERE id = $1 AND previous_secret_enc IS NOT NULL AND previous_secret_expires_at > coalesce($2::timestamptz, now())`,
+		id, s.nowArg()).Scan(&enc, &until)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", time.Time{}, nil
 	}

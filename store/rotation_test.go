@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -124,4 +125,42 @@ func TestRekeyPreviousSecret(t *testing.T) {
 	if s, _, err := w.fix.StoreWith(t, w.b).PreviousWebhookSecret(ctx, id); err != nil || s != old {
 		t.Fatalf("previous secret under the new key: %q %v", s, err)
 	}
+}
+
+// TestRotationGraceByTheClock: a rotation's grace starts at the store's time and ends by it, to
+// the microsecond, in the previous secret's read and in the webhook's reads; the clock is an
+// hour ahead of the database's, so that a grace taken by the database's time shows.
+func TestRotationGraceByTheClock(t *testing.T) {
+	ctx := context.Background()
+	f := testenv.NewStore(t)
+	clk := clock.NewStub(time.Now().Add(time.Hour))
+	f.Store.SetClock(clk)
+	org := f.Org(t)
+	w, first := f.Webhook(t, org.ID, "https://r.example/h")
+	rw, _, err := f.Store.RotateWebhookSecret(ctx, org.ID, w.ID, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	until := clk.Now().Add(time.Minute)
+	if p := rw.PreviousSecretExpiresAt; p == nil || !p.Equal(until) {
+		t.Fatalf("rotated: previous secret until %v, want %v", p, until)
+	}
+	check := func(at time.Time, signs bool) {
+		t.Helper()
+		clk.Set(at)
+		s, got, err := f.Store.PreviousWebhookSecret(ctx, w.ID)
+		if err != nil || (s == first) != signs || signs && !got.Equal(until) || !signs && (s != "" || !got.IsZero()) {
+			t.Fatalf("at %v: previous secret %q until %v (%v); want it signing: %v", at, s, got, err, signs)
+		}
+		g, err := f.Store.GetWebhook(ctx, org.ID, w.ID)
+		if err != nil || (g.PreviousSecretExpiresAt != nil) != signs {
+			t.Fatalf("at %v: webhook shows the grace until %v (%v); want it shown: %v", at, g.PreviousSecretExpiresAt, err, signs)
+		}
+		ws, err := f.Store.ListWebhooks(ctx, org.ID)
+		if err != nil || len(ws) != 1 || (ws[0].PreviousSecretExpiresAt != nil) != signs {
+			t.Fatalf("at %v: list shows %+v (%v); want the grace shown: %v", at, ws, err, signs)
+		}
+	}
+	check(until.Add(-time.Microsecond), true)
+	check(until, false)
 }

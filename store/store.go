@@ -58,6 +58,9 @@ func (s *Store) now() time.Time { return clock.Now(s.clock) }
 // nowArg returns the store's time as a statement's now argument (nil: the database's now()).
 func (s *Store) nowArg() *time.Time { return clock.Param(s.clock) }
 
+// nowSQL is the SQL of the store's time held by the statement's parameter n (nowArg).
+func nowSQL(n int) string { return fmt.Sprintf("coalesce($%d::timestamptz, now())", n) }
+
 // Pool returns the underlying pool (for other packages' queries in the same database).
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }
 

@@ -95,12 +95,18 @@ func NewWebhookSecret() string {
 
 func webhookSecretAAD(id uuid.UUID) string { return "webhooks.secret:" + id.String() }
 
-// The channel ids come from webhook_channels, keeping only channels that still exist.
-const webhookColumns = `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
+// webhookColumns returns the columns scanWebhook reads from a webhook row w. now is the number
+// of the statement's parameter that holds the store's time (nowArg): a rotation's grace shows
+// while it ends after that time. The channel ids come from webhook_channels, keeping only
+// channels that still exist.
+func webhookColumns(now int) string {
+	return `w.id, w.org_id, w.name, w.url, w.events, w.status, w.scope, w.created_at,
 	COALESCE((SELECT array_agg(wc.channel_id ORDER BY wc.created_at, wc.channel_id)
 	          FROM webhook_channels wc WHERE wc.webhook_id = w.id), '{}'), w.ordering,
-	CASE WHEN w.previous_secret_enc IS NOT NULL AND w.previous_secret_expires_at > now() THEN w.previous_secret_expires_at END,
+	CASE WHEN w.previous_secret_enc IS NOT NULL AND w.previous_secret_expires_at > ` + nowSQL(now) + `
+	     THEN w.previous_secret_expires_at END,
 	` + healthColumns
+}
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
@@ -170,7 +176,7 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 			}
 		}
 		var err error
-		w, err = scanWebhook(tx.QueryRow(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.id = $1`, id))
+		w, err = scanWebhook(tx.QueryRow(ctx, `SELECT `+webhookColumns(2)+` FROM webhooks w WHERE w.id = $1`, id, s.nowArg()))
 		return err
 	})
 	switch {
@@ -186,7 +192,8 @@ func (s *Store) CreateWebhook(ctx context.Context, orgID uuid.UUID, in NewWebhoo
 
 // ListWebhooks returns the org's webhooks ordered by (created_at, id).
 func (s *Store) ListWebhooks(ctx context.Context, orgID uuid.UUID) ([]Webhook, error) {
-	rows, err := s.pool.Query(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.org_id = $1 ORDER BY w.created_at, w.id`, orgID)
+	rows, err := s.pool.Query(ctx, `SELECT `+webhookColumns(2)+` FROM webhooks w WHERE w.org_id = $1 ORDER BY w.created_at, w.id`,
+		orgID, s.nowArg())
 	if err != nil {
 		return nil, fmt.Errorf("list webhooks: %w", err)
 	}
@@ -199,7 +206,7 @@ func (s *Store) ListWebhooks(ctx context.Context, orgID uuid.UUID) ([]Webhook, e
 
 // GetWebhook returns one of the org's webhooks, or ErrWebhookNotFound.
 func (s *Store) GetWebhook(ctx context.Context, orgID, id uuid.UUID) (Webhook, error) {
-	w, err := scanWebhook(s.pool.QueryRow(ctx, `SELECT `+webhookColumns+` FROM webhooks w WHERE w.id = $1 AND w.org_id = $2`, id, orgID))
+	w, err := scanWebhook(s.pool.QueryRow(ctx, `SELECT `+webhookColumns(3)+` FROM webhooks w WHERE w.id = $1 AND w.org_id = $2`, id, orgID, s.nowArg()))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Webhook{}, ErrWebhookNotFound
 	}
@@ -238,7 +245,7 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 		w, err = scanWebhook(tx.QueryRow(ctx, `
 			WITH u AS (UPDATE webhooks SET status = $3, updated_at = now(), paused_reason = NULL,`+resetHealth+`
 			           WHERE id = $1 AND org_id = $2 RETURNING *)
-			SELECT `+webhookColumns+` FROM u w`, id, orgID, status))
+			SELECT `+webhookColumns(4)+` FROM u w`, id, orgID, status, s.nowArg()))
 		if err != nil {
 			return err
 		}
