@@ -169,7 +169,7 @@ func TestRelayCallerCredentialsStripped(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+ch.ChannelToken)
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	do(t, req)
-	// a JSON send body's access_token (issue 31): stripped, the send goes out without it
+	// a JSON send body's access_token: stripped, the send goes out without it
 	if r := call(t, "POST", base+"/"+pnid+"/messages", ch.ChannelToken,
 		`{"messaging_product":"whatsapp","to":"15551234567","type":"text","text":{"body":"hi"},"access_token":"callers"}`); r.status != 200 {
 		t.Fatalf("JSON send with an access_token: %d %s", r.status, r.body)

@@ -27,7 +27,7 @@ import (
 // the send path that went upstream or was replayed becomes one relay_log row (sends with and
 // without a key, a replay, upstream errors with their codes, the upstream's 429), and every
 // refusal of one by a known channel is counted in relay_counts (a key reused with another body,
-// the relay's own 429, an inactive channel; issue 31); calls off the send path or without a
+// the relay's own 429, an inactive channel); calls off the send path or without a
 // channel are in neither; every message sent has its timeline from the relay log; the metrics
 // count what was written.
 func TestRelayLogThroughCaddy(t *testing.T) {
@@ -194,7 +194,7 @@ func normaliseBools(rows []string) []string {
 	return rows
 }
 
-// TestRelayLogRefusalFlood (issue 31): through Caddy, a flood of refusals from one channel token
+// TestRelayLogRefusalFlood: through Caddy, a flood of refusals from one channel token
 // — 429s of the rate limit, with a 255-byte key and a 256-byte "to" — leaves the relay log's
 // growth bounded: no relay_log row per refused call, one relay_counts row per second and
 // outcome, counting every call; a channel sending faster than relay_log { per_channel } a second

@@ -12,7 +12,7 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// TestReplayBounded (issue 31): replaying the same window again queues nothing more while its
+// TestReplayBounded: replaying the same window again queues nothing more while its
 // deliveries are queued; a replay that would leave more than store.MaxReplayBacklog deliveries
 // queued for the webhook is refused with 422 naming the limit, queues nothing and is counted in
 // a metric, while live events still reach the webhook; deleting the webhook answers at once and

@@ -200,7 +200,7 @@ func TestCallLogScan(t *testing.T) {
 		{`{"a" 1, "to":"x"}`, ""},
 		{``, ""},
 		{`{"to":"` + strings.Repeat("9", 257) + `"}`, ""},
-		{`{"to":"` + strings.Repeat("9", 25) + `"}`, ""},                                     // no phone number (issue 31: 256 bytes were recorded)
+		{`{"to":"` + strings.Repeat("9", 25) + `"}`, ""},                                     // no phone number: nothing of it recorded
 		{`{"to":"+1 (555) 123-4567"}`, "+1 (555) 123-4567"},                                  // a number written with separators
 		{`{"to":"user.` + strings.Repeat("a", 64) + `"}`, "user." + strings.Repeat("a", 64)}, // a business-scoped user id
 		{`{"to":"user.` + strings.Repeat("a", 65) + `"}`, ""},

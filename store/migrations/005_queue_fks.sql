@@ -1,4 +1,4 @@
--- Intake and dispatcher hot path (issue 5 benchmark).
+-- Intake and dispatcher hot path.
 --
 -- Foreign keys to hot parent rows cost every intake a FOR KEY SHARE lock on the same org and
 -- webhook rows, which concurrent intakes then share through MultiXacts. The store keeps these

@@ -1,8 +1,8 @@
--- Intake and dispatcher hot path, continued (issue 5 benchmark).
+-- Intake and dispatcher hot path, continued.
 --
 -- The remaining foreign keys of the queue cost every stored delivery and every recorded attempt
 -- a row lock on its parent (SELECT … FOR KEY SHARE, which also writes the parent tuple and WAL);
--- dropping them took about an eighth off the Postgres CPU per event in bench/events. Their
+-- dropping them lowers the Postgres CPU per event (bench/events). Their
 -- cascades are done by the store itself: PruneEvents deletes an event's deliveries and attempts
 -- with it, DeleteWebhook its deliveries and their attempts.
 ALTER TABLE deliveries DROP CONSTRAINT deliveries_event_id_fkey;

@@ -1,4 +1,4 @@
--- Delivery at scale (issue 12): history partitioned by day, live work in a queue of its own.
+-- Delivery at scale: history partitioned by day, live work in a queue of its own.
 --
 -- events, deliveries and delivery_attempts become declaratively partitioned by day (UTC): the
 -- retention drops whole partitions instead of deleting rows in batches (store/partitions.go

@@ -1,4 +1,4 @@
--- Ordering per conversation (DESIGN §5b "Ordering", issue 19).
+-- Ordering per conversation (DESIGN §5b "Ordering").
 --
 -- A webhook's `ordering` is 'none' (the default: deliveries go out in parallel, as before) or
 -- 'conversation': its deliveries of one conversation — one phone number and one customer —

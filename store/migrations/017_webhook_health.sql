@@ -1,4 +1,4 @@
--- Failing receivers (issue 19, DESIGN §5b): a webhook's health lives on its row, so that it
+-- Failing receivers (DESIGN §5b): a webhook's health lives on its row, so that it
 -- survives a restart and every instance sees it (store/health.go).
 --
 -- consecutive_failures counts failed attempts across the webhook's deliveries since its last

@@ -1,4 +1,4 @@
--- The conversation key on the event itself (issue 19: ordering and replay).
+-- The conversation key on the event itself (ordering and replay).
 --
 -- StoreEvents writes store.ConversationKey (phone number and customer) on every event, so that a
 -- replay (store/replay.go) to a webhook with ordering 'conversation' gives its deliveries the same

@@ -1,4 +1,4 @@
--- Every message traceable (issue 20, DESIGN §5b "Message timeline" and "Tracing").
+-- Every message traceable (DESIGN §5b "Message timeline" and "Tracing").
 --
 -- relay_log: one row per relay call on the send path (POST …/messages) and per refusal of one,
 -- written off the request path in batches (relaylog.Writer). Partitioned by UTC day like the

@@ -1,4 +1,4 @@
--- Ordered conversations wait outside the claims' index (issue 31: one org's ordered backlog
+-- Ordered conversations wait outside the claims' index (one org's ordered backlog
 -- stopped every org's claims).
 --
 -- Until now every queued row of an ordered webhook was 'pending', and the claim applied the

@@ -1,4 +1,4 @@
--- The relay log within bounds (issue 31, item 3). Until now every refusal of a send (a 429 of the
+-- The relay log within bounds. Until now every refusal of a send (a 429 of the
 -- rate limit, an inactive channel, a bad body, a key conflict) was a relay_log row of its own,
 -- with the caller's key and "to": a refusal costs the caller nothing against its limit, so one
 -- channel token could write rows as fast as it could call (265,427 rows in 25 s; with a 255-byte
