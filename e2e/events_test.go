@@ -14,15 +14,17 @@ import (
 )
 
 // TestEventsEndToEnd: upstream batch → inbound handler → dispatcher → HTTPS receiver, signed; then the
-// Caddy process is killed with SIGKILL mid-load and another started: every event is delivered
-// at least once (the ledger shows none lost).
+// Caddy process is killed with SIGKILL mid-load and, once the leases of its attempts have
+// passed (the queue aged by the lease), another started: every event is delivered at least once
+// (the ledger shows none lost).
 func TestEventsEndToEnd(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rc := slowReceiver(t, &delay)
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease 3s\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate()))
+	const lease = time.Hour // (ends only when the test ages the queue)
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease %s\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, lease, testenv.CAFile(t, rc.Certificate()))
 	site := "handle /webhooks/upstream {\n wabarelay_inbound\n}"
 	origin := e.caddyWith("", appExtra, site)
 
@@ -49,8 +51,9 @@ func TestEventsEndToEnd(t *testing.T) {
 	// kill once attempts of the new batches are in flight (the receiver holds each 300 ms)
 	testenv.Eventually(t, 30*time.Second, func() bool { return delivered() > 5 }, "an attempt of the new batches")
 	e.caddies[origin].Kill()
-	t.Logf("killed with %d of %d events delivered", delivered(), 5+batches)
+	t.Logf("killed with %d of %d events delivered, %d deliveries in flight", delivered(), 5+batches, e.inFlight())
 	delay.Store(0)
+	e.fix.AgeQueue(t, lease)
 	origin2 := e.caddyWith("", appExtra, site)
 	took := testenv.Eventually(t, time.Minute, func() bool { return delivered() == 5+batches }, "every event delivered")
 	distinct, total := delivered(), rc.Count()

@@ -223,6 +223,15 @@ func (e *relayEnv) undelivered() int {
 	return e.countRows("SELECT count(*) FROM deliveries WHERE status <> 'delivered'")
 }
 
+// inFlight counts the deliveries claimed and not yet recorded: each held by its claim's lease.
+func (e *relayEnv) inFlight() int { return e.countWhere("delivery_queue", "status", "in_flight") }
+
+// retriesScheduled counts the deliveries waiting for a retry: a failed attempt recorded, the
+// next one pending until its retry delay has passed.
+func (e *relayEnv) retriesScheduled() int {
+	return e.countRows("SELECT count(*) FROM delivery_queue WHERE status = 'pending' AND attempts > 0")
+}
+
 func (e *relayEnv) countRows(query string, args ...any) int {
 	var n int
 	if err := e.pool.QueryRow(context.Background(), query, args...).Scan(&n); err != nil {

@@ -97,14 +97,16 @@ func index(as []arrival, id string, n int) int {
 // TestOrderingPerConversation: two webhooks get the same posts — messages x1, y1, x2, y2, x3
 // of customers x and y, posted one after the other — and each receiver fails the first attempt
 // of x1. The webhook with ordering "conversation" receives x1 (failed), y1 and y2 meanwhile,
-// then x1 again after its retry delay, then x2 and x3: x's messages one at a time, in order.
-// The webhook with ordering "none" gets x2 and x3 before x1's retry.
+// then x1 again once its retry delay has passed (the queue aged by it), then x2 and x3: x's
+// messages one at a time, in order. The webhook with ordering "none" gets x2 and x3 before
+// x1's retry.
 func TestOrderingPerConversation(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	ordered, plain := newOrderedReceiver(t, "x1", nil), newOrderedReceiver(t, "x1", nil)
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 2s 2s 2s\n timeout 5s\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, testenv.CAFile(t, ordered.Certificate())) // (httptest's servers share one certificate)
+	const retryDelay = time.Hour // (passes only when the test ages the queue)
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays %s %s %s\n timeout 5s\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, retryDelay, retryDelay, retryDelay, testenv.CAFile(t, ordered.Certificate())) // (httptest's servers share one certificate)
 	origin := e.caddyWith("", appExtra, "handle /webhooks/upstream {\n wabarelay_inbound\n}")
 	e.channelOn(true, pnid)
 	wo, so := e.fix.Webhook(t, e.org, ordered.URL+"/hook", &testenv.WebhookOpts{Name: "ordered"})
@@ -120,6 +122,16 @@ func TestOrderingPerConversation(t *testing.T) {
 			t.Fatalf("inbound: %d %s", status, body)
 		}
 	}
+	// before x1's retry is due: both webhooks have x1's failure recorded (its retry scheduled),
+	// the ordered one has delivered y's messages, the plain one everything else as well
+	if !testenv.Within(time.Minute, func() bool {
+		return e.retriesScheduled() == 2 && e.inFlight() == 0 &&
+			slices.Equal(sorted(ordered.delivered()), []string{"y1", "y2"}) && len(plain.delivered()) == 4
+	}) {
+		t.Fatalf("before x1's retry: ordered got %v, plain got %v, %d retries scheduled; want y1 and y2 delivered to the ordered webhook, "+
+			"x2, y1, y2 and x3 to the plain one, x1's retry scheduled for both", ordered.got(), plain.got(), e.retriesScheduled())
+	}
+	e.fix.AgeQueue(t, retryDelay)
 	testenv.Eventually(t, time.Minute, func() bool { return len(ordered.delivered()) == 5 && len(plain.delivered()) == 5 }, "every message delivered to both")
 
 	got := ordered.got()
@@ -144,18 +156,27 @@ func TestOrderingPerConversation(t *testing.T) {
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.undelivered() == 0 }, "every delivery delivered")
 }
 
+// sorted returns a sorted copy of s.
+func sorted(s []string) []string {
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return s
+}
+
 // TestOrderingSurvivesKill: an ordered webhook's conversation is being delivered (a slow
-// receiver keeps each attempt in flight) when the instance is killed with SIGKILL; another
-// instance on the same database delivers the rest: nothing lost, the order kept (each message
-// first arrives after the one before it), never two of the conversation at once.
+// receiver keeps each attempt in flight) when the instance is killed with SIGKILL; once the
+// killed attempt's lease has passed (the queue aged by it), another instance on the same
+// database delivers the rest: nothing lost, the order kept (each message first arrives after
+// the one before it), never two of the conversation at once.
 func TestOrderingSurvivesKill(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	var hold atomic.Int64
 	hold.Store(int64(200 * time.Millisecond))
 	rc := newOrderedReceiver(t, "", &hold)
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease 3s\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate()))
+	const lease = time.Hour // (ends only when the test ages the queue)
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease %s\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, lease, testenv.CAFile(t, rc.Certificate()))
 	site := "handle /webhooks/upstream {\n wabarelay_inbound\n}"
 	origin := e.caddyWith("", appExtra, site)
 	e.channelOn(true, pnid)
@@ -180,10 +201,15 @@ func TestOrderingSurvivesKill(t *testing.T) {
 			t.Fatalf("inbound: %d %s", status, body)
 		}
 	}
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(rc.delivered()) >= 3 }, "a few delivered")
+	// killed while the receiver holds an attempt: its delivery stays in flight under its lease
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(rc.delivered()) >= 3 && rc.inFlight.Load() == 1 }, "a few delivered, one in flight")
 	e.caddies[origin].Kill()
-	t.Logf("killed with %d of %d delivered", len(rc.delivered()), n)
+	t.Logf("killed with %d of %d delivered, %d in flight", len(rc.delivered()), n, e.inFlight())
 	hold.Store(int64(20 * time.Millisecond))
+	// the lease passes: the killed attempt has ended at the receiver (a lease outlasts an
+	// attempt's timeout), then the queue ages by the lease and another instance takes over
+	testenv.Eventually(t, 30*time.Second, func() bool { return rc.inFlight.Load() == 0 }, "the killed instance's attempt to end at the receiver")
+	e.fix.AgeQueue(t, lease)
 	e.caddyWith("", appExtra, site)
 	testenv.Eventually(t, time.Minute, func() bool { return len(rc.delivered()) == n }, "every message delivered")
 	if got := rc.delivered(); !slices.Equal(got, want) {

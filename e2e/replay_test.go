@@ -15,16 +15,18 @@ import (
 // a new webhook is created through the API, and a replay since before the events delivers each
 // of them exactly once to it, signed with its secret and with webhook-id the event's id, and
 // nothing to the other webhooks. Then the replayed deliveries survive a SIGKILL of the instance
-// mid-flight: a replay to a slow receiver (two attempts at a time), Caddy killed once its first attempt is in flight,
-// another Caddy started on the database delivers every event.
+// mid-flight: a replay to a slow receiver (two attempts at a time), Caddy killed once its first
+// attempt is in flight; once their leases have passed (the queue aged by the lease), another
+// Caddy started on the database delivers every event.
 func TestReplayThroughCaddy(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	var delay atomic.Int64
 	rcOld, rcNew, rcOther, rcKill := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}),
 		testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true}), slowReceiver(t, &delay)
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n per_webhook 2\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease 3s\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, testenv.CAFile(t, rcOld.Certificate(), rcNew.Certificate(), rcOther.Certificate(), rcKill.Certificate()))
+	const lease = time.Hour // (ends only when the test ages the queue)
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n per_webhook 2\n retry_delays 200ms 200ms 200ms\n timeout 2s\n lease %s\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, lease, testenv.CAFile(t, rcOld.Certificate(), rcNew.Certificate(), rcOther.Certificate(), rcKill.Certificate()))
 	site := "handle /webhooks/upstream {\n wabarelay_inbound\n}\nhandle_path /v1/* {\n wabarelay_api\n}"
 	origin := e.caddyWith("", appExtra, site)
 	_, key := e.fix.APIKey(t, e.org)
@@ -96,8 +98,9 @@ func TestReplayThroughCaddy(t *testing.T) {
 	replay(killID)
 	testenv.Eventually(t, 30*time.Second, func() bool { return rcKill.Count() > 0 }, "an attempt of the replay in flight")
 	e.caddies[origin].Kill()
-	t.Logf("killed with %d of %d replayed events delivered", len(rcKill.PerEvent()), events)
+	t.Logf("killed with %d of %d replayed events delivered, %d in flight", len(rcKill.PerEvent()), events, e.inFlight())
 	delay.Store(0)
+	e.fix.AgeQueue(t, lease)
 	e.caddyWith("", appExtra, site)
 	testenv.Eventually(t, time.Minute, func() bool { return len(rcKill.PerEvent()) == events }, "every replayed event delivered after the restart")
 	testenv.Eventually(t, 30*time.Second, func() bool { return e.undelivered() == 0 }, "every delivery finished")

@@ -79,7 +79,8 @@ func (rr *rotationReceiver) last() map[string]bool {
 // then one that verifies with the NEW secret only, accepts every delivery throughout the grace
 // — both X-Svc-Signature and webhook-signature, the latter checked by the Standard Webhooks
 // reference library —; after the grace the old secret no longer verifies (401, then accepted
-// once the receiver uses the new one), and the new one alone signs.
+// once the receiver uses the new one), and the new one alone signs. The grace and the retry
+// delay pass as the test ages the queue.
 func TestSecretRotationReceivers(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
@@ -88,8 +89,9 @@ func TestSecretRotationReceivers(t *testing.T) {
 	rc := newRotationReceiver(t)
 	wh, old := e.fix.Webhook(t, e.org, rc.URL+"/hook", &testenv.WebhookOpts{Name: "r"})
 	rc.set(old)
-	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays 3s 3s 3s\n root_ca %s\n allow_private_targets\n}",
-		testAppSecret, testVerifyToken, testenv.CAFile(t, rc.Certificate()))
+	const grace, retryDelay = time.Hour, time.Hour // (pass only when the test ages the queue)
+	appExtra := fmt.Sprintf("meta {\n app_secret %s\n verify_token %s\n}\ndelivery {\n retry_delays %s %s %s\n root_ca %s\n allow_private_targets\n}",
+		testAppSecret, testVerifyToken, retryDelay, retryDelay, retryDelay, testenv.CAFile(t, rc.Certificate()))
 	origin := e.caddyWith("", appExtra, "handle /webhooks/upstream {\n wabarelay_inbound\n}\nhandle_path /v1/* {\n wabarelay_api\n}")
 
 	n := 0
@@ -100,15 +102,14 @@ func TestSecretRotationReceivers(t *testing.T) {
 		if status, b := signedPost(t, origin+"/webhooks/upstream", testAppSecret, body); status != 200 {
 			t.Fatalf("inbound: %d %s", status, b)
 		}
-		testenv.Eventually(t, testenv.Patience, func() bool { return len(rc.PerEvent()) == n }, "%s: the delivery", what)
+		// delivered and recorded: nothing in flight whose lease an ageing of the queue would end
+		testenv.Eventually(t, testenv.Patience, func() bool { return len(rc.PerEvent()) == n && e.inFlight() == 0 }, "%s: the delivery", what)
 		return rc.last()
 	}
 	if ok := deliver("before the rotation"); !ok[old] {
 		t.Fatal("before the rotation: the secret does not verify")
 	}
 
-	// rotate through the API, with a grace the deliveries below fit in on a loaded machine
-	const grace = 12 * time.Second
 	req, _ := http.NewRequest("POST", origin+"/v1/webhooks/"+wh.ID.String()+"/rotate_secret", strings.NewReader(fmt.Sprintf(`{"grace_seconds": %d}`, int(grace/time.Second))))
 	req.Header.Set("X-Api-Key", apiKey)
 	req.Header.Set("Content-Type", "application/json")
@@ -128,22 +129,29 @@ func TestSecretRotationReceivers(t *testing.T) {
 	rc.set(fresh) // known from now on
 
 	// throughout the grace every delivery verifies with each secret: receivers that verify with
-	// the old secret only and with the new one only (in turns) accept all of them
-	during, start := 0, time.Now()
-	for ; during < 2 || time.Until(until) > 2*time.Second; during++ {
-		// about one a second, spread over the grace
-		at := start.Add(time.Duration(during) * time.Second)
-		testenv.Eventually(t, testenv.Patience, func() bool { return !time.Now().Before(at) }, "delivery %d's turn", during)
-		rc.set([]string{old, fresh}[during%2])
-		if ok := deliver(fmt.Sprint("during the grace, delivery ", during)); !ok[old] || !ok[fresh] {
-			t.Fatalf("during the grace (%v left): verified %v, want both secrets", time.Until(until), ok)
+	// the old secret only and with the new one only (in turns) accept all of them; a delivery
+	// every tenth of the grace, the queue aged by a tenth between them, the last in its last tenth
+	const deliveries = 10
+	var aged time.Duration // how far the queue has aged since the rotation
+	for i := range deliveries {
+		if i > 0 {
+			e.fix.AgeQueue(t, grace/deliveries)
+			aged += grace / deliveries
+		}
+		rc.set([]string{old, fresh}[i%2])
+		if ok := deliver(fmt.Sprint("during the grace, delivery ", i)); !ok[old] || !ok[fresh] {
+			t.Fatalf("during the grace (%v left): verified %v, want both secrets", time.Until(until)-aged, ok)
 		}
 	}
-	t.Logf("%d deliveries during the grace, each verified by both secrets", during)
+	t.Logf("%d deliveries during the grace, each verified by both secrets", deliveries)
 
-	// after the grace: the old secret fails (401, retried 3 s later), the new one alone verifies
+	// after the grace: the old secret fails (401, retried after the retry delay), the new one
+	// alone verifies
 	rc.set(old)
-	testenv.Eventually(t, testenv.Patience, func() bool { return time.Now().After(until) }, "the grace to end")
+	e.fix.AgeQueue(t, grace-aged+grace/deliveries)
+	if n := e.countRows(`SELECT count(*) FROM webhooks WHERE previous_secret_expires_at > now()`); n != 0 {
+		t.Fatalf("the grace has not ended after the queue aged past it")
+	}
 	n++
 	body := upstreamBatch(map[string][2][]string{pnid: {{fmt.Sprint("rot", n)}, nil}})
 	if status, b := signedPost(t, origin+"/webhooks/upstream", testAppSecret, body); status != 200 {
@@ -156,6 +164,10 @@ func TestSecretRotationReceivers(t *testing.T) {
 		t.Fatalf("after the grace: verified %v, want the new secret only", ok)
 	}
 	rc.set(fresh)
+	if n := e.retriesScheduled(); n != 1 {
+		t.Fatalf("%d retries scheduled after the refusal, want 1", n)
+	}
+	e.fix.AgeQueue(t, retryDelay)
 	testenv.Eventually(t, testenv.Patience, func() bool { return e.undelivered() == 0 }, "the refused delivery accepted with the new secret")
 	if ok := rc.last(); ok[old] || !ok[fresh] {
 		t.Fatalf("after the grace: verified %v, want the new secret only", ok)
