@@ -202,7 +202,7 @@ func TestOrderingSurvivesKill(t *testing.T) {
 		}
 	}
 	// killed while the receiver holds an attempt: its delivery stays in flight under its lease
-	testenv.Eventually(t, 30*time.Second, func() bool { return len(rc.delivered()) >= 3 && rc.inFlight.Load() == 1 }, "a few delivered, one in flight")
+	testenv.Eventually(t, 30*time.Second, func() bool { return len(rc.delivered()) >= 3 && rc.inFlight.Load() > 0 }, "a few delivered, one in flight")
 	e.caddies[origin].Kill()
 	t.Logf("killed with %d of %d delivered, %d in flight", len(rc.delivered()), n, e.inFlight())
 	hold.Store(int64(20 * time.Millisecond))
