@@ -217,13 +217,16 @@ http://127.0.0.1:%d {
 }`, extra, port)
 }
 
-func startInstance(t *testing.T) *instance {
+// startInstance loads Caddy with caddyfileFor(port, extra): a test that needs its options from the
+// start passes them here rather than reloading, since a POST sent right after a reload can meet
+// the old server's closing socket (see instanceClient).
+func startInstance(t *testing.T, extra ...string) *instance {
 	t.Helper()
 	f := testenv.NewStore(t)
 	in := &instance{t: t, port: testenv.FreePort(t), dsn: f.DSN, pool: f.Pool}
 	t.Setenv("WBR_TEST_DATABASE", in.dsn)
 	t.Setenv("WBR_TEST_KEY", f.KeyB64)
-	in.load(caddyfileFor(in.port, ""))
+	in.load(caddyfileFor(in.port, strings.Join(extra, "\n")))
 	t.Cleanup(func() { _ = caddy.Stop() }) // Stop logs what the apps' Stop return; its own error is always nil
 	_, in.key = f.APIKey(t, f.Org(t).ID)
 	return in

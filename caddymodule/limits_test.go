@@ -10,8 +10,7 @@ import (
 // caps, creations through Caddy are refused with 422 naming the limit.
 // Not parallel: it loads Caddy in process, where one configuration runs at a time.
 func TestLimitsOption(t *testing.T) {
-	in := startInstance(t)
-	in.load(caddyfileFor(in.port, "limits {\n\t\t\twebhooks_per_org 2\n\t\t\tapi_keys_per_org 2\n\t\t}"))
+	in := startInstance(t, "limits {\n\t\t\twebhooks_per_org 2\n\t\t\tapi_keys_per_org 2\n\t\t}")
 	hook := `{"name":"w","url":"https://crm.example.com/h","events":["messages"]}`
 	for i, want := range []int{201, 201, 422} {
 		status, body, err := in.request("POST", "/v1/webhooks", hook)
