@@ -196,10 +196,14 @@ func postgresCredential() (*syscall.Credential, error) {
 }
 
 // makeServerDir creates the server's directory, records our pid in it (for reapStaleDirs) and,
-// when running as root, hands it to the user postgres. Its parents must be traversable by that
-// user, so under root a private TMPDIR is passed over for /tmp.
+// when running as root, hands it to the user postgres. It goes in memory (memoryDir) when the
+// machine has room there, else under the temporary directory. Its parents must be traversable
+// by the user postgres, so under root a private TMPDIR is passed over for /tmp.
 func makeServerDir(cred *syscall.Credential) (string, error) {
-	base := os.TempDir()
+	base := memoryDir()
+	if base == "" {
+		base = os.TempDir()
+	}
 	if cred != nil && !traversableByOthers(base) {
 		base = "/tmp"
 	}
@@ -376,6 +380,9 @@ func reapStaleDirs() {
 	bases := []string{os.TempDir()}
 	if bases[0] != "/tmp" {
 		bases = append(bases, "/tmp")
+	}
+	if m := memoryDir(); m != "" {
+		bases = append(bases, m)
 	}
 	for _, base := range bases {
 		dirs, _ := filepath.Glob(filepath.Join(base, pgDirPrefix+"*"))

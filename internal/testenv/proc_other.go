@@ -9,3 +9,7 @@ import "syscall"
 func childAttr(cred *syscall.Credential, _ syscall.Signal) *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Credential: cred}
 }
+
+// memoryDir is "" outside Linux: the throwaway servers keep their data under the temporary
+// directory.
+func memoryDir() string { return "" }

@@ -1,6 +1,6 @@
 // Package testenv gives tests real PostgreSQL and Redis servers, never mocks.
 //
-// Postgres hands every test its own freshly migrated database, cloned (in 50-150 ms) from a
+// Postgres hands every test its own freshly migrated database, cloned (in about 10 ms) from a
 // template database that is built once per server and schema version. Redis hands every test a redis:// URL. Both use
 // the servers named by WABARELAY_TEST_DATABASE_URL and WABARELAY_TEST_REDIS_URL when those are set,
 // and otherwise start throwaway servers from the locally installed binaries
