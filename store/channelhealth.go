@@ -373,12 +373,18 @@ func (s *Store) RecordHealthRead(ctx context.Context, r HealthRead, got ChannelH
 
 // recordHealthChange stores, in tx, the history row and the channel_health event of a change.
 func (s *Store) recordHealthChange(ctx context.Context, tx pgx.Tx, r HealthRead, d ChannelHealthData) error {
-	data, err := json.Marshal(d)
-	if err != nil {
-		return err
-	}
 	health, _ := json.Marshal(d.Health)
 	previous, _ := json.Marshal(d.Previous)
+	changed, _ := json.Marshal(d.Changed)
+	up := []byte("null")
+	if d.Upstream != nil {
+		up = d.Upstream
+	}
+	// built by hand: json.Marshal would compact the upstream's value, which is kept verbatim
+	data := make([]byte, 0, 64+len(health)+len(previous)+len(changed)+len(up))
+	data = append(append(append(data, `{"health":`...), health...), `,"previous":`...)
+	data = append(append(append(data, previous...), `,"changed":`...), changed...)
+	data = append(append(append(data, `,"upstream":`...), up...), '}')
 	var upstream *string
 	if d.Upstream != nil {
 		u := string(d.Upstream)
