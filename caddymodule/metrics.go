@@ -90,7 +90,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			replayBacklog: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "replay_backlog_refused_total", Help: "Replays refused because the webhook's queued deliveries would exceed the replay backlog limit (200,000)."}),
 			channelsByQuality: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
-				Name: "channels_by_quality", Help: "Active channels by the quality rating the upstream gives their number (refreshed every minute; unknown ratings not counted)."}, []string{"quality_rating"}),
+				Name: "channels_by_quality", Help: "Active channels by the quality rating the upstream gives their number (refreshed after each round of reads and every minute; unknown ratings not counted)."}, []string{"quality_rating"}),
 		}
 	})
 	if reg != nil {

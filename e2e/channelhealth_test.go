@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/uuid"
@@ -83,6 +84,12 @@ func TestNumberHealth(t *testing.T) {
 		string(ev.Data.Upstream) != `{"field":"phone_number_quality_update","value":{"display_phone_number":"15550100","event":"FLAGGED","current_limit":"TIER_2K"}}` {
 		t.Fatalf("delivery %s (%v)", ds[0].Body, err)
 	}
+	// the metric counts the channel under its new rating
+	testenv.Eventually(t, testenv.Patience, func() bool {
+		r := apiCall(t, "GET", origin+"/metrics", "", "")
+		return strings.Contains(string(r.body), `caddy_wabarelay_channels_by_quality{quality_rating="YELLOW"} 1`) &&
+			!strings.Contains(string(r.body), `caddy_wabarelay_channels_by_quality{quality_rating="GREEN"}`)
+	}, "caddy_wabarelay_channels_by_quality{quality_rating=\"YELLOW\"} 1")
 	if n := e.fake.HealthReads(pnid); n != 2 {
 		t.Fatalf("upstream health reads: %d, want 2 (connect, and one for both webhooks)", n)
 	}

@@ -36,7 +36,8 @@ const (
 	// DefaultLease is how long a claimed read is reserved: a read whose instance died is made
 	// again after it. Longer than graph.DefaultTimeout.
 	DefaultLease = 2 * time.Minute
-	// qualityEvery is how often Run refreshes Observer.ChannelsByQuality.
+	// qualityEvery is how often Run refreshes Observer.ChannelsByQuality (and after every
+	// round that made reads).
 	qualityEvery = time.Minute
 )
 
@@ -50,8 +51,8 @@ type Reader interface {
 
 // Observer is told what the worker sees (metrics). Its methods must not block.
 type Observer interface {
-	// ChannelsByQuality reports the active channels by known quality rating (refreshed about
-	// once a minute).
+	// ChannelsByQuality reports the active channels by known quality rating (after each round
+	// of reads, and at least once a minute).
 	ChannelsByQuality(counts map[string]int)
 }
 
@@ -145,10 +146,11 @@ func (w *Worker) Run(ctx context.Context) {
 	defer tick.Stop()
 	var counted time.Time
 	for {
-		if _, err := w.RunOnce(ctx); err != nil && ctx.Err() == nil {
+		n, err := w.RunOnce(ctx)
+		if err != nil && ctx.Err() == nil {
 			w.log.Warn("health: claiming due reads failed", zap.Error(err))
 		}
-		if o := w.cfg.Observer; o != nil && time.Since(counted) >= qualityEvery {
+		if o := w.cfg.Observer; o != nil && (n > 0 || time.Since(counted) >= qualityEvery) {
 			if counts, err := w.st.ChannelsByQuality(ctx); err == nil {
 				o.ChannelsByQuality(counts)
 				counted = time.Now()
