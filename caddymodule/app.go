@@ -106,6 +106,12 @@ type App struct {
 	// Postgres in batches off the request path (docs/relay.md#relay-log). On by default.
 	RelayLog *RelayLogConfig `json:"relay_log,omitempty"`
 
+	// HealthRefresh is how often each connected number's health (quality rating, messaging
+	// limit, throughput, name status) is read from the upstream, each channel at its own moment
+	// of the interval so that many channels never burst the upstream; `off` turns the periodic
+	// read off (the reads at connect and after account webhooks go on). Default: 6h.
+	HealthRefresh string `json:"health_refresh,omitempty"`
+
 	// SkipMigrations, when true, does not apply schema migrations at start (run
 	// `caddy wabarelay migrate` instead). Default: false (migrations run at start under a
 	// Postgres advisory lock, so concurrent starts are safe).
@@ -143,6 +149,8 @@ type App struct {
 	// dispatcher (delivery { workers 0 }).
 	dispatcher     *dispatcher.Dispatcher
 	dispatcherDone chan struct{}
+	// healthDone is closed when the number health worker has stopped (nil until Start).
+	healthDone chan struct{}
 	// afterAnswer tracks the relays' work left after their answers (relay.Pending); Stop
 	// waits for it.
 	afterAnswer relay.Pending
@@ -432,6 +440,9 @@ func (a *App) Validate() error {
 		if n := len(d.ProbeInterval); n > 2 || n == 2 && d.ProbeInterval[1] < d.ProbeInterval[0] {
 			return fmt.Errorf("delivery: probe_interval takes the first gap and, optionally, a longest gap not shorter than it")
 		}
+	}
+	if _, _, err := parseHealthRefresh(a.HealthRefresh); err != nil {
+		return err
 	}
 	if err := a.retentionPolicy().Check(); err != nil {
 		return fmt.Errorf("delivery: %w", err)

@@ -46,6 +46,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		connect_link_ttl <duration>
 //		register_pin    <6 digits>
 //		skip_migrations
+//		health_refresh  <duration> | off     # number health read; default 6h
 //		meta {
 //			app_id       <id>
 //			app_secret   <secret>
@@ -106,6 +107,13 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case opt == "connect_link_ttl":
 			if err := durationArg(d, &a.ConnectLinkTTL); err != nil {
 				return err
+			}
+		case opt == "health_refresh":
+			if err := oneArg(d, &a.HealthRefresh); err != nil {
+				return err
+			}
+			if _, _, err := parseHealthRefresh(a.HealthRefresh); err != nil {
+				return d.Err(err.Error())
 			}
 		case opt == "skip_migrations":
 			if d.NextArg() {

@@ -16,7 +16,8 @@ import (
 )
 
 // The app's lifecycle: Start runs the background work of a configuration (migrations at start,
-// the channel change listener, the maintenance, the relay log, the dispatcher), Stop ends it,
+// the channel change listener, the maintenance, the number health worker, the relay log, the
+// dispatcher), Stop ends it,
 // Cleanup releases the shared clients.
 
 // Start checks that Postgres answers and applies pending migrations (unless skip_migrations).
@@ -57,6 +58,7 @@ func (a *App) Start() error {
 		})
 	}()
 	go a.maintainLoop(lctx)
+	a.startHealth(lctx)
 	if a.relayLog != nil {
 		a.relayLog.Start()
 	}
@@ -88,6 +90,7 @@ func (a *App) Stop() error {
 		case <-time.After(5 * time.Second):
 			a.logger.Warn("channel change listener did not stop in time")
 		}
+		a.stopHealth()
 		if a.dispatcherDone != nil {
 			// Run waits for attempts in flight (bounded by the delivery timeout) and records them.
 			select {

@@ -37,6 +37,8 @@ type metrics struct {
 	attemptLatency prometheus.Histogram
 	healthChanges  *prometheus.CounterVec
 	replayBacklog  prometheus.Counter
+
+	channelsByQuality *prometheus.GaugeVec
 }
 
 var (
@@ -87,6 +89,8 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 				Name: "webhook_health_changes_total", Help: "Webhook health changes by kind: failing (receiver failing, deliveries held), recovered (a 2xx ended it), paused (failing for disable_after)."}, []string{"change"}),
 			replayBacklog: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "replay_backlog_refused_total", Help: "Replays refused because the webhook's queued deliveries would exceed the replay backlog limit (200,000)."}),
+			channelsByQuality: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+				Name: "channels_by_quality", Help: "Active channels by the quality rating the upstream gives their number (refreshed after each round of reads and every minute; unknown ratings not counted)."}, []string{"quality_rating"}),
 		}
 	})
 	if reg != nil {
@@ -95,7 +99,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			theMetrics.inboundEvents, theMetrics.inboundDuplicates, theMetrics.inboundUnknown, theMetrics.inboundRejected,
 			theMetrics.inboundMalformed, theMetrics.inboundOverflow,
 			theMetrics.deliveries, theMetrics.attemptLatency,
-			theMetrics.healthChanges, theMetrics.replayBacklog} {
+			theMetrics.healthChanges, theMetrics.replayBacklog, theMetrics.channelsByQuality} {
 			var are prometheus.AlreadyRegisteredError
 			if err := reg.Register(c); err != nil && !errors.As(err, &are) {
 				panic(err)

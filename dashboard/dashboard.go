@@ -133,7 +133,7 @@ func New(opt Options) (*Handler, error) {
 	if h.logger == nil {
 		h.logger = zap.NewNop()
 	}
-	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count}
+	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count, "qualityClass": qualityClass}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	names, _ := fs.Glob(templateFS, "templates/*.html")
 	for _, name := range names {

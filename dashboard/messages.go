@@ -53,6 +53,8 @@ type channelData struct {
 	Filter   messageFilter
 	Statuses []string
 	NextURL  string
+	// HealthHistory is the latest changes of the number's health, newest first (health.go).
+	HealthHistory []healthChangeRow
 }
 
 func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
@@ -103,6 +105,10 @@ func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	d.Charts = renderSendCharts(now, minutes)
+	if d.HealthHistory, err = h.healthHistory(r, s, cid); err != nil {
+		h.readError(w, r, s, err)
+		return
+	}
 	p.Title, p.Nav, p.Data = "Channel "+c.Name, "channels", d
 	h.render(w, r, status, "channel", p)
 }

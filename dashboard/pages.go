@@ -120,6 +120,10 @@ type channelsData struct {
 	// ConfirmDelete is the channel whose deletion awaits confirmation (it is active).
 	ConfirmDelete *managementapi.Channel
 	Name          string
+	// AtRisk: only the channels whose quality is YELLOW or RED are listed (?filter=at-risk);
+	// AtRiskCount counts them either way (health.go).
+	AtRisk      bool
+	AtRiskCount int
 }
 
 func (h *Handler) channels(w http.ResponseWriter, r *http.Request, s *session) {
@@ -132,7 +136,13 @@ func (h *Handler) channelsPage(w http.ResponseWriter, r *http.Request, p page, s
 		h.serverError(w, r, err)
 		return
 	}
+	d.AtRisk = r.URL.Query().Get("filter") == filterAtRisk
 	for _, c := range list {
+		if c.Health.AtRisk() {
+			d.AtRiskCount++
+		} else if d.AtRisk {
+			continue
+		}
 		row := channelRow{ChannelOverview: c}
 		row.Reconnectable = c.Reconnectable && !c.LinkOpen
 		if c.LinkOpen {

@@ -66,7 +66,7 @@ func newRelayEnv(t *testing.T) *relayEnv {
 func newRelayEnvOn(t *testing.T, dsn string) *relayEnv {
 	t.Helper()
 	f := testenv.NewStore(t, &testenv.StoreOpts{DSN: dsn})
-	e := &relayEnv{t: t, fake: fakegraph.New(), fix: f, dsn: dsn, keyB64: f.KeyB64, store: f.Store, pool: f.Pool,
+	e := &relayEnv{t: t, fake: fakegraph.New(fakegraph.WithHealthReadsUnrecorded()), fix: f, dsn: dsn, keyB64: f.KeyB64, store: f.Store, pool: f.Pool,
 		caddies: map[string]*testenv.Caddy{}}
 	e.fake.Start()
 	t.Cleanup(e.fake.Close)

@@ -2,6 +2,7 @@ package inbound
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
@@ -44,6 +45,9 @@ type Store interface {
 	// DeactivateByDisplayNumber marks the channel of a business account with that display
 	// number inactive.
 	DeactivateByDisplayNumber(ctx context.Context, wabaID, phoneNumber string) (bool, error)
+	// PromptHealth asks for a read of the health of the business account's channels after an
+	// account webhook (IsHealthField), coalesced with the others of the next moments.
+	PromptHealth(ctx context.Context, wabaID, field string, value json.RawMessage) (int, error)
 }
 
 // HandOff is the direct hand-off of new deliveries to the dispatcher of this instance
@@ -324,9 +328,16 @@ func (h *Handler) turn(ctx context.Context) (release func(), ok bool) {
 
 // accountChanges applies the account-level changes that matter for channel state: a business
 // account banned or deleted upstream makes its channels inactive, and so does a number removed
-// upstream its channel.
+// upstream its channel; the four account webhooks of IsHealthField ask for a read of the
+// account's channels' health.
 func (h *Handler) accountChanges(ctx context.Context, changes []AccountChange) error {
 	for _, c := range changes {
+		if IsHealthField(c.Field) {
+			// the numbers' health is read again (package health); no channel: nothing to do
+			if _, err := h.cfg.Store.PromptHealth(ctx, c.WabaID, c.Field, c.Value); err != nil {
+				return err
+			}
+		}
 		switch c.Event {
 		case "DISABLED_UPDATE":
 			// Only DISABLE disables the account; SCHEDULE_FOR_DISABLE is a warning ahead of it

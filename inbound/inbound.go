@@ -468,3 +468,14 @@ func (f *flexString) UnmarshalJSON(b []byte) error {
 	}
 	return nil
 }
+
+// IsHealthField reports whether an account change of this field asks for a read of the health
+// of the business account's numbers (DESIGN §5c "Number health").
+func IsHealthField(field string) bool { return healthFields[field] }
+
+var healthFields = map[string]bool{
+	"phone_number_quality_update": true,
+	"phone_number_name_update":    true,
+	"account_update":              true,
+	"business_capability_update":  true,
+}

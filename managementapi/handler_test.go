@@ -453,7 +453,7 @@ func TestWebhookLifecycle(t *testing.T) {
 }
 
 // badEvents is the refusal of an unknown event kind (DESIGN §5b "Event kinds").
-const badEvents = `"events" values must be one of: messages, message_status, channel_status, message_template_status_update`
+const badEvents = `"events" values must be one of: messages, message_status, channel_status, message_template_status_update, channel_health`
 
 func TestWebhookValidation(t *testing.T) {
 	e := newEnv(t)

@@ -34,7 +34,7 @@ var (
 	errInvalidJSON  = &Error{http.StatusBadRequest, "Invalid JSON body"}
 	errTooLarge     = &Error{http.StatusRequestEntityTooLarge, "Request body too large"}
 	errContentType  = &Error{http.StatusUnsupportedMediaType, "Content-Type must be application/json"}
-	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status, channel_status, message_template_status_update`)
+	errBadEvents    = unprocessable(`"events" values must be one of: messages, message_status, channel_status, message_template_status_update, channel_health`)
 	errBadStatus    = unprocessable(`"status" must be one of: active, paused`)
 	errBadOrdering  = unprocessable(`"ordering" must be one of: none, conversation`)
 	errChannelsOrg  = unprocessable("One or more channel_ids not found in this org")

@@ -52,6 +52,8 @@ type Channel struct {
 	TokenExpiresAt         *Time     `json:"token_expires_at"`
 	UpstreamDisconnectedAt *Time     `json:"upstream_disconnected_at"`
 	CreatedAt              Time      `json:"created_at"`
+	// Health is what the upstream says of the number (DESIGN §5c "Number health").
+	Health ChannelHealth `json:"health"`
 }
 
 // NewChannel converts a stored channel; connectBase is the prefix of its connect_url.
@@ -69,6 +71,7 @@ func NewChannel(c store.Channel, connectBase string) Channel {
 		TokenExpiresAt:         optTime(c.TokenExpiresAt),
 		UpstreamDisconnectedAt: optTime(c.UpstreamDisconnectedAt),
 		CreatedAt:              Time(c.CreatedAt),
+		Health:                 NewChannelHealth(c.Health),
 	}
 }
 

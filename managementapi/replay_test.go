@@ -77,7 +77,7 @@ func TestReplayEndpoint(t *testing.T) {
 		{fmt.Sprintf(`{"since":%q,"channel_ids":["nope"]}`, since), `One or more channel_ids not found in this org`},
 		{fmt.Sprintf(`{"since":%q,"channel_ids":[%q]}`, since, otherChannel.ID), `One or more channel_ids not found in this org`},
 		{fmt.Sprintf(`{"since":%q,"types":"messages"}`, since), `"types" must be an array of strings`},
-		{fmt.Sprintf(`{"since":%q,"types":["messages","bogus"]}`, since), `"types" values must be one of: messages, message_status, channel_status, message_template_status_update`},
+		{fmt.Sprintf(`{"since":%q,"types":["messages","bogus"]}`, since), `"types" values must be one of: messages, message_status, channel_status, message_template_status_update, channel_health`},
 	} {
 		expectError(t, e.do("POST", path, e.keyA, c.body), 422, c.msg)
 	}

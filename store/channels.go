@@ -37,6 +37,9 @@ type Channel struct {
 	// InactiveReason says why an inactive channel is inactive: "operator" or "upstream".
 	InactiveReason *string
 	CreatedAt      time.Time
+	// Health is what the upstream says of the number (store/channelhealth.go): all nil until
+	// the first read after the connection.
+	Health ChannelHealth
 }
 
 // channelTokenBytes is the entropy of a channel token: 32 bytes, 43 URL-safe characters.
@@ -71,14 +74,18 @@ func TokenHash(token string) []byte {
 func channelTokenAAD(id uuid.UUID) string { return "channels.channel_token:" + id.String() }
 
 const channelColumns = `id, org_id, name, status, channel_token_enc, display_phone_number, phone_number_id,
-	waba_id, connected_at, token_expires_at, upstream_disconnected_at, inactive_reason, created_at`
+	waba_id, connected_at, token_expires_at, upstream_disconnected_at, inactive_reason, created_at, ` + healthColumn
 
 func (s *Store) scanChannel(row pgx.Row) (Channel, error) {
 	var c Channel
-	var tokenEnc []byte
+	var tokenEnc, health []byte
 	if err := row.Scan(&c.ID, &c.OrgID, &c.Name, &c.Status, &tokenEnc, &c.DisplayPhoneNumber, &c.PhoneNumberID,
-		&c.WabaID, &c.ConnectedAt, &c.TokenExpiresAt, &c.UpstreamDisconnectedAt, &c.InactiveReason, &c.CreatedAt); err != nil {
+		&c.WabaID, &c.ConnectedAt, &c.TokenExpiresAt, &c.UpstreamDisconnectedAt, &c.InactiveReason, &c.CreatedAt, &health); err != nil {
 		return Channel{}, err
+	}
+	var err error
+	if c.Health, err = scanHealth(health); err != nil {
+		return Channel{}, fmt.Errorf("channel %s: %w", c.ID, err)
 	}
 	if s.box == nil {
 		return c, nil // a store without a key (operator commands that touch no secret)

@@ -50,7 +50,7 @@ const connectSet = `status = 'active', inactive_reason = NULL, phone_number_id =
 
 // connect activates channel id with connection c where the channel also meets cond (a
 // condition on its row before the update; "" for none), and records the channel_status event
-// of the change, in one transaction. It returns how many channels it updated (0 or 1).
+// of the change, and asks for a read of the number's health, in one transaction. It returns how many channels it updated (0 or 1).
 func (s *Store) connect(ctx context.Context, id uuid.UUID, c Connection, cond string) (int, error) {
 	where := `channels.id = $1`
 	if cond != "" {
@@ -61,7 +61,11 @@ func (s *Store) connect(ctx context.Context, id uuid.UUID, c Connection, cond st
 		var err error
 		n, err = s.transition(ctx, tx, where, connectSet, connectReason,
 			id, c.PhoneNumberID, c.WabaID, c.DisplayPhoneNumber, c.VerifiedName, s.box.SealString(c.UpstreamToken, upstreamTokenAAD(id)))
-		return err
+		if err != nil || n == 0 {
+			return err
+		}
+		// the number's health is read at once (store/channelhealth.go)
+		return s.promptHealthAtConnect(ctx, tx, id)
 	})
 	return n, err
 }

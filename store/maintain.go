@@ -77,8 +77,8 @@ func (p RetentionPolicy) Check() error {
 // ahead; held deliveries past the hold limit failed; ordered conversations left waiting behind
 // no head promoted; deliveries of deleted webhooks removed (in
 // batches) and queue rows of webhooks that raced their deletion too;
-// days past the retention dropped (the relay log's too) and messages created before it
-// deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
+// days past the retention dropped (the relay log's too) and messages and health changes created
+// before it deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
 // every MaintenanceInterval; any number of instances may run it at once (partition changes take
 // an advisory lock, the rest is idempotent). Its days and limits are counted from the store's
 // clock (SetClock). A nil logger logs nothing.
@@ -128,6 +128,11 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 		logger.Warn("retention: deleting old messages failed", zap.Error(err))
 	} else if n > 0 {
 		logger.Info("retention: messages deleted", zap.Int64("messages", n), zap.Duration("retention", retention))
+	}
+	if n, err := s.PruneHealthChanges(ctx, now.Add(-retention)); err != nil {
+		logger.Warn("retention: deleting old health changes failed", zap.Error(err))
+	} else if n > 0 {
+		logger.Info("retention: health changes deleted", zap.Int64("changes", n), zap.Duration("retention", retention))
 	}
 	if err := s.letGoPendingMessages(ctx, now.Add(-RelayPendingFor)); err != nil { // (with the relay log off no writer settles them)
 		logger.Warn("letting go of messages waiting for relay calls failed", zap.Error(err))

@@ -29,7 +29,7 @@ const (
 )
 
 // EventKinds are the event kinds a webhook may subscribe to, in the order the API names them.
-var EventKinds = []string{EventMessages, EventMessageStatus, EventChannelStatus, EventTemplateStatus}
+var EventKinds = []string{EventMessages, EventMessageStatus, EventChannelStatus, EventTemplateStatus, EventChannelHealth}
 
 // SecretPrefix starts every webhook signing secret.
 const SecretPrefix = "whsec_"

@@ -335,6 +335,7 @@ var defaultNumberFields = []string{"verified_name", "code_verification_status", 
 type numberView struct {
 	id, display, verified, waba string
 	registered, pin             bool
+	health                      NumberHealth
 }
 
 func (v numberView) field(f string) (any, bool) {
@@ -346,7 +347,7 @@ func (v numberView) field(f string) (any, bool) {
 	case "verified_name":
 		return v.verified, true
 	case "quality_rating":
-		return "GREEN", true
+		return or(v.health.QualityRating, "GREEN"), true
 	case "code_verification_status":
 		return "VERIFIED", true
 	case "platform_type":
@@ -355,6 +356,9 @@ func (v numberView) field(f string) (any, bool) {
 		}
 		return "NOT_APPLICABLE", true
 	case "throughput":
+		if v.health.Throughput != "" {
+			return map[string]string{"level": v.health.Throughput}, true
+		}
 		if v.registered {
 			return map[string]string{"level": "STANDARD"}, true
 		}
@@ -365,7 +369,7 @@ func (v numberView) field(f string) (any, bool) {
 		}
 		return "PENDING", true
 	case "name_status":
-		return "APPROVED", true
+		return or(v.health.NameStatus, "APPROVED"), true
 	case "account_mode":
 		return "LIVE", true
 	case "is_official_business_account", "is_on_biz_app":
@@ -373,9 +377,12 @@ func (v numberView) field(f string) (any, bool) {
 	case "is_pin_enabled":
 		return v.pin, true
 	case "messaging_limit_tier":
-		return "TIER_1K", true
+		return or(v.health.MessagingLimitTier, "TIER_1K"), true
 	case "whatsapp_business_manager_messaging_limit":
-		return "TIER_2K", true
+		if v.health.NoManagerLimit {
+			return nil, false
+		}
+		return or(v.health.MessagingLimit, "TIER_2K"), true
 	case "search_visibility":
 		return "VISIBLE", true
 	}
@@ -384,7 +391,7 @@ func (v numberView) field(f string) (any, bool) {
 
 func (s *Server) numberView(pnid string) numberView {
 	n := s.numbers[pnid]
-	return numberView{id: n.id, display: n.display, verified: n.verified, waba: n.waba, registered: n.registered, pin: n.pin != ""}
+	return numberView{id: n.id, display: n.display, verified: n.verified, waba: n.waba, registered: n.registered, pin: n.pin != "", health: n.health}
 }
 
 func renderNumber(b []byte, v numberView, fields []string) []byte {
@@ -413,9 +420,10 @@ func (s *Server) handleNumber(rc *reqCtx, pnid string) {
 		s.fail(rc, e)
 		return
 	}
-	s.mu.RLock()
+	s.mu.Lock()
 	v := s.numberView(pnid)
-	s.mu.RUnlock()
+	s.countHealthRead(pnid, fields)
+	s.mu.Unlock()
 	s.ok(rc, renderNumber(nil, v, fields))
 }
 

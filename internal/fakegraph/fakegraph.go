@@ -183,6 +183,8 @@ type Server struct {
 	logw          io.Writer
 	plainJSON     bool
 	noGzip        bool
+	// unrecordedHealth: health reads are counted (HealthReads), not recorded (WithHealthReadsUnrecorded)
+	unrecordedHealth bool
 
 	// demo (demo.go)
 	demoSDK         bool
@@ -247,6 +249,8 @@ type numberState struct {
 	pin                         string
 	registerErr                 int
 	registerCalls               []time.Time
+	health                      NumberHealth // SetNumberHealth (health.go)
+	healthReads                 int
 }
 
 type wabaState struct {
@@ -705,6 +709,9 @@ func (s *Server) Reset() {
 }
 
 func (s *Server) addRecord(r Request) {
+	if s.unrecordedHealth && isHealthRead(r) {
+		return
+	}
 	s.recMu.Lock()
 	s.record = append(s.record, r)
 	if s.maxRecorded > 0 && len(s.record) >= 2*s.maxRecorded {

@@ -50,6 +50,8 @@ func channel() map[string]any {
 		"token_expires_at":         "2026-11-29T10:04:05.123Z",
 		"upstream_disconnected_at": nil,
 		"created_at":               "2026-11-22T10:04:05.123Z",
+		"health": map[string]any{"quality_rating": nil, "messaging_limit": nil, "throughput": nil,
+			"name_status": nil, "checked_at": nil},
 	}
 }
 
