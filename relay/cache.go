@@ -78,8 +78,8 @@ type Cache struct {
 	windows     *Windows // kept current by the same listener (SetWindows); nil: none
 }
 
-// SetWindows has Listen keep ws current too: intake's contact notifications, and the channel
-// changes and reconnections that drop its sets. Call it before Listen.
+// SetWindows has Listen keep ws current too: intake's contact notifications, and the
+// reconnections that drop its sets. Call it before Listen.
 func (c *Cache) SetWindows(ws *Windows) { c.windows = ws }
 
 // NewCache returns a cache over s whose entries live at most ttl (DefaultTTL if ttl <= 0).
@@ -269,10 +269,7 @@ func (c *Cache) Listen(ctx context.Context, dsn string, logger *zap.Logger, read
 				return
 			}
 			if id, err := uuid.Parse(payload); err == nil {
-				c.Invalidate(id)
-				if c.windows != nil {
-					c.windows.Invalidate(id)
-				}
+				c.Invalidate(id) // (the windows need not be: see Windows)
 			}
 		},
 		Logger: logger,

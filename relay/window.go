@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -66,7 +67,7 @@ const OutcomeWindowClosed Outcome = "window_closed"
 
 // WindowLookup tells a customer's window on a channel from memory ([Windows]).
 type WindowLookup interface {
-	State(ctx context.Context, channel uuid.UUID, waID string) window.State
+	State(ctx context.Context, ch *store.RelayChannel, waID string) window.State
 }
 
 // sendWindow decides the window of a send's recipient from its body: the state for the header
@@ -83,7 +84,7 @@ func (relay *Relay) sendWindow(r *http.Request, ch *store.RelayChannel, body []b
 	state = window.Unknown
 	if to, ok := stringValue(raw); ok {
 		if wa, ok := window.NormalizeWAID(to); ok {
-			state = relay.Windows.State(r.Context(), ch.ID, wa)
+			state = relay.Windows.State(r.Context(), ch, wa)
 		}
 	}
 	if state != window.Closed || relay.WindowGuard != GuardEnforce {
@@ -148,9 +149,13 @@ type WindowStore interface {
 // first send (the contacts of the last 24 hours, at most DefaultWindowsPerChannel), kept current
 // by intake's notifications ([Windows.Apply], on store.ContactsNotifyChannel, whichever instance
 // stored the message), and ages by time (window.Decide at each look-up). A customer not in the
-// set is closed or unknown by the channel's receiving time, as window.Decide says for one who
-// never wrote. Channel changes drop the channel's set ([Windows.Invalidate]); a listener that
-// reconnects drops them all ([Windows.Flush]).
+// set is closed or unknown by the channel's receiving time (store.RelayChannel.ReceivingSince,
+// which the channel cache reloads on every change of the channel), as window.Decide says for one
+// who never wrote. A listener that reconnects drops every set ([Windows.Flush]); a set is
+// reloaded in the background every windowsTTL, and dropped then if its channel is gone.
+// Channel changes leave the sets alone: a set holds only what intake announces, and a channel
+// is announced changed for every media id it is handed (channel_objects), which must not
+// reload its windows.
 type Windows struct {
 	store      WindowStore
 	clock      clock.Clock
@@ -168,7 +173,6 @@ type windowSet struct {
 	err   error
 
 	mu        sync.RWMutex
-	since     time.Time            // the channel's receiving time (zero: not receiving)
 	last      map[string]time.Time // wa_id → newest incoming message, within the last 24 h when loaded
 	truncated bool                 // customers were left out: one not in last is unknown
 	loadedAt  time.Time
@@ -185,28 +189,31 @@ func NewWindows(s WindowStore, c clock.Clock) *Windows {
 // SetLogger sets where failed loads are logged.
 func (ws *Windows) SetLogger(l *zap.Logger) { ws.logger = l }
 
-// State returns the window of customer waID (digits) on channel at the clock's time: from
+// State returns the window of customer waID (digits) on channel ch at the clock's time: from
 // memory, once the channel's set is loaded (the first call for a channel waits for its load, at
 // most until ctx ends). A set that cannot be loaded answers unknown.
-func (ws *Windows) State(ctx context.Context, channel uuid.UUID, waID string) window.State {
+func (ws *Windows) State(ctx context.Context, ch *store.RelayChannel, waID string) window.State {
 	now := clock.Now(ws.clock)
-	set := ws.set(ctx, channel, now)
+	set := ws.set(ctx, ch.ID)
 	if set == nil {
 		return window.Unknown
 	}
 	set.mu.RLock()
 	last, ok := set.last[waID]
-	since, truncated := set.since, set.truncated
+	truncated, loadedAt := set.truncated, set.loadedAt
 	set.mu.RUnlock()
+	if now.Sub(loadedAt) >= ws.ttl && set.refreshing.CompareAndSwap(false, true) {
+		go ws.load(ch.ID, set, true) // the backstop: served from memory meanwhile
+	}
 	if !ok && truncated {
 		return window.Unknown
 	}
-	state, _ := window.Decide(last, since, now)
+	state, _ := window.Decide(last, ch.ReceivingSince, now)
 	return state
 }
 
 // set returns the channel's loaded set, loading it first when needed; nil when it cannot be.
-func (ws *Windows) set(ctx context.Context, channel uuid.UUID, now time.Time) *windowSet {
+func (ws *Windows) set(ctx context.Context, channel uuid.UUID) *windowSet {
 	ws.mu.RLock()
 	set := ws.chans[channel]
 	ws.mu.RUnlock()
@@ -231,12 +238,6 @@ func (ws *Windows) set(ctx context.Context, channel uuid.UUID, now time.Time) *w
 	if set.err != nil {
 		return nil
 	}
-	set.mu.RLock()
-	stale := now.Sub(set.loadedAt) >= ws.ttl
-	set.mu.RUnlock()
-	if stale && set.refreshing.CompareAndSwap(false, true) {
-		go ws.load(channel, set, true)
-	}
 	return set
 }
 
@@ -257,6 +258,10 @@ func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool) {
 	now := clock.Now(ws.clock)
 	snap, err := ws.store.WindowSnapshot(ctx, channel, now.Add(-window.Length), ws.perChannel)
 	if err != nil {
+		if refresh && errors.Is(err, store.ErrChannelNotFound) {
+			ws.drop(channel, set) // the channel is gone
+			return
+		}
 		if refresh {
 			set.refreshing.Store(false)
 			ws.logger.Warn("relay: reloading a channel's windows failed", zap.Error(err))
@@ -270,11 +275,19 @@ func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool) {
 	// Notifications that arrived meanwhile are in set.last: keep each newer one that is still open.
 	cutoff := now.Add(-window.Length)
 	for wa, at := range set.last {
-		if at.After(cutoff) && at.After(snap.Open[wa]) && len(snap.Open) < ws.perChannel {
+		if cur, ok := snap.Open[wa]; ok {
+			if at.After(cur) {
+				snap.Open[wa] = at
+			}
+		} else if at.After(cutoff) {
+			if len(snap.Open) >= ws.perChannel {
+				snap.Truncated = true
+				continue
+			}
 			snap.Open[wa] = at
 		}
 	}
-	set.since, set.last, set.truncated, set.loadedAt = snap.ReceivingSince, snap.Open, snap.Truncated, now
+	set.last, set.truncated, set.loadedAt = snap.Open, snap.Truncated, now
 	set.mu.Unlock()
 	if refresh {
 		set.refreshing.Store(false)
@@ -285,13 +298,18 @@ func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool) {
 
 // fail ends a first load that failed: waiters get no set, and the channel's next send loads again.
 func (ws *Windows) fail(channel uuid.UUID, set *windowSet, err error) {
+	ws.drop(channel, set)
+	set.err = err
+	close(set.ready)
+}
+
+// drop removes the channel's set, if it is still set.
+func (ws *Windows) drop(channel uuid.UUID, set *windowSet) {
 	ws.mu.Lock()
 	if ws.chans[channel] == set {
 		delete(ws.chans, channel)
 	}
 	ws.mu.Unlock()
-	set.err = err
-	close(set.ready)
 }
 
 // Apply takes a store.ContactsNotifyChannel notification: each customer named opens (or
@@ -336,8 +354,7 @@ func (set *windowSet) add(waID string, at time.Time, limit int, now time.Time) {
 	set.last[waID] = at
 }
 
-// Invalidate drops the channel's set (a change of the channel: connected again, deactivated);
-// its next send loads it again.
+// Invalidate drops the channel's set; its next send loads it again.
 func (ws *Windows) Invalidate(channel uuid.UUID) {
 	ws.mu.Lock()
 	delete(ws.chans, channel)

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -178,7 +179,7 @@ func TestWindowEnforce(t *testing.T) {
 type queryCounter struct{ contacts atomic.Int64 }
 
 func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "contacts") {
+	if strings.Contains(d.SQL, "FROM contacts") {
 		q.contacts.Add(1)
 	}
 	return ctx
@@ -222,9 +223,13 @@ func TestWindowAcrossInstances(t *testing.T) {
 	if n := counter.contacts.Load(); n != 1 {
 		t.Fatalf("%d reads of contacts by instance B to load the channel's windows, want 1", n)
 	}
+	chB, err := cacheB.Lookup(context.Background(), f.token) // (from B's memory: the send loaded it)
+	if err != nil {
+		t.Fatal(err)
+	}
 	storeIncoming(t, f.store, custNever, "wamid.a", time.Now()) // instance A's intake
 	testenv.Eventually(t, testenv.Patience, func() bool {
-		return windowsB.State(context.Background(), f.channel, custNever) == window.Open
+		return windowsB.State(context.Background(), chB, custNever) == window.Open
 	}, "instance B never saw the window open")
 	if r := sendB(); r.StatusCode != 200 || r.Header.Get(WindowHeader) != "open" {
 		t.Fatalf("after the customer wrote: %d %s", r.StatusCode, r.Header.Get(WindowHeader))
@@ -243,4 +248,29 @@ func (f *relayFixture) serveWith(relay *Relay, method, path, body string) *httpt
 	w := httptest.NewRecorder()
 	relay.Serve(w, r, f.upstream)
 	return w
+}
+
+// TestWindowsBounded: a channel's set holds at most perChannel open windows, the newest; a
+// customer left out is unknown, never closed (enforce lets the send through), and one announced
+// while the set is full is left out too.
+func TestWindowsBounded(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	f.fx.Exec(t, `UPDATE channels SET connected_at = now() - interval '2 days', contacts_since = now() - interval '2 days' WHERE id = $1`, f.channel)
+	now := time.Now()
+	storeIncoming(t, f.store, "15550001001", "w1", now.Add(-3*time.Hour))
+	storeIncoming(t, f.store, "15550001002", "w2", now.Add(-2*time.Hour))
+	storeIncoming(t, f.store, "15550001003", "w3", now.Add(-time.Hour))
+	ws := NewWindows(f.store, nil)
+	ws.perChannel = 2
+	f.relay.Windows, f.relay.WindowGuard = ws, GuardEnforce
+	path := "/" + tPNID + "/messages"
+	for to, want := range map[string]string{"15550001003": "open", "15550001002": "open", "15550001001": "unknown", "15550001999": "unknown"} {
+		if w := f.serve("POST", path, textTo(to, ""), nil); w.Code != 200 || w.Header().Get(WindowHeader) != want {
+			t.Fatalf("to %s: %d %q, want 200 %s", to, w.Code, w.Header().Get(WindowHeader), want)
+		}
+	}
+	ws.Apply(f.channel.String() + " 15550001004 " + strconv.FormatInt(now.UnixMicro(), 10))
+	if w := f.serve("POST", path, textTo("15550001004", ""), nil); w.Header().Get(WindowHeader) != "unknown" {
+		t.Fatalf("announced into a full set: %q, want unknown", w.Header().Get(WindowHeader))
+	}
 }

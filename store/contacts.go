@@ -163,10 +163,9 @@ func (s *Store) ContactWindow(ctx context.Context, orgID, channelID uuid.UUID, w
 }
 
 // WindowSnapshot is a channel's open windows as the relay loads them (Store.WindowSnapshot).
+// The channel's receiving time comes with the relay's view of the channel
+// (RelayChannel.ReceivingSince), which its cache reloads on every change of the channel.
 type WindowSnapshot struct {
-	// ReceivingSince is since when the channel has been receiving without interruption; zero
-	// when it is not.
-	ReceivingSince time.Time
 	// Open holds the customers whose newest incoming message is later than the snapshot's
 	// since, with its timestamp: at most the limit asked, the newest.
 	Open map[string]time.Time
@@ -175,13 +174,12 @@ type WindowSnapshot struct {
 	Truncated bool
 }
 
-// WindowSnapshot returns the channel's receiving time and the customers who wrote to it after
-// since (the start of the windows still open), newest first, at most limit of them (read through
-// contacts_recent: never the channel's older contacts); ErrChannelNotFound when the channel is
-// gone.
+// WindowSnapshot returns the customers who wrote to the channel after since (the start of the
+// windows still open), newest first, at most limit of them (read through contacts_recent: never
+// the channel's older contacts); ErrChannelNotFound when the channel is gone.
 func (s *Store) WindowSnapshot(ctx context.Context, channelID uuid.UUID, since time.Time, limit int) (WindowSnapshot, error) {
 	rows, err := s.pool.Query(ctx, `
-		SELECT `+receivingSinceSQL+`, k.wa_id, k.last_inbound_at
+		SELECT k.wa_id, k.last_inbound_at
 		FROM channels c
 		LEFT JOIN LATERAL (
 			SELECT k.wa_id, k.last_inbound_at FROM contacts k
@@ -195,15 +193,12 @@ func (s *Store) WindowSnapshot(ctx context.Context, channelID uuid.UUID, since t
 	snap := WindowSnapshot{Open: map[string]time.Time{}}
 	found := false
 	for rows.Next() {
-		var recv, at *time.Time
+		var at *time.Time
 		var wa *string
-		if err := rows.Scan(&recv, &wa, &at); err != nil {
+		if err := rows.Scan(&wa, &at); err != nil {
 			return WindowSnapshot{}, fmt.Errorf("window snapshot: %w", err)
 		}
 		found = true
-		if recv != nil {
-			snap.ReceivingSince = recv.UTC()
-		}
 		if wa == nil || at == nil {
 			continue
 		}

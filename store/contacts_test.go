@@ -177,8 +177,10 @@ func TestContactsBatch(t *testing.T) {
 // (active: the later of its connection and the start of the record), and refuses another org's
 // channel; WindowSnapshot returns the customers who wrote after since, newest first, bounded.
 func TestContactWindowRead(t *testing.T) {
-	f, org := storeWithChannel(t)
-	ch := testenv.QueryValue[uuid.UUID](t, f, `SELECT id FROM channels WHERE org_id = $1`, org.ID)
+	f := testenv.NewStore(t)
+	org := f.Org(t)
+	channel := f.Channel(t, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}})
+	ch := channel.ID
 	ctx := context.Background()
 	now := time.Now().UTC().Truncate(time.Second)
 	connected, since := now.Add(-50*time.Hour), now.Add(-30*time.Hour)
@@ -202,15 +204,22 @@ func TestContactWindowRead(t *testing.T) {
 	if _, err := f.Store.ContactWindow(ctx, other.ID, ch, "1001"); err != store.ErrChannelNotFound {
 		t.Fatalf("another org's channel: %v", err)
 	}
+	// the relay's view of the channel carries the same receiving time
+	if rc, err := f.Store.RelayChannelByToken(ctx, channel.ChannelToken); err != nil || !rc.ReceivingSince.Equal(since) {
+		t.Fatalf("relay channel: receiving since %v (%v), want %v", rc.ReceivingSince, err, since)
+	}
 	f.Exec(t, `UPDATE channels SET status = 'inactive', inactive_reason = 'operator' WHERE id = $1`, ch)
 	if w, err := f.Store.ContactWindow(ctx, org.ID, ch, "1001"); err != nil || !w.ReceivingSince.IsZero() {
 		t.Fatalf("an inactive channel is not receiving: %+v %v", w, err)
+	}
+	if rc, err := f.Store.RelayChannelByToken(ctx, channel.ChannelToken); err != nil || !rc.ReceivingSince.IsZero() {
+		t.Fatalf("an inactive relay channel: receiving since %v (%v)", rc.ReceivingSince, err)
 	}
 	f.Exec(t, `UPDATE channels SET status = 'active', inactive_reason = NULL WHERE id = $1`, ch)
 
 	// the last 24 hours: customers 1000, 1001 and 1002 (0, 10 and 20 hours ago)
 	snap, err := f.Store.WindowSnapshot(ctx, ch, now.Add(-24*time.Hour), 10)
-	if err != nil || len(snap.Open) != 3 || snap.Truncated || !snap.ReceivingSince.Equal(since) ||
+	if err != nil || len(snap.Open) != 3 || snap.Truncated ||
 		!snap.Open["1002"].Equal(now.Add(-20*time.Hour)) {
 		t.Fatalf("snapshot: %+v %v", snap, err)
 	}
