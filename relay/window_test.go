@@ -48,7 +48,7 @@ func withWindows(t *testing.T, f *relayFixture, guard WindowGuard) (*Windows, *c
 }
 
 // storeIncoming stores, as intake does, a message from customer on the fixture's number.
-func storeIncoming(t *testing.T, s *store.Store, customer, wamid string, sent time.Time) {
+func storeIncoming(t testing.TB, s *store.Store, customer, wamid string, sent time.Time) {
 	t.Helper()
 	if _, err := s.StoreEvents(context.Background(), []store.IncomingItem{{Type: "messages", PhoneNumberID: tPNID,
 		DedupeKey: "m:" + wamid, Customer: customer, WAMID: wamid, Sent: sent, Data: json.RawMessage(`{}`)}}, store.Claim{}); err != nil {
