@@ -131,6 +131,7 @@ type App struct {
 	box          *secretbox.Box
 	store        *store.Store
 	cache        *relay.Cache
+	windows      *relay.Windows // the relay's customer-service windows, kept current by cache's listener
 	idem         idemStore
 	idemKey      string
 	mgmtLimiter  limiterHandle

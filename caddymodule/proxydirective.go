@@ -14,6 +14,8 @@ import (
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/headers"
 	"github.com/caddyserver/caddy/v2/modules/caddyhttp/reverseproxy"
+
+	"github.com/wabarelay/wabarelay/relay"
 )
 
 func init() {
@@ -44,6 +46,7 @@ const upstreamVar = "wabarelay_upstream"
 //
 //	wabarelay_proxy [<matcher>] {
 //		rate_limit <requests> [<window>]   # per channel; default 100 1m
+//		window_guard annotate|enforce|off  # the customer-service window; default annotate
 //		<any reverse_proxy subdirective>    # e.g. flush_interval, transport http { ... }
 //	}
 //
@@ -84,6 +87,16 @@ func parseProxyDirective(h httpcaddyfile.Helper) ([]httpcaddyfile.ConfigValue, e
 					}
 					relayHandler.Window = caddy.Duration(w)
 				}
+				dispenser.DeleteN(len(args) + 1)
+			case "window_guard":
+				args := dispenser.RemainingArgs()
+				if len(args) != 1 {
+					return nil, dispenser.ArgErr()
+				}
+				if _, err := relay.ParseWindowGuard(args[0]); err != nil || args[0] == "" {
+					return nil, dispenser.Errf("window_guard: annotate, enforce or off, not %q", args[0])
+				}
+				relayHandler.WindowGuard = args[0]
 				dispenser.DeleteN(len(args) + 1)
 			case "to":
 				return nil, dispenser.Err("wabarelay_proxy takes its upstream from the wabarelay global option's `upstream`")

@@ -39,6 +39,11 @@ type RelayHandler struct {
 	Requests int `json:"requests,omitempty"`
 	// Window is the rolling window of the rate limit. Default: 1m.
 	Window caddy.Duration `json:"window,omitempty"`
+	// WindowGuard is what the relay does with the customer-service window of a send's
+	// recipient: "annotate" (the Wabarelay-Window header on every send with a "to"),
+	// "enforce" (the header, and a free-form send to a closed window answered locally with
+	// the upstream's 131047 error, no upstream call) or "off" (neither). Default: annotate.
+	WindowGuard string `json:"window_guard,omitempty"`
 
 	app     *App
 	relay   *relay.Relay
@@ -61,6 +66,10 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 	if h.Window <= 0 {
 		h.Window = caddy.Duration(defaultRelayWindow)
 	}
+	guard, err := relay.ParseWindowGuard(h.WindowGuard)
+	if err != nil {
+		return err
+	}
 	a := h.app
 	adm, limiter := a.newRelayAdmission(h.Requests, time.Duration(h.Window))
 	h.limiter = limiter
@@ -76,6 +85,8 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 		Metrics:       newRelayMetrics(a.metrics),
 		CallLog:       a.callLog(),
 		Logger:        a.logger,
+		Windows:       a.windows,
+		WindowGuard:   guard,
 	}
 	return nil
 }

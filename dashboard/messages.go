@@ -165,6 +165,7 @@ type messageData struct {
 	// Total is the time from the first step to the last ("" with fewer than two).
 	Total      string
 	Deliveries []deliveryRow
+	Window     *windowView // the customer's window (dashboard/window.go); nil when unknown to the page
 }
 
 func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
@@ -184,6 +185,7 @@ func (h *Handler) message(w http.ResponseWriter, r *http.Request, s *session) {
 			return
 		}
 		d.ChannelName = c.Name
+		d.Window = h.customerWindow(r, pr, &d)
 	}
 	if len(d.Deliveries) > 0 {
 		hooks, err := h.opt.API.ListWebhooks(r.Context(), pr)

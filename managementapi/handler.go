@@ -122,6 +122,7 @@ var routes = []route{
 	{http.MethodDelete, "/channels/{id}", (*Handler).deleteChannel},
 	{http.MethodPost, "/channels/{id}/reconnect", (*Handler).reconnectChannel},
 	{http.MethodGet, "/channels/{id}/messages", (*Handler).listMessages},
+	{http.MethodGet, "/channels/{id}/contacts/{wa_id}", (*Handler).getContact},
 	{http.MethodGet, "/messages/{wamid...}", (*Handler).getMessage}, // (a wamid may hold "/")
 	{http.MethodGet, "/webhooks", (*Handler).listWebhooks},
 	{http.MethodPost, "/webhooks", (*Handler).createWebhook},

@@ -75,7 +75,12 @@ type Cache struct {
 	neg, negOld map[[32]byte]time.Time
 	epoch       uint64 // bumped by every invalidation, so a fetch that raced one is not cached
 	sf          singleflight.Group
+	windows     *Windows // kept current by the same listener (SetWindows); nil: none
 }
+
+// SetWindows has Listen keep ws current too: intake's contact notifications, and the
+// reconnections that drop its sets. Call it before Listen.
+func (c *Cache) SetWindows(ws *Windows) { c.windows = ws }
 
 // NewCache returns a cache over s whose entries live at most ttl (DefaultTTL if ttl <= 0).
 func NewCache(s ChannelStore, ttl time.Duration) *Cache {
@@ -236,23 +241,35 @@ func (c *Cache) MarkDisconnected(ctx context.Context, id uuid.UUID) error {
 	return err
 }
 
-// Listen keeps a dedicated connection (not from the pool) listening for channel changes and
-// invalidates entries as they arrive, until ctx ends. After every (re)connection it flushes the
-// cache, since notifications may have been missed while disconnected. ready, if not nil, is
+// Listen keeps a dedicated connection (not from the pool) listening for channel changes (and,
+// with SetWindows, intake's contact notifications) and invalidates entries as they arrive,
+// until ctx ends. After every (re)connection it flushes the cache (and the windows), since
+// notifications may have been missed while disconnected. ready, if not nil, is
 // called after each successful LISTEN and the flush that follows it.
 func (c *Cache) Listen(ctx context.Context, dsn string, logger *zap.Logger, ready func()) {
+	channels := []string{NotifyChannel}
+	if c.windows != nil {
+		channels = append(channels, store.ContactsNotifyChannel)
+	}
 	(&pglisten.Listener{
 		DSN:      dsn,
-		Channels: []string{NotifyChannel},
+		Channels: channels,
 		OnConnect: func() {
 			c.Flush()
+			if c.windows != nil {
+				c.windows.Flush()
+			}
 			if ready != nil {
 				ready()
 			}
 		},
-		OnNotify: func(_, payload string) {
+		OnNotify: func(channel, payload string) {
+			if channel == store.ContactsNotifyChannel {
+				c.windows.Apply(payload)
+				return
+			}
 			if id, err := uuid.Parse(payload); err == nil {
-				c.Invalidate(id)
+				c.Invalidate(id) // (the windows need not be: see Windows)
 			}
 		},
 		Logger: logger,

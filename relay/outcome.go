@@ -66,5 +66,5 @@ func Outcomes() []Outcome {
 	return []Outcome{OutcomeOK, OutcomeUpstream4xx, OutcomeUpstream5xx, OutcomeUpstreamError,
 		OutcomeUnauthorized, OutcomeAuthThrottled, OutcomeInactive, OutcomeForbidden,
 		OutcomeDisconnected, OutcomeRateLimited, OutcomeReplayed, OutcomeIdempotencyUnavailable,
-		OutcomeUnavailable, OutcomeInvalidRequest, OutcomeIdempotencyConflict}
+		OutcomeUnavailable, OutcomeInvalidRequest, OutcomeIdempotencyConflict, OutcomeWindowClosed}
 }

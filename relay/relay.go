@@ -139,6 +139,12 @@ type Relay struct {
 	CallLog CallLog
 	// Logger gets the relay's warnings. No token and no upstream URL is ever logged. Optional.
 	Logger *zap.Logger
+	// Windows tells the customer-service window of a send's recipient, from memory ([Windows]).
+	// Optional: nil sends no Wabarelay-Window header and refuses nothing (relay/window.go).
+	Windows WindowLookup
+	// WindowGuard is what the relay does with the window: GuardAnnotate (the zero value's
+	// meaning too), GuardEnforce or GuardOff.
+	WindowGuard WindowGuard
 }
 
 // Serve answers one relay call, sending it upstream through up when it passes every check.
@@ -287,6 +293,10 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 	if logged {
 		c.Recipient = recipientOf(body)
 	}
+	winState, refuseWindow := relay.sendWindow(r, ch, body) // relay/window.go
+	if winState != "" {
+		w.Header().Set(WindowHeader, string(winState))
+	}
 	stripped, key, found, err := cleanSendBody(body) // the key out, and a caller's access_token
 	if err != nil {
 		c.Status, c.Outcome = relay.refuse(w, OutcomeInvalidRequest, http.StatusUnprocessableEntity, err.Error()), OutcomeInvalidRequest
@@ -297,6 +307,10 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 		return
 	}
 	c.IdempotencyKey = key
+	if refuseWindow { // before the limit and the key's claim: neither is consumed
+		c.Status, c.Outcome, c.ErrorCode = relay.refuseReengagement(w), OutcomeWindowClosed, CodeReengagement
+		return
+	}
 	setBody(r, stripped)
 	sendCtx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), SendDeadline)
 	defer cancel()

@@ -45,6 +45,7 @@ type relayFixture struct {
 	channel uuid.UUID
 	sends   atomic.Int64 // sends that reached the fake
 	pending Pending
+	fx      *testenv.Fixture // the database's
 }
 
 // newRelayFixture builds a relay over one connected channel; newAdmission (the admission and
@@ -78,7 +79,7 @@ func newRelayFixture(t testing.TB, limit int, newAdmission func() (Admission, id
 		t.Cleanup(func() { _ = mem.Close() })
 		adm, idem = admission.NewMemory(lim, mem), mem
 	}
-	f := &relayFixture{t: t, fake: fake, store: st, idem: idem, token: ch.ChannelToken, channel: ch.ID}
+	f := &relayFixture{t: t, fake: fake, store: st, idem: idem, token: ch.ChannelToken, channel: ch.ID, fx: fx}
 	f.relay = &Relay{
 		Channels:     NewCache(st, DefaultTTL),
 		Objects:      st,

@@ -321,6 +321,7 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 					in.statuses = append(in.statuses, it.Status)
 				}
 				in.payloads = append(in.payloads, EncodeEvent(id, it.Type, created, c.id, c.pn, it.Data))
+				in.contacts.add(c.id, &it, now)
 				for _, o := range it.ObjectIDs {
 					if !recordableObjectID(o) {
 						res.SkippedObjectIDs++
@@ -380,6 +381,7 @@ type inboundBatch struct {
 	// posts is the post (index into the results, see StoreEventsGroup) of each item, objPosts
 	// of each object id; maxes the claim's Max of each post. Nil: one post, claim.Max.
 	posts, objPosts, maxes []int32
+	contacts               contactBatch // the customers' newest incoming messages (store/contacts.go)
 }
 
 // store is storeGroup for a batch of one post.
@@ -399,6 +401,9 @@ func (in *inboundBatch) post(i int) int {
 // their channels, one delivery log row and one queue row per matching webhook; each post's
 // counts go to its own result (res, by post index).
 func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*InboundResult) error {
+	if err := in.contacts.store(ctx, tx); err != nil { // the customers' windows (store/contacts.go)
+		return err
+	}
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
 	// days before (from the lookback day: none for items sent today) is looked up in their
 	// partitions (pruned to them by created_at when the statement is planned).

@@ -26,6 +26,9 @@ type RelayChannel struct {
 	// never another channel's phone number or business account id. Loaded with the channel, so
 	// the relay decides scope from memory.
 	Objects *ObjectSet
+	// ReceivingSince is since when the channel has been receiving its customers' messages
+	// without interruption (zero: it is not), for the customer-service window (store/contacts.go).
+	ReceivingSince time.Time
 }
 
 // Kinds of channel objects (channel_objects.kind).
@@ -87,14 +90,16 @@ func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayCha
 	var tokenEnc []byte
 	var disconnectedAt *time.Time
 	var objects []string
+	var receiving *time.Time
 	// The channel's objects come with it, minus any id that is another channel's number or
 	// business account (an object admitted before that channel connected).
 	err := s.pool.QueryRow(ctx, `
 		SELECT c.id, c.org_id, c.status, c.phone_number_id, c.waba_id, c.upstream_token_enc, c.upstream_disconnected_at,
 			ARRAY(SELECT o.object_id FROM channel_objects o WHERE o.channel_id = c.id
-				AND NOT EXISTS (SELECT 1 FROM channels x WHERE x.id <> c.id AND (x.phone_number_id = o.object_id OR x.waba_id = o.object_id)))
+				AND NOT EXISTS (SELECT 1 FROM channels x WHERE x.id <> c.id AND (x.phone_number_id = o.object_id OR x.waba_id = o.object_id))),
+			`+receivingSinceSQL+`
 		FROM channels c WHERE c.channel_token_hash = $1`, TokenHash(token)).
-		Scan(&c.ID, &c.OrgID, &c.Status, &pnid, &waba, &tokenEnc, &disconnectedAt, &objects)
+		Scan(&c.ID, &c.OrgID, &c.Status, &pnid, &waba, &tokenEnc, &disconnectedAt, &objects, &receiving)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RelayChannel{}, ErrChannelNotFound
 	}
@@ -108,6 +113,9 @@ func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayCha
 		c.WabaID = *waba
 	}
 	c.Disconnected = disconnectedAt != nil
+	if receiving != nil {
+		c.ReceivingSince = receiving.UTC()
+	}
 	c.Objects = NewObjectSet(objects...)
 	if tokenEnc != nil {
 		if c.UpstreamToken, err = s.box.OpenString(tokenEnc, upstreamTokenAAD(c.ID)); err != nil {

@@ -72,10 +72,11 @@ func RecipientRecorded(to string) bool {
 // own: the calls that went upstream (ok, upstream_4xx, upstream_5xx, upstream_error) and those
 // answered from the idempotency store (replayed) — the calls the rate limit counts. Every other
 // outcome is one of the relay's own refusals, which cost the caller nothing against its limit:
-// they are counted (relay_counts), never written one by one.
+// they are counted (relay_counts), never written one by one — except window_closed, the relay's
+// answer in the upstream's place (code 131047, DESIGN §5c), which keeps its row and error code.
 func KeepsRow(outcome string) bool {
 	switch outcome {
-	case "ok", "upstream_4xx", "upstream_5xx", "upstream_error", "replayed":
+	case "ok", "upstream_4xx", "upstream_5xx", "upstream_error", "replayed", "window_closed":
 		return true
 	}
 	return false

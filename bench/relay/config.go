@@ -37,6 +37,9 @@ type config struct {
 	noIdemKey   bool
 	cluster     int
 	compareLog  bool
+	// compareWindow: (a) is the relay with window_guard off, (b) with window_guard enforce, every
+	// recipient's window open (the header and the guard's look-up on every send).
+	compareWindow bool
 	// baselineIdle: (a)'s reverse_proxy keeps this many idle connections per upstream host (0:
 	// Caddy's default, 32).
 	baselineIdle int
@@ -65,6 +68,7 @@ func parseFlags() config {
 	flag.IntVar(&c.cluster, "redis-cluster", 0, "run (b) on a throwaway Redis Cluster of this many masters (e.g. 3) instead of one redis-server")
 	flag.IntVar(&c.baselineIdle, "baseline-idle-conns", 0, "(a)'s reverse_proxy keeps this many idle upstream connections per host, as wabarelay_proxy does (1024); 0: Caddy's default (32), the goal's plain reverse_proxy")
 	flag.BoolVar(&c.compareLog, "compare-log", false, "(a) is wabarelay_proxy with relay_log off, (b) with the relay log on: b/a is the log's cost")
+	flag.BoolVar(&c.compareWindow, "compare-window", false, "(a) is wabarelay_proxy with window_guard off, (b) with window_guard enforce (every recipient's window open): b/a is the window header's and guard's cost")
 	flag.StringVar(&c.generator, "generator", "", "load generator: wrk or go (default: wrk when it is on PATH, else go)")
 	flag.IntVar(&c.wrkThreads, "wrk-threads", 1, "wrk threads (-generator wrk)")
 	flag.BoolVar(&c.latency, "latency", false, "the latency mode: concurrency 1, 1,000 channels, 1 wrk thread, 3 × 3 s slices, unless given; reports the added p50")
@@ -113,8 +117,11 @@ func parseFlags() config {
 	if c.channels < 1 || c.concurrency < 1 || c.slices < 1 || c.slice <= 0 || c.warmup < 0 || c.maxRequests < 1 {
 		benchkit.Fatalf("-channels, -concurrency, -slices, -slice and -max-requests must be positive")
 	}
-	if c.compareLog && c.cluster > 0 {
-		benchkit.Fatalf("-compare-log puts (a) in Redis database 1: not with -redis-cluster")
+	if c.relayBaseline() && c.cluster > 0 {
+		benchkit.Fatalf("-compare-log and -compare-window put (a) in Redis database 1: not with -redis-cluster")
+	}
+	if c.compareLog && c.compareWindow {
+		benchkit.Fatalf("-compare-log or -compare-window, not both")
 	}
 	if c.maxRequests > maxPerChannel*c.channels {
 		benchkit.Fatalf("-max-requests %d exceeds %d per channel × %d channels: (b) could approach the 100/min limit",
@@ -123,11 +130,18 @@ func parseFlags() config {
 	return c
 }
 
+// relayBaseline reports whether (a) is the relay too (-compare-log, -compare-window): then it
+// takes the channel tokens and keys, and its limits and keys live in Redis database 1.
+func (c config) relayBaseline() bool { return c.compareLog || c.compareWindow }
+
 // caddyfileA is (a)'s Caddyfile: plain reverse_proxy to the fake's listener fakeURL, or with
-// -compare-log the relay with relay_log off.
+// -compare-log the relay with relay_log off, with -compare-window the relay with window_guard off.
 func caddyfileA(c config, port int, fakeURL, redisLine string) string {
 	if c.compareLog {
-		return benchkit.Caddyfile("", redisLine+"\nupstream       "+fakeURL+"/v26.0\nrelay_log off", relaySite(port))
+		return benchkit.Caddyfile("", redisLine+"\nupstream       "+fakeURL+"/v26.0\nrelay_log off", relaySite(port, ""))
+	}
+	if c.compareWindow {
+		return benchkit.Caddyfile("", redisLine+"\nupstream       "+fakeURL+"/v26.0", relaySite(port, "window_guard off"))
 	}
 	fakeHost := strings.TrimPrefix(fakeURL, "http://")
 	proxy := fakeHost
@@ -143,19 +157,27 @@ func caddyfileA(c config, port int, fakeURL, redisLine string) string {
 `, port, proxyPrefix, proxy))
 }
 
-// caddyfileB is (b)'s Caddyfile: the relay with its defaults; its admin API on adminPort when
-// not 0 (for -cpuprofile).
-func caddyfileB(port, adminPort int, fakeURL, redisLine string) string {
+// caddyfileB is (b)'s Caddyfile: the relay with its defaults (with -compare-window, window_guard
+// enforce); its admin API on adminPort when not 0 (for -cpuprofile).
+func caddyfileB(c config, port, adminPort int, fakeURL, redisLine string) string {
 	admin := ""
 	if adminPort != 0 {
 		admin = fmt.Sprintf("admin 127.0.0.1:%d", adminPort)
 	}
-	return benchkit.Caddyfile(admin, redisLine+"\nupstream       "+fakeURL+"/v26.0", relaySite(port))
+	opts := ""
+	if c.compareWindow {
+		opts = "window_guard enforce"
+	}
+	return benchkit.Caddyfile(admin, redisLine+"\nupstream       "+fakeURL+"/v26.0", relaySite(port, opts))
 }
 
-// relaySite is the relay's site: wabarelay_proxy under proxyPrefix.
-func relaySite(port int) string {
-	return fmt.Sprintf("http://127.0.0.1:%d {\n\thandle_path %s/* {\n\t\twabarelay_proxy\n\t}\n}\n", port, proxyPrefix)
+// relaySite is the relay's site: wabarelay_proxy under proxyPrefix, with the block opts if any.
+func relaySite(port int, opts string) string {
+	proxy := "wabarelay_proxy"
+	if opts != "" {
+		proxy += " {\n\t\t\t" + opts + "\n\t\t}"
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d {\n\thandle_path %s/* {\n\t\t%s\n\t}\n}\n", port, proxyPrefix, proxy)
 }
 
 // redisDB returns the Redis URL u on database db (u must name database 0).
@@ -165,7 +187,7 @@ func redisDB(u string, db int) (string, error) {
 		return "", fmt.Errorf("-redis: %w", err)
 	}
 	if opt.DB != 0 {
-		return "", fmt.Errorf("-compare-log needs -redis on database 0 (it uses database %d for (a))", db)
+		return "", fmt.Errorf("-compare-log and -compare-window need -redis on database 0 (they use database %d for (a))", db)
 	}
 	return strings.TrimRight(u, "/") + "/" + strconv.Itoa(db), nil
 }

@@ -104,9 +104,9 @@ func (t *target) sent() int64 {
 }
 
 // keyed reports whether t's bodies carry an idempotency key: (b)'s, and (a)'s with -compare-log
-// (both relays), unless -no-idempotency-key.
+// or -compare-window (both relays), unless -no-idempotency-key.
 func (t *target) keyed() bool {
-	return (t.name == 'b' || t.c.compareLog) && !t.c.noIdemKey
+	return (t.name == 'b' || t.c.relayBaseline()) && !t.c.noIdemKey
 }
 
 func (t *target) body(buf []byte, seq int) []byte {

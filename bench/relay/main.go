@@ -177,8 +177,13 @@ func run(ctx context.Context, c config) (err error) {
 		portAdmin = benchkit.FreePort()
 	}
 	env := benchkit.CaddyEnv(dsn, key, "WBR_BENCH_REDIS="+redisURL)
+	if c.compareWindow {
+		if err := openWindows(ctx, dsn); err != nil {
+			return err
+		}
+	}
 	cfgA, envA := caddyfileA(c, portA, fp.urlA, redisLine), []string(nil)
-	if c.compareLog {
+	if c.relayBaseline() {
 		// (a): the same relay with the log off, its limits and keys in Redis database 1 (each
 		// target gives a channel up to maxPerChannel requests; together they would near its limit).
 		redisA, err := redisDB(redisURL, 1)
@@ -192,7 +197,7 @@ func run(ctx context.Context, c config) (err error) {
 		return fmt.Errorf("caddy (a): %w", err)
 	}
 	cl.Add(ca.Stop)
-	cb, err := benchkit.StartCaddy(ctx, caddyBin, filepath.Join(tmp, "b"), caddyfileB(portB, portAdmin, fp.urlB, redisLine), env, portB)
+	cb, err := benchkit.StartCaddy(ctx, caddyBin, filepath.Join(tmp, "b"), caddyfileB(c, portB, portAdmin, fp.urlB, redisLine), env, portB)
 	if err != nil {
 		return fmt.Errorf("caddy (b): %w", err)
 	}
@@ -208,7 +213,7 @@ func run(ctx context.Context, c config) (err error) {
 
 	// ---- load ----
 	tokensA := []string(nil) // (a) sends the upstream token itself
-	if c.compareLog {
+	if c.relayBaseline() {
 		tokensA = tokens
 	}
 	ta := newTarget('a', fmt.Sprintf("http://127.0.0.1:%d%s", portA, proxyPrefix), pnids, tokensA, runID, c)
@@ -291,6 +296,12 @@ func run(ctx context.Context, c config) (err error) {
 		return err
 	}
 	checks := verify(ta, tb, fr)
+	if c.compareWindow {
+		// One more send through each: (b) tells the window (open: the guard looked it up and let
+		// the sends through), (a) does not.
+		ha, hb := windowHeader(ctx, ta, tokens[0]), windowHeader(ctx, tb, tokens[0])
+		checks.add(ha == "" && hb == "open", "Wabarelay-Window of one more send: (a) %q (off), (b) %q (enforce; want open)", ha, hb)
+	}
 	// Channel lookups that reached Postgres (relay cache misses): Caddy (b) is stopped first so
 	// that its backends flush their statistics.
 	cb.Stop()

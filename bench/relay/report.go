@@ -167,6 +167,9 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	if c.compareLog {
 		nameA = "(a) `wabarelay_proxy`, `relay_log off`"
 	}
+	if c.compareWindow {
+		nameA = "(a) `wabarelay_proxy`, `window_guard off`"
+	}
 	row(nameA, a, ta)
 	backend := "Redis"
 	if c.cluster > 0 {
@@ -179,6 +182,9 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	}
 	if c.compareLog {
 		keyNote, goal = keyNote+", relay log on", 0.95
+	}
+	if c.compareWindow {
+		keyNote, goal = keyNote+", `window_guard enforce` (windows open)", 0.97
 	}
 	row(fmt.Sprintf("(b) `wabarelay_proxy`, %s, %s", keyNote, backend), b, tb)
 	ratio := math.NaN()
@@ -209,6 +215,10 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 		"rejects unknown top-level keys), i.e. exactly the body (b) forwards."
 	if c.compareLog {
 		mixA = "(a): the same, through the relay with `relay_log off` (its limits and keys in Redis database 1)."
+	}
+	if c.compareWindow {
+		mixA = "(a): the same, through the relay with `window_guard off` (no header, no look-up; its limits and keys in Redis database 1). " +
+			"Every channel's recipient wrote a minute before the run: (b) finds each window open, in memory, and lets the send through."
 	}
 	p("Request mix: `POST <pnid>/messages` text sends, request n on channel n mod %d for both targets. "+
 		"(b): `Authorization: Bearer <channel_token>`, "+idem+". "+mixA+"\n\n", c.channels)
@@ -247,6 +257,8 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	switch {
 	case c.compareLog:
 		name = "relay-log"
+	case c.compareWindow:
+		name = "relay-window"
 	case c.noIdemKey:
 		name = "relay-nokey"
 	}
