@@ -3,6 +3,10 @@ package dashboard
 import (
 	"fmt"
 	"html/template"
+	"math"
+	"net/http"
+	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -11,12 +15,81 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// chartBucket is the width of one latency point.
-const chartBucket = 15 * time.Minute
+// A chart shows one of chartRanges, chosen with the page's ?range= (default defaultRange), as
+// bars of chartRange.Bucket each: 60 of a minute over an hour, 96 of 15 minutes over 24 hours,
+// 168 of an hour over 7 days, so that a burst is a bar as wide as its bucket, never a one-pixel
+// spike, and the height is scaled to the tallest bar. The last bar is the bucket holding now:
+// the current minute counts (chartRange.window).
 
-// charts are a webhook's last 24 h as server-rendered SVG, with a text summary for readers
-// that do not see them.
+// chartRange is a span of time the charts can show.
+type chartRange struct {
+	// Name is the ?range= value; Label says the span in words ("24 hours"), Ago its start ("24 h").
+	Name, Label, Ago string
+	// Span is how far back the chart reaches; Bucket is one bar's width, a divisor of Span.
+	Span, Bucket time.Duration
+	// Per names a bucket in the charts' units ("minute", "15 minutes", "hour").
+	Per string
+}
+
+// chartRanges are the ranges offered, in the order of their links.
+var chartRanges = []chartRange{
+	{Name: "1h", Label: "hour", Ago: "1 h", Span: time.Hour, Bucket: time.Minute, Per: "minute"},
+	{Name: "24h", Label: "24 hours", Ago: "24 h", Span: 24 * time.Hour, Bucket: 15 * time.Minute, Per: "15 minutes"},
+	{Name: "7d", Label: "7 days", Ago: "7 d", Span: 7 * 24 * time.Hour, Bucket: time.Hour, Per: "hour"},
+}
+
+// defaultRange is the range of a page without ?range= (or with one it does not know).
+const defaultRange = "24h"
+
+// parseRange returns the chart range named v, or the default one.
+func parseRange(v string) chartRange {
+	for _, cr := range chartRanges {
+		if cr.Name == v {
+			return cr
+		}
+	}
+	return parseRange(defaultRange)
+}
+
+// window returns the start of the chart's first bucket and how many buckets it has: the last
+// one is the bucket holding now, so what happened in the current minute is drawn and counted.
+func (cr chartRange) window(now time.Time) (start time.Time, n int) {
+	n = int(cr.Span / cr.Bucket)
+	return now.UTC().Truncate(cr.Bucket).Add(-time.Duration(n-1) * cr.Bucket), n
+}
+
+// since is the start of the chart's data: the first bucket's start.
+func (cr chartRange) since(now time.Time) time.Time {
+	start, _ := cr.window(now)
+	return start
+}
+
+// rangeLink is one of a chart's range links.
+type rangeLink struct {
+	Label, URL string
+	Current    bool
+}
+
+// rangeLinks are the links to the page at path with each chart range, keeping the other query
+// parameters (filters, cursors) of a GET of it; after a form's POST, only the range.
+func rangeLinks(r *http.Request, path string, cur chartRange) []rangeLink {
+	out := make([]rangeLink, len(chartRanges))
+	for i, cr := range chartRanges {
+		q := url.Values{}
+		if r.Method == http.MethodGet {
+			q = r.URL.Query()
+		}
+		q.Set("range", cr.Name)
+		out[i] = rangeLink{Label: cr.Ago, URL: path + "?" + q.Encode(), Current: cr.Name == cur.Name}
+	}
+	return out
+}
+
+// charts are a webhook's delivery attempts over a range as server-rendered SVG, with a text
+// summary for readers that do not see them.
 type charts struct {
+	Range     chartRange
+	Ranges    []rangeLink
 	Outcomes  template.HTML
 	Latency   template.HTML
 	Succeeded int
@@ -24,50 +97,38 @@ type charts struct {
 	P50, P99  string
 }
 
-// Chart geometry: the lines' viewBox, which the page stretches to its width, under 16 px of labels.
+// Chart geometry: the bars' viewBox, which the page stretches to its width, under 16 px of labels.
 const (
 	chartW, chartH = 720.0, 160.0
 	chartPad       = 4.0
 )
 
-// renderCharts draws attempts per minute by outcome and latency p50/p99 per bucket over the 24 h
-// ending at now.
-func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store.LatencyBucket) charts {
-	start := now.Add(-24 * time.Hour).Truncate(time.Minute)
-	const n = 24 * 60
+// renderCharts draws attempts per bucket by outcome (stacked bars) and their latency p50 and
+// p99 per bucket over cr ending with now's bucket.
+func renderCharts(now time.Time, cr chartRange, buckets []store.DeliveryBucket) charts {
+	start, n := cr.window(now)
 	ok, bad := make([]float64, n), make([]float64, n)
-	var c charts
-	max := 1.0
-	for _, m := range minutes {
-		i := int(m.Minute.Sub(start) / time.Minute)
-		if i < 0 || i >= n {
-			continue
-		}
-		ok[i], bad[i] = float64(m.Succeeded), float64(m.Failed)
-		c.Succeeded += m.Succeeded
-		c.Failed += m.Failed
-		max = maxf(max, ok[i], bad[i])
-	}
-	c.Outcomes = svgChart("Delivery attempts per minute, last 24 hours", fmt.Sprintf("peak %.0f/min", max), max,
-		series{"ok", "succeeded (2xx)", ok}, series{"bad", "failed", bad})
-
-	nb := int(24 * time.Hour / chartBucket)
-	p50, p99 := make([]float64, nb), make([]float64, nb)
-	lmax := 1.0
+	p50, p99 := make([]float64, n), make([]float64, n)
+	c := charts{Range: cr}
 	var total, weighted50, worst99 float64
 	for _, b := range buckets {
-		i := int(b.Start.Sub(start) / chartBucket)
-		if i < 0 || i >= nb {
+		i, in := slot(start, cr.Bucket, n, b.Start)
+		if !in {
 			continue
 		}
+		ok[i], bad[i] = float64(b.Succeeded), float64(b.Failed)
 		p50[i], p99[i] = b.P50MS, b.P99MS
-		lmax = maxf(lmax, b.P99MS)
-		total += float64(b.Attempts)
-		weighted50 += b.P50MS * float64(b.Attempts)
+		c.Succeeded += b.Succeeded
+		c.Failed += b.Failed
+		attempts := float64(b.Succeeded + b.Failed)
+		total += attempts
+		weighted50 += b.P50MS * attempts
 		worst99 = maxf(worst99, b.P99MS)
 	}
-	c.Latency = svgChart("Attempt latency per 15 minutes (p50 and p99), last 24 hours", fmt.Sprintf("max %.0f ms", lmax), lmax,
-		series{"p50", "p50", p50}, series{"p99", "p99", p99})
+	c.Outcomes = barChart(fmt.Sprintf("Delivery attempts per %s, last %s", cr.Per, cr.Label), cr, "/"+shortPer(cr), true,
+		series{"ok", "succeeded (2xx)", ok}, series{"bad", "failed", bad})
+	c.Latency = barChart(fmt.Sprintf("Attempt latency per %s (p50 and p99), last %s", cr.Per, cr.Label), cr, " ms", false,
+		series{"p99", "p99", p99}, series{"p50", "p50", p50})
 	c.P50, c.P99 = "—", "—"
 	if total > 0 {
 		c.P50 = fmt.Sprintf("%.0f ms", weighted50/total)
@@ -76,25 +137,45 @@ func renderCharts(now time.Time, minutes []store.DeliveryMinute, buckets []store
 	return c
 }
 
-// sendCharts are a channel's sends of the last 24 h as a server-rendered SVG chart, with the
+// slot returns the index of the bucket starting at t among n from start, and whether it is one.
+func slot(start time.Time, bucket time.Duration, n int, t time.Time) (int, bool) {
+	if t.Before(start) {
+		return 0, false
+	}
+	i := int(t.Sub(start) / bucket)
+	return i, i < n
+}
+
+// shortPer is a bucket in the scale's short form: "min", "15 min", "h".
+func shortPer(cr chartRange) string {
+	switch cr.Bucket {
+	case time.Minute:
+		return "min"
+	case time.Hour:
+		return "h"
+	}
+	return fmt.Sprintf("%.0f min", cr.Bucket.Minutes())
+}
+
+// sendCharts are a channel's sends over a range as a server-rendered SVG chart, with the
 // totals as text for readers that do not see it.
 type sendCharts struct {
+	Range                                   chartRange
+	Ranges                                  []rangeLink
 	Outcomes                                template.HTML
 	OK, UpstreamError, RateLimited, Refused int
 }
 
-// renderSendCharts draws a channel's relay calls per minute by outcome (2xx, upstream error,
-// 429, refused by the relay) over the 24 h ending at now: 1,440 minutes, the last one now's, so
-// that the calls of the current minute are shown.
-func renderSendCharts(now time.Time, minutes []store.SendMinute) sendCharts {
-	const n = 24 * 60
-	start := now.Truncate(time.Minute).Add(-(n - 1) * time.Minute)
+// renderSendCharts draws a channel's relay calls per bucket by outcome (2xx, upstream error,
+// 429, refused by the relay) as stacked bars over cr ending with now's bucket, so that the calls
+// of the current minute are shown and counted.
+func renderSendCharts(now time.Time, cr chartRange, minutes []store.SendMinute) sendCharts {
+	start, n := cr.window(now)
 	ok, upstream, limited, refused := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
-	var c sendCharts
-	max := 1.0
+	c := sendCharts{Range: cr}
 	for _, m := range minutes {
-		i := int(m.Minute.Sub(start) / time.Minute)
-		if i < 0 || i >= n {
+		i, in := slot(start, cr.Bucket, n, m.Minute)
+		if !in {
 			continue
 		}
 		ok[i], upstream[i], limited[i], refused[i] = float64(m.OK), float64(m.UpstreamError), float64(m.RateLimited), float64(m.Refused)
@@ -102,9 +183,8 @@ func renderSendCharts(now time.Time, minutes []store.SendMinute) sendCharts {
 		c.UpstreamError += m.UpstreamError
 		c.RateLimited += m.RateLimited
 		c.Refused += m.Refused
-		max = maxf(max, ok[i], upstream[i], limited[i], refused[i])
 	}
-	c.Outcomes = svgChart("Sends per minute by outcome, last 24 hours", fmt.Sprintf("peak %.0f/min", max), max,
+	c.Outcomes = barChart(fmt.Sprintf("Sends per %s by outcome, last %s", cr.Per, cr.Label), cr, "/"+shortPer(cr), true,
 		series{"ok", "2xx", ok}, series{"upstream", "upstream error", upstream},
 		series{"limited", "429", limited}, series{"refused", "refused", refused})
 	return c
@@ -119,29 +199,78 @@ type series struct {
 // a 320 px screen; a chart of more has its legend below it, in HTML, where it wraps.
 const legendInSVG = 2
 
-// svgChart draws series as polylines on a shared scale. Everything in it is numbers or fixed
-// text, escaped, so it is safe HTML. The outer SVG is in CSS pixels, so its text keeps its shape
-// at any width; only the inner one, holding the lines, stretches to the width.
-func svgChart(title, scale string, max float64, ss ...series) template.HTML {
+// niceCeil is the smallest of 1, 2, 5, 10, 20, 50, … at least v (v > 0): the chart's top.
+func niceCeil(v float64) float64 {
+	if v <= 1 {
+		return 1
+	}
+	p := math.Pow(10, math.Floor(math.Log10(v)))
+	for _, m := range []float64{1, 2, 5, 10} {
+		if m*p >= v {
+			return m * p
+		}
+	}
+	return 10 * p
+}
+
+// barChart draws series as bars, one per bucket of cr: stacked (the bars of a bucket add up)
+// or, unstacked, drawn over each other in order (the first the tallest, as p99 behind p50). The
+// height is scaled to the tallest bar, rounded up to 1, 2 or 5 × 10ⁿ, written at the top with
+// unit; a bucket with a value has a bar of at least one unit of height, so that a single event
+// among thousands is seen. Everything in it is numbers or fixed text, escaped, so it is safe
+// HTML. The outer SVG is in CSS pixels, so its text keeps its shape at any width; only the inner
+// one, holding the bars, stretches to the width.
+func barChart(title string, cr chartRange, unit string, stacked bool, ss ...series) template.HTML {
+	n := len(ss[0].values)
+	peak, any := 0.0, false
+	for i := range n {
+		sum := 0.0
+		for _, s := range ss {
+			v := s.values[i]
+			any = any || v > 0
+			if stacked {
+				sum += v
+			} else {
+				sum = maxf(sum, v)
+			}
+		}
+		peak = maxf(peak, sum)
+	}
+	top := niceCeil(peak)
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="chart" role="img" aria-label="%s">`, template.HTMLEscapeString(title))
 	fmt.Fprintf(&b, `<title>%s</title>`, template.HTMLEscapeString(title))
 	fmt.Fprintf(&b, `<svg width="100%%" height="%.0f" viewBox="0 0 %.0f %.0f" preserveAspectRatio="none">`, chartH, chartW, chartH)
+	fmt.Fprintf(&b, `<line class="grid" x1="0" y1="%.1f" x2="%.0f" y2="%.1f"/>`, chartPad+12, chartW, chartPad+12)
 	fmt.Fprintf(&b, `<line class="axis" x1="0" y1="%.1f" x2="%.0f" y2="%.1f"/>`, chartH, chartW, chartH)
-	for _, s := range ss {
-		n := len(s.values)
-		fmt.Fprintf(&b, `<polyline class="line %s" points="`, s.class)
-		for i, v := range s.values {
-			x := float64(i) * chartW / float64(n-1)
-			y := chartH - chartPad - v/max*(chartH-2*chartPad)
-			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+	w := chartW / float64(n)
+	gap := 0.0
+	if w >= 4 {
+		gap = w * 0.15
+	}
+	usable := chartH - chartPad - 12
+	for i := range n {
+		y := chartH
+		for _, s := range ss {
+			v := s.values[i]
+			if v <= 0 {
+				continue
+			}
+			h := math.Max(v/top*usable, 1)
+			if !stacked {
+				y = chartH
+			}
+			y -= h
+			fmt.Fprintf(&b, `<rect class="bar %s" x="%.2f" y="%.2f" width="%.2f" height="%.2f"/>`, s.class, float64(i)*w+gap/2, y, w-gap, h)
 		}
-		b.WriteString(`"/>`)
 	}
 	b.WriteString(`</svg>`)
-	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">24 h ago</text>`, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">%s ago</text>`, chartH+14, template.HTMLEscapeString(cr.Ago))
 	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">now</text>`, chartH+14)
-	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s</text>`, template.HTMLEscapeString(scale))
+	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s%s</text>`, strconv.FormatFloat(top, 'f', -1, 64), template.HTMLEscapeString(unit))
+	if !any {
+		fmt.Fprintf(&b, `<text class="label nodata" x="50%%" y="%.0f" text-anchor="middle">nothing in the last %s</text>`, chartH/2+4, template.HTMLEscapeString(cr.Label))
+	}
 	if len(ss) > legendInSVG {
 		b.WriteString(`</svg><ul class="chart-legend">`)
 		for _, s := range ss {

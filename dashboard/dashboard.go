@@ -133,7 +133,8 @@ func New(opt Options) (*Handler, error) {
 	if h.logger == nil {
 		h.logger = zap.NewNop()
 	}
-	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count, "qualityClass": qualityClass}
+	funcs := template.FuncMap{"fmtTime": fmtTime, "deref": deref, "join": strings.Join, "count": count, "qualityClass": qualityClass,
+		"fmtMS": fmtMS, "lastAttempt": lastAttempt}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html"))
 	names, _ := fs.Glob(templateFS, "templates/*.html")
 	for _, name := range names {

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -175,11 +176,7 @@ func (h *Handler) demoPageSent(w http.ResponseWriter, r *http.Request, p page, s
 	}
 	d := demoData{ReceiverURL: h.receiverURL(org), FakeUpstream: h.opt.Demo.FakeUpstream,
 		Relay: h.opt.Demo.Relay, Batch: newDemoBatch(), Sent: sent}
-	for _, c := range chans {
-		if c.Status == store.ChannelActive && c.PhoneNumberID != nil {
-			d.Channels = append(d.Channels, c)
-		}
-	}
+	d.Channels = demoChannels(chans)
 	hooks, err := h.opt.API.ListWebhooks(r.Context(), pr)
 	if err != nil {
 		h.serverError(w, r, err)
@@ -276,9 +273,76 @@ func (h *Handler) emit(ctx context.Context, pnid, text string) error {
 		return fmt.Errorf("fake upstream unreachable")
 	}
 	defer resp.Body.Close()
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<16))
+	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
 	if resp.StatusCode/100 != 2 {
+		if reason := upstreamReason(raw); reason != "" {
+			return fmt.Errorf("fake upstream answered %d: %s", resp.StatusCode, reason)
+		}
 		return fmt.Errorf("fake upstream answered %d", resp.StatusCode)
 	}
 	return nil
+}
+
+// demoChannels are the org's connected channels the demo can use, the likeliest to work first
+// (the forms' default): those whose upstream token is not known dead before the others, then the
+// newest connected. After a `make run` restart the fake upstream has forgotten the numbers
+// connected before (its state is in memory), so the channel connected since comes first; an
+// old one is known dead once a call or a health read has found its token refused.
+func demoChannels(chans []managementapi.Channel) []managementapi.Channel {
+	var out []managementapi.Channel
+	for _, c := range chans {
+		if c.Status == store.ChannelActive && c.PhoneNumberID != nil {
+			out = append(out, c)
+		}
+	}
+	at := func(c managementapi.Channel) time.Time {
+		if c.ConnectedAt != nil {
+			return time.Time(*c.ConnectedAt)
+		}
+		return time.Time(c.CreatedAt)
+	}
+	slices.SortStableFunc(out, func(a, b managementapi.Channel) int {
+		if da, db := a.UpstreamDisconnectedAt != nil, b.UpstreamDisconnectedAt != nil; da != db {
+			if da {
+				return 1
+			}
+			return -1
+		}
+		return at(b).Compare(at(a))
+	})
+	return out
+}
+
+// upstreamReason is the reason in an error answer of the fake upstream or the relay: the
+// fake's and the relay's {"error": "..."}, or Graph's {"error": {"message", "code",
+// "error_data": {"details"}}} as "message (code N): details"; "" when the body has none.
+func upstreamReason(raw []byte) string {
+	var body struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(raw, &body) != nil || len(body.Error) == 0 {
+		return ""
+	}
+	var msg string
+	if json.Unmarshal(body.Error, &msg) == nil {
+		return msg
+	}
+	var g struct {
+		Message   string `json:"message"`
+		Code      int    `json:"code"`
+		ErrorData struct {
+			Details string `json:"details"`
+		} `json:"error_data"`
+	}
+	if json.Unmarshal(body.Error, &g) != nil || g.Message == "" {
+		return ""
+	}
+	out := g.Message
+	if g.Code != 0 {
+		out += fmt.Sprintf(" (code %d)", g.Code)
+	}
+	if g.ErrorData.Details != "" && g.ErrorData.Details != g.Message {
+		out += ": " + g.ErrorData.Details
+	}
+	return out
 }

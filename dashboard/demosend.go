@@ -153,30 +153,22 @@ func (h *Handler) relaySend(ctx context.Context, pnid, token string, res *demoSe
 		Messages []struct {
 			ID string `json:"id"`
 		} `json:"messages"`
-		Error json.RawMessage `json:"error"`
 	}
 	_ = json.Unmarshal(raw, &ans)
 	if resp.StatusCode == http.StatusOK && len(ans.Messages) > 0 && ans.Messages[0].ID != "" {
 		res.WAMID = ans.Messages[0].ID
 		return nil
 	}
-	res.Error = relayErrorText(resp.StatusCode, ans.Error)
+	res.Error = relayErrorText(resp.StatusCode, raw)
 	return nil
 }
 
 // relayErrorText is a refusal's message: the relay's {"error": "..."}, or the upstream's
-// {"error": {"message", "code"}} as relayed.
-func relayErrorText(status int, e json.RawMessage) string {
-	var msg string
-	if json.Unmarshal(e, &msg) == nil && msg != "" {
-		return msg
-	}
-	var up struct {
-		Message string `json:"message"`
-		Code    int    `json:"code"`
-	}
-	if json.Unmarshal(e, &up) == nil && up.Message != "" {
-		return fmt.Sprintf("%s (code %d)", up.Message, up.Code)
+// {"error": {"message", "code", "error_data": {"details"}}} as relayed (upstreamReason), after
+// the status: "answered 400: ...".
+func relayErrorText(status int, raw []byte) string {
+	if reason := upstreamReason(raw); reason != "" {
+		return fmt.Sprintf("answered %d: %s", status, reason)
 	}
 	return fmt.Sprintf("answered %d", status)
 }

@@ -55,6 +55,8 @@ type channelData struct {
 	NextURL  string
 	// HealthHistory is the latest changes of the number's health, newest first (health.go).
 	HealthHistory []healthChangeRow
+	// RangeParam is the chart range asked for ("" for the default), kept by the filter form.
+	RangeParam string
 }
 
 func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
@@ -96,15 +98,22 @@ func (h *Handler) channel(w http.ResponseWriter, r *http.Request, s *session) {
 		if d.Filter.Q != "" {
 			nq.Set("q", d.Filter.Q)
 		}
+		if v := q.Get("range"); v != "" {
+			nq.Set("range", parseRange(v).Name)
+		}
 		d.NextURL = h.opt.BasePath + "/channels/" + cid.String() + "?" + nq.Encode()
 	}
-	now := time.Now().UTC()
-	minutes, err := h.opt.API.SendsPerMinute(r.Context(), h.principal(r, s), cid.String(), now.Add(-24*time.Hour))
+	now, cr := time.Now().UTC(), parseRange(q.Get("range"))
+	minutes, err := h.opt.API.SendsPerBucket(r.Context(), h.principal(r, s), cid.String(), cr.since(now), cr.Bucket)
 	if err != nil {
 		h.readError(w, r, s, err)
 		return
 	}
-	d.Charts = renderSendCharts(now, minutes)
+	d.Charts = renderSendCharts(now, cr, minutes)
+	d.Charts.Ranges = rangeLinks(r, h.opt.BasePath+"/channels/"+cid.String(), cr)
+	if q.Get("range") != "" {
+		d.RangeParam = cr.Name
+	}
 	if d.HealthHistory, err = h.healthHistory(r, s, cid); err != nil {
 		h.readError(w, r, s, err)
 		return
@@ -149,6 +158,9 @@ type deliveryRow struct {
 	Type        string
 	Status      string
 	Attempts    int
+	// Carried is the message status a message_status event carried (sent, delivered, read,
+	// failed), "" for other events.
+	Carried string
 }
 
 type messageData struct {
@@ -231,13 +243,20 @@ func timeSteps(steps []step) string {
 	return fmtDuration(last.Sub(first))
 }
 
-// fmtDuration writes a duration for people: "850 ms", "2.4 s", "3 min 5 s", "2 h 10 min",
-// "3 d 4 h". A negative duration is written as none.
+// fmtDuration writes a duration for people: "420 µs", "850 ms", "2.4 s", "3 min 5 s",
+// "2 h 10 min", "3 d 4 h"; "<1 µs" for less than a microsecond but more than none, never "0 ms"
+// for a time that was not nothing. A negative duration is written as none ("0 ms").
 func fmtDuration(d time.Duration) string {
 	if d < 0 {
 		d = 0
 	}
 	switch {
+	case d == 0:
+		return "0 ms"
+	case d < time.Microsecond:
+		return "<1 µs"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%d µs", d.Microseconds())
 	case d < time.Second:
 		return fmt.Sprintf("%d ms", d.Milliseconds())
 	case d < time.Minute:
@@ -248,4 +267,21 @@ func fmtDuration(d time.Duration) string {
 		return fmt.Sprintf("%d h %d min", int(d/time.Hour), int(d%time.Hour/time.Minute))
 	}
 	return fmt.Sprintf("%d d %d h", int(d/(24*time.Hour)), int(d%(24*time.Hour)/time.Hour))
+}
+
+// fmtMS writes a latency counted in whole milliseconds (a delivery attempt's): "35 ms", and
+// "<1 ms" for 0, which means under a millisecond, never none.
+func fmtMS(ms int) string {
+	if ms <= 0 {
+		return "<1 ms"
+	}
+	return fmtDuration(time.Duration(ms) * time.Millisecond)
+}
+
+// lastAttempt is the latest of a delivery's attempts (the log is in time order), nil for none.
+func lastAttempt(log []managementapi.Attempt) *managementapi.Attempt {
+	if len(log) == 0 {
+		return nil
+	}
+	return &log[len(log)-1]
 }

@@ -61,8 +61,11 @@ func (h *Handler) getMessage(r *http.Request, p managementapi.Principal, wamid s
 			Detail: "The upstream's webhook reached the relay and the message was stored."})
 	}
 	if c := t.Relay; c != nil {
-		latency := time.Duration(c.LatencyUS) * time.Microsecond
-		detail := fmt.Sprintf("HTTP %d in %s", c.Status, fmtDuration(latency))
+		took := "<1 µs" // measured to the microsecond: 0 is less than one, not nothing
+		if c.LatencyUS > 0 {
+			took = fmtDuration(time.Duration(c.LatencyUS) * time.Microsecond)
+		}
+		detail := fmt.Sprintf("HTTP %d in %s", c.Status, took)
 		if c.Replayed {
 			detail += "; a retry of the call was replayed from the idempotency store"
 		}
@@ -71,7 +74,9 @@ func (h *Handler) getMessage(r *http.Request, p managementapi.Principal, wamid s
 			d.IdempotencyKey = *c.IdempotencyKey
 		}
 	}
+	carried := make(map[uuid.UUID]string, len(t.Statuses))
 	for _, st := range t.Statuses {
+		carried[st.EventID] = st.Status
 		sp := step{Kind: st.Status, Label: st.Status, At: st.Timestamp}
 		if st.Error != nil {
 			sp.Error = newUpstreamError(st.Error.Code, st.Error.Title)
@@ -81,7 +86,7 @@ func (h *Handler) getMessage(r *http.Request, p managementapi.Principal, wamid s
 	d.Total = timeSteps(d.Steps)
 	for _, dl := range t.Deliveries {
 		d.Deliveries = append(d.Deliveries, deliveryRow{WebhookID: dl.WebhookID.String(), EventID: dl.EventID.String(),
-			Type: dl.Type, Status: dl.Status, Attempts: dl.Attempts})
+			Type: dl.Type, Status: dl.Status, Attempts: dl.Attempts, Carried: carried[dl.EventID]})
 	}
 	return d, nil
 }

@@ -358,6 +358,8 @@ type webhookData struct {
 	// GraceChoices are the rotation form's.
 	Rotated      *managementapi.Webhook
 	GraceChoices []graceChoice
+	// RangeParam is the chart range asked for ("" for the default), kept by the filter form.
+	RangeParam string
 }
 
 type deliveryFilter struct {
@@ -408,7 +410,7 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 	d := webhookData{Webhook: wh.Webhook, Health: wh.HealthDetail, Statuses: []string{"pending", "in_flight", "delivered", "failed"},
 		Filter: deliveryFilter{Status: q.Get("status"), Since: q.Get("since"), Until: q.Get("until")}}
 	d.Rotated, d.GraceChoices = rotated, graceChoices
-	dq := managementapi.DeliveryQuery{Status: d.Filter.Status, Limit: strconv.Itoa(deliveryPageSize)}
+	dq := managementapi.DeliveryQuery{Status: d.Filter.Status, Limit: strconv.Itoa(deliveryPageSize), Newest: true}
 	valid := d.Filter.Status == ""
 	for _, st := range d.Statuses {
 		valid = valid || st == d.Filter.Status
@@ -418,7 +420,7 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 	dq.Until, ok2 = parseFormTime(d.Filter.Until)
 	if !valid || !ok1 || !ok2 {
 		p.Error, status = "The filter is not valid: pick a status from the list and times as YYYY-MM-DDTHH:MM (UTC).", http.StatusUnprocessableEntity
-		dq = managementapi.DeliveryQuery{Limit: dq.Limit}
+		dq = managementapi.DeliveryQuery{Limit: dq.Limit, Newest: true}
 		d.Filter = deliveryFilter{}
 	}
 	if after := q.Get("after"); after != "" {
@@ -434,7 +436,7 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 	d.Deliveries = list
 	if next != nil && len(list) > 0 {
 		nq := url.Values{}
-		for k, v := range map[string]string{"status": d.Filter.Status, "since": d.Filter.Since, "until": d.Filter.Until} {
+		for k, v := range map[string]string{"status": d.Filter.Status, "since": d.Filter.Since, "until": d.Filter.Until, "range": q.Get("range")} {
 			if v != "" {
 				nq.Set(k, v)
 			}
@@ -442,13 +444,17 @@ func (h *Handler) webhookPageWith(w http.ResponseWriter, r *http.Request, p page
 		nq.Set("after", list[len(list)-1].ID.String())
 		d.NextURL = h.opt.BasePath + "/webhooks/" + wid.String() + "?" + nq.Encode()
 	}
-	now := time.Now().UTC()
-	minutes, buckets, err := h.opt.API.DeliveryStats(r.Context(), pr, wid.String(), now.Add(-24*time.Hour), chartBucket)
+	now, cr := time.Now().UTC(), parseRange(q.Get("range"))
+	buckets, err := h.opt.API.DeliveryChart(r.Context(), pr, wid.String(), cr.since(now), cr.Bucket)
 	if err != nil {
 		h.readError(w, r, p.Session, err)
 		return
 	}
-	d.Charts = renderCharts(now, minutes, buckets)
+	d.Charts = renderCharts(now, cr, buckets)
+	d.Charts.Ranges = rangeLinks(r, h.opt.BasePath+"/webhooks/"+wid.String(), cr)
+	if q.Get("range") != "" {
+		d.RangeParam = cr.Name
+	}
 	p.Title, p.Nav, p.Data = "Webhook "+wh.Name, "webhooks", d
 	h.render(w, r, status, "webhook", p)
 }

@@ -34,29 +34,34 @@ func (s *Service) GetWebhookOverview(ctx context.Context, p Principal, webhookID
 	return WebhookOverview{Webhook: NewWebhook(wh), HealthDetail: wh.Health}, nil
 }
 
-// DeliveryStats returns the delivery charts of one of the org's webhooks since a time: its
-// attempts per minute by outcome and its attempts' latencies in buckets of bucket (see
-// store.Store.DeliveryStats).
-func (s *Service) DeliveryStats(ctx context.Context, p Principal, webhookID string, since time.Time, bucket time.Duration) ([]store.DeliveryMinute, []store.LatencyBucket, error) {
+// DeliveryChart returns the delivery charts of one of the org's webhooks since a time: its
+// attempts by outcome and their latency per bucket of time (see store.Store.DeliveryChart).
+func (s *Service) DeliveryChart(ctx context.Context, p Principal, webhookID string, since time.Time, bucket time.Duration) ([]store.DeliveryBucket, error) {
 	wid, err := id(webhookID, MsgWebhookNotFound)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	minutes, buckets, err := s.opt.Store.DeliveryStats(ctx, p.Key.OrgID, wid, since, bucket)
+	buckets, err := s.opt.Store.DeliveryChart(ctx, p.Key.OrgID, wid, since, bucket)
 	if err != nil {
-		return nil, nil, s.storeError(err)
+		return nil, s.storeError(err)
 	}
-	return minutes, buckets, nil
+	return buckets, nil
 }
 
 // SendsPerMinute returns the relay calls of one of the org's channels per minute by outcome
 // since a time (none for a channel of another org).
 func (s *Service) SendsPerMinute(ctx context.Context, p Principal, channelID string, since time.Time) ([]store.SendMinute, error) {
+	return s.SendsPerBucket(ctx, p, channelID, since, time.Minute)
+}
+
+// SendsPerBucket returns the relay calls of one of the org's channels per bucket of time by
+// outcome since a time (none for a channel of another org; see store.Store.SendsPerBucket).
+func (s *Service) SendsPerBucket(ctx context.Context, p Principal, channelID string, since time.Time, bucket time.Duration) ([]store.SendMinute, error) {
 	cid, err := id(channelID, MsgChannelNotFound)
 	if err != nil {
 		return nil, err
 	}
-	return s.opt.Store.SendsPerMinute(ctx, p.Key.OrgID, cid, since)
+	return s.opt.Store.SendsPerBucket(ctx, p.Key.OrgID, cid, since, bucket)
 }
 
 // MessageTimeline returns the record of one of the org's messages, outgoing or incoming, as

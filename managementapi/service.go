@@ -445,6 +445,9 @@ type DeliveryQuery struct {
 	// Since and Until keep the deliveries created in [Since, Until) (nil: unbounded). Not API
 	// parameters: the dashboard's filters.
 	Since, Until *time.Time
+	// Newest lists newest first (the cursor then pages to older ones). Not an API parameter:
+	// the dashboard's delivery log.
+	Newest bool
 }
 
 // ListDeliveries returns a page of a webhook's delivery log and, when another page follows,
@@ -454,7 +457,7 @@ func (s *Service) ListDeliveries(ctx context.Context, p Principal, webhookID str
 	if err != nil {
 		return nil, nil, err
 	}
-	page := store.DeliveryPage{Status: q.Status, Limit: defaultPageLimit, Since: q.Since, Until: q.Until}
+	page := store.DeliveryPage{Status: q.Status, Limit: defaultPageLimit, Since: q.Since, Until: q.Until, Newest: q.Newest}
 	if page.Status != "" && !deliveryStatuses[page.Status] {
 		return nil, nil, unprocessable(`"status" must be one of: pending, in_flight, delivered, failed`)
 	}

@@ -114,65 +114,46 @@ func (s *Store) DeleteDashboardSession(ctx context.Context, token string) error 
 	return nil
 }
 
-// DeliveryMinute is one minute of a webhook's delivery attempts, by outcome.
-type DeliveryMinute struct {
-	Minute    time.Time
+// DeliveryBucket is one bucket of time of a webhook's delivery attempts: how many succeeded and
+// failed, and their latency.
+type DeliveryBucket struct {
+	// Start is the bucket's start (UTC).
+	Start     time.Time
 	Succeeded int // 2xx
 	Failed    int // any other status, or no answer (timeout, connection error)
+	// P50MS and P99MS are the attempts' latency percentiles, in milliseconds.
+	P50MS, P99MS float64
 }
 
-// LatencyBucket is the attempt latency over one bucket of time.
-type LatencyBucket struct {
-	Start    time.Time
-	Attempts int
-	P50MS    float64
-	P99MS    float64
-}
-
-// DeliveryStats returns, for one of the org's webhooks, its attempts per minute by outcome and
-// their latency (p50, p99) per bucket since `since`. Only minutes and buckets with attempts are
-// returned, in time order. It reads the webhook's deliveries created from a little before since
-// (retries follow their first attempt by at most the retry schedule), through their index.
-func (s *Store) DeliveryStats(ctx context.Context, orgID, webhookID uuid.UUID, since time.Time, bucket time.Duration) ([]DeliveryMinute, []LatencyBucket, error) {
+// DeliveryChart returns, for one of the org's webhooks, its attempts since `since` counted per
+// bucket of time (aligned on the Unix epoch) by outcome, with their latency p50 and p99: only
+// buckets with attempts, in time order. One query: it reads the webhook's deliveries created from
+// an hour before since (retries follow their first attempt by at most the retry schedule)
+// through their (webhook_id, created_at) index, and their attempts.
+func (s *Store) DeliveryChart(ctx context.Context, orgID, webhookID uuid.UUID, since time.Time, bucket time.Duration) ([]DeliveryBucket, error) {
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	const attempts = `
-		WITH a AS (
-			SELECT a.started_at, a.duration_ms, a.status_code
-			FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
-			WHERE d.webhook_id = $1 AND d.created_at >= $2::timestamptz - interval '1 hour' AND a.started_at >= $2)`
-	rows, err := s.pool.Query(ctx, attempts+`
-		SELECT date_trunc('minute', started_at),
-		       count(*) FILTER (WHERE status_code BETWEEN 200 AND 299),
-		       count(*) FILTER (WHERE status_code IS NULL OR status_code NOT BETWEEN 200 AND 299)
-		FROM a GROUP BY 1 ORDER BY 1`, webhookID, since)
+	rows, err := s.pool.Query(ctx, `
+		SELECT to_timestamp(floor(extract(epoch FROM a.started_at) / $3) * $3),
+		       count(*) FILTER (WHERE a.status_code BETWEEN 200 AND 299),
+		       count(*) FILTER (WHERE a.status_code IS NULL OR a.status_code NOT BETWEEN 200 AND 299),
+		       percentile_cont(0.5) WITHIN GROUP (ORDER BY a.duration_ms),
+		       percentile_cont(0.99) WITHIN GROUP (ORDER BY a.duration_ms)
+		FROM deliveries d JOIN delivery_attempts a ON a.delivery_id = d.id
+		WHERE d.webhook_id = $1 AND d.created_at >= $2::timestamptz - interval '1 hour' AND a.started_at >= $2
+		GROUP BY 1 ORDER BY 1`, webhookID, since, bucket.Seconds())
 	if err != nil {
-		return nil, nil, fmt.Errorf("delivery stats: %w", err)
+		return nil, fmt.Errorf("delivery chart: %w", err)
 	}
-	minutes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryMinute, error) {
-		var m DeliveryMinute
-		err := r.Scan(&m.Minute, &m.Succeeded, &m.Failed)
-		return m, err
-	})
-	if err != nil {
-		return nil, nil, fmt.Errorf("delivery stats: %w", err)
-	}
-	rows, err = s.pool.Query(ctx, attempts+`
-		SELECT to_timestamp(floor(extract(epoch FROM started_at) / $3) * $3), count(*),
-		       percentile_cont(0.5) WITHIN GROUP (ORDER BY duration_ms),
-		       percentile_cont(0.99) WITHIN GROUP (ORDER BY duration_ms)
-		FROM a GROUP BY 1 ORDER BY 1`, webhookID, since, bucket.Seconds())
-	if err != nil {
-		return nil, nil, fmt.Errorf("delivery latency: %w", err)
-	}
-	buckets, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (LatencyBucket, error) {
-		var b LatencyBucket
-		err := r.Scan(&b.Start, &b.Attempts, &b.P50MS, &b.P99MS)
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (DeliveryBucket, error) {
+		var b DeliveryBucket
+		err := r.Scan(&b.Start, &b.Succeeded, &b.Failed, &b.P50MS, &b.P99MS)
+		b.Start = b.Start.UTC()
 		return b, err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("delivery latency: %w", err)
+		return nil, fmt.Errorf("delivery chart: %w", err)
 	}
-	return minutes, buckets, nil
+	return out, nil
 }

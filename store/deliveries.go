@@ -55,6 +55,9 @@ type DeliveryPage struct {
 	Limit  int
 	// Since and Until, when set, keep deliveries created at or after Since and before Until.
 	Since, Until *time.Time
+	// Newest lists newest first: (created_at, id) descending, After then meaning "older than".
+	// The dashboard's delivery log; the API lists oldest first.
+	Newest bool
 }
 
 // deliveryStatusSQL is a delivery's status as the delivery log shows it, from its log row d and
@@ -64,13 +67,18 @@ type DeliveryPage struct {
 const deliveryStatusSQL = `CASE WHEN q.status = 'in_flight' THEN 'in_flight' WHEN q.status IS NOT NULL THEN 'pending' ELSE d.status END`
 
 // ListDeliveries returns a page of the deliveries of one of the org's webhooks, ordered by
-// (created_at, id), with their attempts in time order. more reports whether another page follows.
+// (created_at, id) (descending with p.Newest), with their attempts in time order. more reports
+// whether another page follows.
 func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, p DeliveryPage) (ds []Delivery, more bool, err error) {
 	if _, err := s.GetWebhook(ctx, orgID, webhookID); err != nil {
 		return nil, false, err
 	}
 	// Live deliveries take their state from the queue: in flight, or pending (held ones too:
 	// the interface knows no held state) with their next attempt's time.
+	after, order := ">", "x.created_at, x.id"
+	if p.Newest {
+		after, order = "<", "x.created_at DESC, x.id DESC"
+	}
 	rows, err := s.pool.Query(ctx, `
 		SELECT * FROM (
 			SELECT d.id, d.event_id, e.type, `+deliveryStatusSQL+` AS status,
@@ -80,11 +88,11 @@ func (s *Store) ListDeliveries(ctx context.Context, orgID, webhookID uuid.UUID, 
 			JOIN events e ON e.id = d.event_id AND e.created_at = d.created_at
 			LEFT JOIN delivery_queue q ON q.delivery_id = d.id
 			WHERE d.webhook_id = $1
-			  AND ($3::uuid IS NULL OR (d.created_at, d.id) > (SELECT created_at, id FROM deliveries WHERE id = $3))
+			  AND ($3::uuid IS NULL OR (d.created_at, d.id) `+after+` (SELECT created_at, id FROM deliveries WHERE id = $3))
 			  AND ($5::timestamptz IS NULL OR d.created_at >= $5) AND ($6::timestamptz IS NULL OR d.created_at < $6)
 		) x
 		WHERE $2 = '' OR x.status = $2
-		ORDER BY x.created_at, x.id LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1, p.Since, p.Until)
+		ORDER BY `+order+` LIMIT $4`, webhookID, p.Status, p.After, p.Limit+1, p.Since, p.Until)
 	if err != nil {
 		return nil, false, fmt.Errorf("list deliveries: %w", err)
 	}

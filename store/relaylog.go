@@ -391,15 +391,27 @@ type SendMinute struct {
 }
 
 // SendsPerMinute returns the relay calls of one channel of org since since's minute, counted per
-// minute by outcome class: only minutes with calls, oldest first. A channel of another org has
-// none. It reads relay_minutes (migration 023), which the relay log's writer adds every call to:
-// one row per minute, 1,440 for a day, whatever the channel's traffic.
+// minute by outcome class: only minutes with calls, oldest first (SendsPerBucket of a minute).
 func (s *Store) SendsPerMinute(ctx context.Context, orgID, channelID uuid.UUID, since time.Time) ([]SendMinute, error) {
+	return s.SendsPerBucket(ctx, orgID, channelID, since, time.Minute)
+}
+
+// SendsPerBucket returns the relay calls of one channel of org since since's minute, counted per
+// bucket of time (a whole number of minutes, aligned on the Unix epoch; SendMinute.Minute is the
+// bucket's start) by outcome class: only buckets with calls, oldest first. A channel of another
+// org has none. One query over relay_minutes (migration 023), which the relay log's writer adds
+// every call to: one row per minute, 1,440 for a day and 10,080 for a week, whatever the
+// channel's traffic.
+func (s *Store) SendsPerBucket(ctx context.Context, orgID, channelID uuid.UUID, since time.Time, bucket time.Duration) ([]SendMinute, error) {
+	if bucket < time.Minute {
+		bucket = time.Minute
+	}
 	rows, err := queryGuarded(ctx, s.pool, `
-		SELECT minute, ok, upstream_error, rate_limited, refused
+		SELECT to_timestamp(floor(extract(epoch FROM minute) / $4) * $4),
+		       sum(ok)::int, sum(upstream_error)::int, sum(rate_limited)::int, sum(refused)::int
 		FROM relay_minutes
 		WHERE channel_id = $2 AND minute >= $3 AND org_id = $1 AND ok + upstream_error + rate_limited + refused > 0
-		ORDER BY minute`, orgID, channelID, since.UTC().Truncate(time.Minute))
+		GROUP BY 1 ORDER BY 1`, orgID, channelID, since.UTC().Truncate(time.Minute), bucket.Seconds())
 	if err != nil {
 		return nil, fmt.Errorf("sends per minute: %w", err)
 	}
