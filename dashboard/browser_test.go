@@ -510,17 +510,17 @@ func TestBrowserDeliveryLog(t *testing.T) {
 
 	fRow, okRow := "#delivery-"+failed.String(), "#delivery-"+ok.String()
 	wantText(t, p, fRow+" .badge", "failed")
-	wantText(t, p, fRow+" tbody tr", "500", "42 ms", "receiver exploded")
+	wantText(t, p, fRow, "500", "42 ms", "receiver exploded")
 	wantText(t, p, okRow+" .badge", "delivered")
-	wantText(t, p, okRow+" tbody tr", "200", "17 ms", `{"ok":true}`)
+	wantText(t, p, okRow, "200", "17 ms", `{"ok":true}`)
 	if present(t, p, okRow+` form[action$="/retry"]`) {
 		t.Errorf("a delivered delivery offers Retry")
 	}
 	wantText(t, p, ".summary", "1 attempts succeeded, 1 failed")
-	p.Do(t, chromedp.WaitVisible(css(`svg.chart[aria-label^="Delivery attempts per minute"]`)),
+	p.Do(t, chromedp.WaitVisible(css(`svg.chart[aria-label^="Delivery attempts per 15 minutes"]`)),
 		chromedp.WaitVisible(css(`svg.chart[aria-label^="Attempt latency"]`)))
-	if n := browsertest.Eval[int](t, p, `document.querySelectorAll('figure svg.chart polyline').length`); n != 4 {
-		t.Errorf("%d chart lines, want 4 (succeeded, failed, p50, p99)", n)
+	if n := browsertest.Eval[int](t, p, `document.querySelectorAll('figure svg.chart rect.bar').length`); n != 4 {
+		t.Errorf("%d chart bars, want 4 (succeeded, failed, p50, p99)", n)
 	}
 	shot(t, p, "log", "desktop")
 

@@ -29,9 +29,9 @@ func TestBrowserMessages(t *testing.T) {
 			wantPage(t, status, path, http.StatusOK, chPath)
 			wantText(t, p, "h1", "Channel Support line")
 			wantText(t, p, `nav[aria-label=Main] a[aria-current=page]`, "Channels")
-			p.Do(t, chromedp.WaitVisible(css(`svg.chart[aria-label^="Sends per minute"]`)))
-			if n := browsertest.Eval[int](t, p, `document.querySelectorAll('svg.chart polyline').length`); n != 4 {
-				t.Errorf("%d chart lines, want 4", n)
+			p.Do(t, chromedp.WaitVisible(css(`svg.chart[aria-label^="Sends per"]`)))
+			if n := browsertest.Eval[int](t, p, `new Set([...document.querySelectorAll('svg.chart rect.bar')].map(r => r.classList[1])).size`); n != 4 {
+				t.Errorf("bars of %d series, want 4", n)
 			}
 			wantText(t, p, "#sends-h + .summary", "3 answered 2xx, 1 upstream error, 2 answered 429, 1 refused by the relay.")
 			if n := browsertest.Eval[int](t, p, `document.querySelectorAll('li.message').length`); n != 3 {

@@ -183,8 +183,10 @@ func TestChannelPage(t *testing.T) {
 	// The 3 messages' calls, 1 upstream error, 2 429s, 1 refusal in the last 24 h; the other
 	// org's and the older ones not counted.
 	wantStatus(t, a, http.StatusOK, "3 answered 2xx, 1 upstream error, 2 answered 429, 1 refused by the relay.")
-	if n := strings.Count(a.body, "<polyline"); n != 4 {
-		t.Errorf("%d chart lines, want 4 (2xx, upstream error, 429, refused)", n)
+	for _, class := range []string{"ok", "upstream", "limited", "refused"} {
+		if !strings.Contains(a.body, `<rect class="bar `+class+`"`) {
+			t.Errorf("no %s bar in the chart (2xx, upstream error, 429, refused)", class)
+		}
 	}
 
 	for _, f := range []struct {
