@@ -67,7 +67,7 @@ func TestBrowserMessages(t *testing.T) {
 			}
 			p.Do(t, chromedp.SetValue(css("#m-q"), "order-9999"))
 			click(t, p, `form.filters button[type=submit]`)
-			wantText(t, p, "p.empty", "No messages match.")
+			wantText(t, p, "#messages-h ~ p.empty", "No messages match.")
 			checkLayout(t, p, "channel-no-match", v)
 			status, path = click(t, p, `form.filters a`) // Clear
 			wantPage(t, status, path, http.StatusOK, chPath)
