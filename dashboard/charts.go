@@ -125,9 +125,9 @@ func renderCharts(now time.Time, cr chartRange, buckets []store.DeliveryBucket) 
 		weighted50 += b.P50MS * attempts
 		worst99 = maxf(worst99, b.P99MS)
 	}
-	c.Outcomes = barChart(fmt.Sprintf("Delivery attempts per %s, last %s", cr.Per, cr.Label), cr, "/"+shortPer(cr), true,
+	c.Outcomes = barChart(fmt.Sprintf("Delivery attempts per %s, last %s", cr.Per, cr.Label), cr.axis(), "/"+shortPer(cr), true,
 		series{"ok", "succeeded (2xx)", ok}, series{"bad", "failed", bad})
-	c.Latency = barChart(fmt.Sprintf("Attempt latency per %s (p50 and p99), last %s", cr.Per, cr.Label), cr, " ms", false,
+	c.Latency = barChart(fmt.Sprintf("Attempt latency per %s (p50 and p99), last %s", cr.Per, cr.Label), cr.axis(), " ms", false,
 		series{"p99", "p99", p99}, series{"p50", "p50", p50})
 	c.P50, c.P99 = "—", "—"
 	if total > 0 {
@@ -184,7 +184,7 @@ func renderSendCharts(now time.Time, cr chartRange, minutes []store.SendMinute) 
 		c.RateLimited += m.RateLimited
 		c.Refused += m.Refused
 	}
-	c.Outcomes = barChart(fmt.Sprintf("Sends per %s by outcome, last %s", cr.Per, cr.Label), cr, "/"+shortPer(cr), true,
+	c.Outcomes = barChart(fmt.Sprintf("Sends per %s by outcome, last %s", cr.Per, cr.Label), cr.axis(), "/"+shortPer(cr), true,
 		series{"ok", "2xx", ok}, series{"upstream", "upstream error", upstream},
 		series{"limited", "429", limited}, series{"refused", "refused", refused})
 	return c
@@ -213,14 +213,25 @@ func niceCeil(v float64) float64 {
 	return 10 * p
 }
 
-// barChart draws series as bars, one per bucket of cr: stacked (the bars of a bucket add up)
+// chartAxis are a bar chart's texts: the labels under its first and last bar, and what it says
+// when it has nothing to draw.
+type chartAxis struct {
+	From, To, Empty string
+}
+
+// axis is the chart axis of a range ending now.
+func (cr chartRange) axis() chartAxis {
+	return chartAxis{From: cr.Ago + " ago", To: "now", Empty: "nothing in the last " + cr.Label}
+}
+
+// barChart draws series as bars, one per value (bucket of time): stacked (the bars of a bucket add up)
 // or, unstacked, drawn over each other in order (the first the tallest, as p99 behind p50). The
 // height is scaled to the tallest bar, rounded up to 1, 2 or 5 × 10ⁿ, written at the top with
 // unit; a bucket with a value has a bar of at least one unit of height, so that a single event
 // among thousands is seen. Everything in it is numbers or fixed text, escaped, so it is safe
 // HTML. The outer SVG is in CSS pixels, so its text keeps its shape at any width; only the inner
 // one, holding the bars, stretches to the width.
-func barChart(title string, cr chartRange, unit string, stacked bool, ss ...series) template.HTML {
+func barChart(title string, axis chartAxis, unit string, stacked bool, ss ...series) template.HTML {
 	n := len(ss[0].values)
 	peak, any := 0.0, false
 	for i := range n {
@@ -265,11 +276,11 @@ func barChart(title string, cr chartRange, unit string, stacked bool, ss ...seri
 		}
 	}
 	b.WriteString(`</svg>`)
-	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">%s ago</text>`, chartH+14, template.HTMLEscapeString(cr.Ago))
-	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">now</text>`, chartH+14)
+	fmt.Fprintf(&b, `<text class="label" x="2" y="%.0f">%s</text>`, chartH+14, template.HTMLEscapeString(axis.From))
+	fmt.Fprintf(&b, `<text class="label" x="100%%" dx="-2" y="%.0f" text-anchor="end">%s</text>`, chartH+14, template.HTMLEscapeString(axis.To))
 	fmt.Fprintf(&b, `<text class="label" x="2" y="12">%s%s</text>`, strconv.FormatFloat(top, 'f', -1, 64), template.HTMLEscapeString(unit))
 	if !any {
-		fmt.Fprintf(&b, `<text class="label nodata" x="50%%" y="%.0f" text-anchor="middle">nothing in the last %s</text>`, chartH/2+4, template.HTMLEscapeString(cr.Label))
+		fmt.Fprintf(&b, `<text class="label nodata" x="50%%" y="%.0f" text-anchor="middle">%s</text>`, chartH/2+4, template.HTMLEscapeString(axis.Empty))
 	}
 	if len(ss) > legendInSVG {
 		b.WriteString(`</svg><ul class="chart-legend">`)
