@@ -91,6 +91,7 @@ func TestBrowserOperatorPages(t *testing.T) {
 			if v.width == 1280 {
 				h := browsertest.Eval[float64](t, p, `(() => { const rows = document.querySelectorAll('[id^="delivery-"]');
 					return rows[rows.length-1].getBoundingClientRect().bottom - rows[0].getBoundingClientRect().top; })()`)
+				t.Logf("31 deliveries take %.0f px at 1280 px", h)
 				if h > 31*64 {
 					t.Errorf("31 deliveries take %.0f px at 1280 px, want at most %d", h, 31*64)
 				}
