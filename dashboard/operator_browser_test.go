@@ -6,9 +6,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
 
+	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/internal/browsertest"
+	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 )
 
@@ -109,6 +112,60 @@ func TestBrowserOperatorPages(t *testing.T) {
 			scrollBoxes("api-keys", 1)
 			checkLayout(t, p, "operator-api-keys", v)
 			p.AssertNoConsoleErrors(t)
+		})
+	}
+}
+
+// TestBrowserDemoPage: at 375 and 1280 px, the demo page after a `make run` restart: its send
+// form defaults to the channel connected since (not the older one the fake upstream forgot);
+// "Send 10 demo messages" refused upstream lists each refusal with the upstream's status, message
+// and code in a table that scrolls in its own box (saying so at 375 px), the page never
+// sideways; "Send an incoming message" for the forgotten number says the fake's reason.
+func TestBrowserDemoPage(t *testing.T) {
+	browsertest.ChromiumPath(t)
+	// the fake stands in for the relay too: it refuses the channels' tokens (190)
+	fake := fakegraph.New(fakegraph.WithCallback("http://127.0.0.1:1/webhooks/upstream"), fakegraph.WithAppSecret("demo-secret"))
+	fake.Start()
+	t.Cleanup(fake.Close)
+	e, b := newBrowserEnv(t, func(o *dashboard.Options) {
+		o.Demo = &dashboard.Demo{FakeUpstream: fake.URL(), Receiver: "https://127.0.0.1:1", Relay: fake.URL() + "/v26.0"}
+	})
+	old := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Before the restart", Connection: e.Connection()})
+	newest := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Since the restart", Connection: e.Connection()})
+	e.Exec(t, `UPDATE channels SET connected_at = now() - interval '2 hours' WHERE id = $1`, old.ID)
+	e.Exec(t, `UPDATE channels SET connected_at = now() - interval '1 hour' WHERE id = $1`, newest.ID)
+	pn := func(id uuid.UUID) string {
+		return testenv.QueryValue[string](t, e.Fixture, `SELECT phone_number_id FROM channels WHERE id = $1`, id)
+	}
+	for _, v := range viewports {
+		t.Run(v.name, func(t *testing.T) {
+			p := v.page(t, b)
+			signIn(t, p, e, e.key)
+			p.Navigate(t, e.srv.URL+"/dashboard/demo")
+			if got := valueOf(t, p, "#send-channel"); got != pn(newest.ID) {
+				t.Errorf("the send form's channel is %s, want the newest (%s)", got, pn(newest.ID))
+			}
+			checkLayout(t, p, "demo", v)
+			status, _ := click(t, p, `form[action$="/demo/send"] button[type=submit]`)
+			if status != http.StatusBadGateway {
+				t.Fatalf("send: HTTP %d, want 502 (all refused)", status)
+			}
+			wantText(t, p, "table.demo-sends tbody tr", "answered 4", "(code 190)")
+			got := browsertest.Eval[string](t, p, `(() => { const box = document.querySelector('table.demo-sends').parentElement;
+				const hint = getComputedStyle(box, '::before');
+				return box.className + ' ' + (hint.display !== 'none' ? 'hint' : 'nohint') + ' ' + (box.scrollWidth > box.clientWidth ? 'scrolls' : 'fits'); })()`)
+			if want := map[bool]string{true: "scroll wide hint scrolls", false: "scroll wide nohint fits"}[v.width < 720]; got != want {
+				t.Errorf("the sends table's box is %q, want %q", got, want)
+			}
+			checkLayout(t, p, "demo-sent", v)
+			p.Do(t, chromedp.SetValue(css("#emit-channel"), pn(old.ID)))
+			status, _ = click(t, p, `form[action$="/demo/emit"] button[type=submit]`)
+			if status != http.StatusBadGateway {
+				t.Fatalf("emit: HTTP %d, want 502", status)
+			}
+			wantText(t, p, `.error[role=alert]`, "fake upstream answered 400: unknown phone_number_id "+pn(old.ID))
+			checkLayout(t, p, "demo-emit-refused", v)
+			p.AssertNoConsoleErrors(t, http.StatusBadGateway)
 		})
 	}
 }
