@@ -51,16 +51,21 @@ func parsePricing(raw json.RawMessage) *Pricing {
 	if !bytes.HasPrefix(bytes.TrimLeft(raw, " \t\r\n"), []byte("{")) {
 		return nil
 	}
-	var f map[string]json.RawMessage
+	var f struct {
+		Billable     json.RawMessage `json:"billable"`
+		PricingModel json.RawMessage `json:"pricing_model"`
+		Category     json.RawMessage `json:"category"`
+		Type         json.RawMessage `json:"type"`
+	}
 	if json.Unmarshal(raw, &f) != nil {
 		return nil
 	}
-	b := bytes.TrimSpace(f["billable"])
+	b := bytes.TrimSpace(f.Billable)
 	return &Pricing{
 		Billable:     string(b) == "true" || string(b) == `"true"`,
-		PricingModel: pricingValue(f["pricing_model"], ""),
-		Category:     pricingValue(f["category"], UnknownPricing),
-		Type:         pricingValue(f["type"], UnknownPricing),
+		PricingModel: pricingValue(f.PricingModel, ""),
+		Category:     pricingValue(f.Category, UnknownPricing),
+		Type:         pricingValue(f.Type, UnknownPricing),
 	}
 }
 

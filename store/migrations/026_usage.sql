@@ -43,7 +43,9 @@ CREATE TABLE usage_daily (
 	category     text COLLATE "C" NOT NULL,
 	pricing_type text COLLATE "C" NOT NULL,
 	country      text COLLATE "C" NOT NULL,
-	messages     bigint NOT NULL,
-	billable     bigint NOT NULL,
+	-- int: a bucket is one channel's day, at most 86.4 million messages (1,000 a second, the
+	-- upstream's highest throughput); sum(int) is a bigint, cheaper than sum(bigint)'s numeric
+	messages     int NOT NULL,
+	billable     int NOT NULL,
 	PRIMARY KEY (org_id, day, channel_id, category, pricing_type, country)
 );
