@@ -142,12 +142,16 @@ func (s *Service) Usage(ctx context.Context, p Principal, q UsageQuery) (Usage, 
 func newUsage(since, until time.Time, rows []store.UsageRow, card *usage.RateCard) Usage {
 	out := Usage{Since: since.Format(UsageDateLayout), Until: until.Format(UsageDateLayout), Rows: make([]UsageRow, len(rows))}
 	total := card.Total()
+	var lastDay time.Time
+	var dayText string // (rows come day by day: each day's text made once)
 	for i, r := range rows {
-		out.Rows[i] = UsageRow{Day: r.Day.Format(UsageDateLayout), ChannelID: r.ChannelID, Category: r.Category,
+		if i == 0 || !r.Day.Equal(lastDay) {
+			lastDay, dayText = r.Day, r.Day.Format(UsageDateLayout)
+		}
+		out.Rows[i] = UsageRow{Day: dayText, ChannelID: r.ChannelID, Category: r.Category,
 			PricingType: r.PricingType, Country: r.Country, Messages: r.Messages, Billable: r.Billable}
-		if cost, ok := card.Cost(r.Country, r.Category, r.Billable); ok {
+		if cost, ok := total.Cost(r.Country, r.Category, r.Billable); ok {
 			out.Rows[i].Cost = &cost
-			total.Add(r.Country, r.Category, r.Billable)
 		}
 		out.Totals.Messages += r.Messages
 		out.Totals.Billable += r.Billable
@@ -193,11 +197,107 @@ func (h *Handler) usage(q *call) {
 		return
 	}
 	out, err := h.svc.Usage(q.ctx(), q.p, UsageQuery{Since: qs.Get("since"), Until: qs.Get("until"), ChannelID: qs.Get("channel_id")})
-	if err != nil || format != "csv" {
-		answer(q, http.StatusOK, out, err)
-		return
+	switch {
+	case err != nil:
+		q.fail(err)
+	case format == "csv":
+		ServeUsageCSV(q.w, out)
+	default:
+		// (as httpx.WriteJSON writes, encoded by hand: a window can hold a few hundred thousand
+		// rows, which encoding/json takes several times longer to write; bench/usage)
+		h := q.w.Header()
+		h.Set("Content-Type", "application/json")
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Content-Type-Options", "nosniff")
+		q.w.WriteHeader(http.StatusOK)
+		_, _ = q.w.Write(out.AppendJSON(make([]byte, 0, 256+200*len(out.Rows)))) // (a write error: the client has gone)
 	}
-	ServeUsageCSV(q.w, out)
+}
+
+// AppendJSON appends u's JSON form and a newline to b: encoding/json's bytes, but for its
+// escaping of HTML characters and of U+2028 and U+2029 (valid JSON as they are).
+func (u Usage) AppendJSON(b []byte) []byte {
+	b = append(b, `{"since":`...)
+	b = appendJSONString(b, u.Since)
+	b = append(b, `,"until":`...)
+	b = appendJSONString(b, u.Until)
+	b = append(b, `,"rows":[`...)
+	for i, r := range u.Rows {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"day":`...)
+		b = appendJSONString(b, r.Day)
+		b = append(b, `,"channel_id":"`...)
+		b = appendUUID(b, r.ChannelID)
+		b = append(b, `","category":`...)
+		b = appendJSONString(b, r.Category)
+		b = append(b, `,"pricing_type":`...)
+		b = appendJSONString(b, r.PricingType)
+		b = append(b, `,"country":`...)
+		b = appendJSONString(b, r.Country)
+		b = append(b, `,"messages":`...)
+		b = strconv.AppendInt(b, r.Messages, 10)
+		b = append(b, `,"billable":`...)
+		b = strconv.AppendInt(b, r.Billable, 10)
+		b = append(b, `,"cost":`...)
+		b = appendJSONCost(b, r.Cost)
+		b = append(b, '}')
+	}
+	b = append(b, `],"totals":{"messages":`...)
+	b = strconv.AppendInt(b, u.Totals.Messages, 10)
+	b = append(b, `,"billable":`...)
+	b = strconv.AppendInt(b, u.Totals.Billable, 10)
+	b = append(b, `,"cost":`...)
+	b = appendJSONCost(b, u.Totals.Cost)
+	return append(b, "}}\n"...)
+}
+
+// appendUUID appends id in its canonical form (uuid.UUID.String's, without its allocation).
+func appendUUID(b []byte, id uuid.UUID) []byte {
+	const hex = "0123456789abcdef"
+	for i, c := range id {
+		if i == 4 || i == 6 || i == 8 || i == 10 {
+			b = append(b, '-')
+		}
+		b = append(b, hex[c>>4], hex[c&0xf])
+	}
+	return b
+}
+
+func appendJSONCost(b []byte, cost *string) []byte {
+	if cost == nil {
+		return append(b, "null"...)
+	}
+	return appendJSONString(b, *cost)
+}
+
+// appendJSONString appends s as a JSON string: quotes, backslashes and control characters
+// escaped, the rest (valid UTF-8, as the store keeps text) as it is.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c == '\n':
+			b = append(b, '\\', 'n')
+		case c == '\r':
+			b = append(b, '\\', 'r')
+		case c == '\t':
+			b = append(b, '\\', 't')
+		case c == '\b':
+			b = append(b, '\\', 'b')
+		case c == '\f':
+			b = append(b, '\\', 'f')
+		case c < 0x20:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
 }
 
 // ServeUsageCSV answers u as a CSV download (text/csv; charset=utf-8, attachment
@@ -251,9 +351,8 @@ func (s *Service) UsageByChannel(u Usage) []ChannelUsage {
 		total := card.Total()
 		for j := range c.Rows {
 			r := &c.Rows[j]
-			if cost, ok := card.Cost(r.Country, r.Category, r.Billable); ok {
+			if cost, ok := total.Cost(r.Country, r.Category, r.Billable); ok {
 				r.Cost = &cost
-				total.Add(r.Country, r.Category, r.Billable)
 			}
 		}
 		if card != nil {

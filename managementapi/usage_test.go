@@ -2,6 +2,7 @@ package managementapi_test
 
 import (
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -203,5 +204,28 @@ func TestUsageCost(t *testing.T) {
 	r = e.do("GET", "/usage?format=csv", e.keyA, "")
 	if !strings.Contains(string(r.body), ",GB,1,1,\n") || !strings.Contains(string(r.body), ",US,7,7,0.1750\n") {
 		t.Fatalf("csv: %s", r.body)
+	}
+}
+
+// TestUsageJSON: the usage's hand-written JSON is encoding/json's (without HTML escaping),
+// whatever text a category holds.
+func TestUsageJSON(t *testing.T) {
+	cost := "0.0750"
+	u := managementapi.Usage{Since: "2026-11-01", Until: "2026-11-30", Rows: []managementapi.UsageRow{
+		{Day: "2026-11-02", ChannelID: uuid.MustParse("0193a5e2-7c4d-7f1e-8a2b-3c4d5e6f7a8b"), Category: "mar\"ke\\ting\x01\n\t\r\b\f\x1f\x7f", PricingType: "régulier <&>", Country: "ZZ", Messages: 3, Billable: 3, Cost: &cost},
+		{Day: "2026-11-03", ChannelID: uuid.Nil, Category: "", PricingType: "unknown", Country: "US", Messages: 0, Billable: 0},
+	}, Totals: managementapi.UsageTotals{Messages: 3, Billable: 3, Cost: &cost}}
+	var want strings.Builder
+	enc := json.NewEncoder(&want)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(u); err != nil {
+		t.Fatal(err)
+	}
+	if got := string(u.AppendJSON(nil)); got != want.String() {
+		t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want.String())
+	}
+	u.Rows = nil
+	if got := string(u.AppendJSON(nil)); !strings.Contains(got, `"rows":[]`) {
+		t.Fatalf("no rows: %s", got)
 	}
 }

@@ -5,10 +5,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/wabarelay/wabarelay/usage"
 )
@@ -244,46 +246,158 @@ type UsageFilter struct {
 // message moved out of it). The org's channels deleted since are included (the usage outlives
 // them), unless a channel is asked for: then it must be a channel of the org
 // (ErrChannelNotFound otherwise).
+//
+// It reads in one snapshot (a repeatable-read, read-only transaction: a fold is seen whole or not
+// at all) the deltas not folded yet, summed per bucket (a few minutes' worth), then the rollup's
+// rows in its primary key's order, which is the answer's: an index range scan streamed as it is
+// read, merged with the deltas here. Summing both in SQL had Postgres hash and sort the whole
+// window (189,000 rows for an org at 10 million messages a month: 0.3–1 s, bench/usage).
 func (s *Store) Usage(ctx context.Context, org uuid.UUID, f UsageFilter) ([]UsageRow, error) {
-	var ch *uuid.UUID
+	tx, err := s.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("usage: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) // (read only: nothing to undo)
+	args := []any{org, day(f.Since), day(f.Until)}
+	filter := ""
 	if f.ChannelID != uuid.Nil {
 		var ok bool
-		if err := s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM channels WHERE id = $1 AND org_id = $2)`, f.ChannelID, org).Scan(&ok); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM channels WHERE id = $1 AND org_id = $2)`, f.ChannelID, org).Scan(&ok); err != nil {
 			return nil, fmt.Errorf("usage: %w", err)
 		}
 		if !ok {
 			return nil, ErrChannelNotFound
 		}
-		ch = &f.ChannelID
+		args, filter = append(args, f.ChannelID), " AND channel_id = $4"
 	}
-	rows, err := s.pool.Query(ctx, usageReadSQL, org, day(f.Since), day(f.Until), ch)
+	var in usageInterner
+	deltas, err := in.collect(tx.Query(ctx, `
+		SELECT day, channel_id, category, pricing_type, country, sum(messages)::bigint, sum(billable)::bigint
+		FROM usage_deltas WHERE org_id = $1 AND day >= $2::date AND day <= $3::date`+filter+`
+		GROUP BY day, channel_id, category, pricing_type, country
+		ORDER BY day, channel_id, category, pricing_type, country`, args...))
+	if err != nil {
+		return nil, fmt.Errorf("usage: deltas: %w", err)
+	}
+	rollup, err := in.collect(tx.Query(ctx, `
+		SELECT day, channel_id, category, pricing_type, country, messages, billable
+		FROM usage_daily WHERE org_id = $1 AND day >= $2::date AND day <= $3::date`+filter+`
+		ORDER BY day, channel_id, category, pricing_type, country`, args...))
 	if err != nil {
 		return nil, fmt.Errorf("usage: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (UsageRow, error) {
-		var u UsageRow
-		err := r.Scan(&u.Day, &u.ChannelID, &u.Category, &u.PricingType, &u.Country, &u.Messages, &u.Billable)
-		u.Day = u.Day.UTC()
-		return u, err
-	})
+	return mergeUsage(rollup, deltas), nil
+}
+
+// mergeUsage merges two lists of buckets in key order (each in that order, each key once), the
+// counts of a key in both added up, the buckets whose counts are both 0 left out.
+func mergeUsage(a, b []UsageRow) []UsageRow {
+	out := make([]UsageRow, 0, len(a)+len(b))
+	add := func(r UsageRow) {
+		if r.Messages != 0 || r.Billable != 0 {
+			out = append(out, r)
+		}
+	}
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b):
+			add(a[i])
+			i++
+		case i == len(a):
+			add(b[j])
+			j++
+		default:
+			switch c := compareUsageKeys(&a[i], &b[j]); {
+			case c < 0:
+				add(a[i])
+				i++
+			case c > 0:
+				add(b[j])
+				j++
+			default:
+				r := a[i]
+				r.Messages += b[j].Messages
+				r.Billable += b[j].Billable
+				add(r)
+				i, j = i+1, j+1
+			}
+		}
+	}
+	return out
+}
+
+// compareUsageKeys orders buckets as Postgres orders their key columns: day, channel id (its
+// bytes), then the text columns bytewise (COLLATE "C").
+func compareUsageKeys(a, b *UsageRow) int {
+	if c := a.Day.Compare(b.Day); c != 0 {
+		return c
+	}
+	if c := bytes.Compare(a.ChannelID[:], b.ChannelID[:]); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.Category, b.Category); c != 0 {
+		return c
+	}
+	if c := strings.Compare(a.PricingType, b.PricingType); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Country, b.Country)
+}
+
+// usageInterner shares the strings of the few categories, types and countries among the rows
+// it reads (a window holds hundreds of thousands of rows and a few dozen distinct values).
+type usageInterner map[string]string
+
+func (in *usageInterner) intern(b []byte) string {
+	if s, ok := (*in)[string(b)]; ok {
+		return s
+	}
+	if *in == nil {
+		*in = usageInterner{}
+	}
+	s := string(b)
+	(*in)[s] = s
+	return s
+}
+
+// collect reads usage rows (day, channel_id, category, pricing_type, country, messages,
+// billable). A window can hold hundreds of thousands of rows: they are read into chunks and copied
+// once into a slice of their number, rather than grown by append (which copies the rows read so
+// far at every growth).
+func (in *usageInterner) collect(rows pgx.Rows, err error) ([]UsageRow, error) {
 	if err != nil {
-		return nil, fmt.Errorf("usage: %w", err)
+		return nil, err
+	}
+	defer rows.Close()
+	const chunk = 4096
+	var chunks [][]UsageRow
+	var cat, typ, country pgtype.DriverBytes // (the row's own bytes, not copied: interned)
+	var ch pgtype.UUID                       // (uuid.UUID would be scanned through its text)
+	n := 0
+	for rows.Next() {
+		if n%chunk == 0 {
+			chunks = append(chunks, make([]UsageRow, 0, chunk))
+		}
+		u := &chunks[len(chunks)-1]
+		*u = append(*u, UsageRow{})
+		r := &(*u)[len(*u)-1]
+		if err := rows.Scan(&r.Day, &ch, &cat, &typ, &country, &r.Messages, &r.Billable); err != nil {
+			return nil, err
+		}
+		r.Day, r.ChannelID = r.Day.UTC(), ch.Bytes
+		r.Category, r.PricingType, r.Country = in.intern(cat), in.intern(typ), in.intern(country)
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(chunks) == 1 {
+		return chunks[0], nil
+	}
+	out := make([]UsageRow, 0, n)
+	for _, c := range chunks {
+		out = append(out, c...)
 	}
 	return out, nil
 }
-
-// usageReadSQL sums the rollup and the deltas not folded yet in one statement (one snapshot: a
-// fold is seen whole or not at all). The rollup's primary key gives its rows in the answer's
-// order; the deltas, a few minutes' worth, are sorted and merged in.
-const usageReadSQL = `
-	SELECT day, channel_id, category, pricing_type, country, sum(messages)::bigint, sum(billable)::bigint
-	FROM (
-		SELECT day, channel_id, category, pricing_type, country, messages, billable FROM usage_daily
-		WHERE org_id = $1 AND day >= $2::date AND day <= $3::date AND ($4::uuid IS NULL OR channel_id = $4)
-		UNION ALL
-		SELECT day, channel_id, category, pricing_type, country, messages, billable FROM usage_deltas
-		WHERE org_id = $1 AND day >= $2::date AND day <= $3::date AND ($4::uuid IS NULL OR channel_id = $4)
-	) u
-	GROUP BY day, channel_id, category, pricing_type, country
-	HAVING sum(messages) <> 0 OR sum(billable) <> 0
-	ORDER BY day, channel_id, category, pricing_type, country`

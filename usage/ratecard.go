@@ -6,9 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/big"
+	"math/bits"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -153,22 +156,51 @@ func (c *RateCard) Len() int {
 // Cost returns billable × the price of country and category as a decimal string with the
 // card's decimals, and false when the card lists no price for them (or c is nil).
 func (c *RateCard) Cost(country, category string, billable int64) (string, bool) {
-	units, ok := c.costUnits(country, category, billable)
-	if !ok {
-		return "", false
-	}
-	return c.format(units), true
-}
-
-func (c *RateCard) costUnits(country, category string, billable int64) (*big.Int, bool) {
 	if c == nil {
-		return nil, false
+		return "", false
 	}
 	p, ok := c.prices[rateKey{country, category}]
 	if !ok {
-		return nil, false
+		return "", false
 	}
-	return new(big.Int).Mul(p, big.NewInt(billable)), true
+	if units, ok := mulSmall(p, billable); ok {
+		return c.formatSmall(units), true
+	}
+	return c.format(new(big.Int).Mul(p, big.NewInt(billable))), true
+}
+
+// mulSmall returns p × n when both and the product fit an int64 (the usual case: a price of a
+// few thousand units times a count), so that a cost needs no big.Int.
+func mulSmall(p *big.Int, n int64) (int64, bool) {
+	if !p.IsInt64() || n < 0 {
+		return 0, false
+	}
+	hi, lo := bits.Mul64(uint64(p.Int64()), uint64(n))
+	if hi != 0 || lo > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(lo), true
+}
+
+// formatSmall is format for units that fit an int64 (non-negative), with one allocation.
+func (c *RateCard) formatSmall(units int64) string {
+	var digits [24]byte
+	d := strconv.AppendInt(digits[:0], units, 10)
+	if c.scale == 0 {
+		return string(d)
+	}
+	var buf [48]byte
+	b := buf[:0]
+	if pad := c.scale + 1 - len(d); pad > 0 {
+		for range pad {
+			b = append(b, '0')
+		}
+	}
+	b = append(b, d...)
+	whole := len(b) - c.scale
+	b = append(b[:whole+1], b[whole:]...) // (room for the point)
+	b[whole] = '.'
+	return string(b)
 }
 
 // format writes units of 10^-scale as a decimal string: "0.0750", "-1.50", "12".
@@ -187,25 +219,60 @@ func (c *RateCard) format(units *big.Int) string {
 	return sign + s[:len(s)-c.scale] + "." + s[len(s)-c.scale:]
 }
 
-// Total adds up costs of one card exactly. The zero Total of a card is its sum of nothing;
-// make one with RateCard.Total.
+// Total adds up the costs of one card exactly; make one with RateCard.Total.
 type Total struct {
 	card  *RateCard
-	units big.Int
+	small int64 // the sum while it fits an int64
+	big   *big.Int
 }
 
 // Total returns an empty sum of the card's costs.
 func (c *RateCard) Total() *Total { return &Total{card: c} }
 
+// Cost is RateCard.Cost, the cost added to the sum.
+func (t *Total) Cost(country, category string, billable int64) (string, bool) {
+	c := t.card
+	if c == nil {
+		return "", false
+	}
+	p, ok := c.prices[rateKey{country, category}]
+	if !ok {
+		return "", false
+	}
+	if units, ok := mulSmall(p, billable); ok {
+		if t.big == nil && t.small <= math.MaxInt64-units {
+			t.small += units
+		} else {
+			t.addBig(big.NewInt(units))
+		}
+		return c.formatSmall(units), true
+	}
+	units := new(big.Int).Mul(p, big.NewInt(billable))
+	t.addBig(units)
+	return c.format(units), true
+}
+
 // Add adds the cost of billable messages of country and category, when the card prices them;
 // it reports whether it does.
 func (t *Total) Add(country, category string, billable int64) bool {
-	u, ok := t.card.costUnits(country, category, billable)
-	if ok {
-		t.units.Add(&t.units, u)
-	}
+	_, ok := t.Cost(country, category, billable)
 	return ok
 }
 
+func (t *Total) addBig(units *big.Int) {
+	if t.big == nil {
+		t.big = big.NewInt(t.small)
+	}
+	t.big.Add(t.big, units)
+}
+
 // String writes the sum as a decimal string with the card's decimals.
-func (t *Total) String() string { return t.card.format(&t.units) }
+func (t *Total) String() string {
+	if t.big != nil {
+		return t.card.format(t.big)
+	}
+	if t.small < 0 { // (only from a negative count)
+		return t.card.format(big.NewInt(t.small))
+	}
+	return t.card.formatSmall(t.small)
+}

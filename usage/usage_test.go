@@ -59,7 +59,8 @@ func TestParseRateCard(t *testing.T) {
 		{"IN", "marketing", 1000000007, "10700000.0749", true}, // exact: no float rounding
 		{"BR", "authentication", 5, "10.0000", true},
 		{"ZZ", "service", 9, "0.0000", true},
-		{"US", "Marketing", 1, "", false}, // categories match exactly
+		{"IN", "marketing", 9e18, "96300000000000000.0000", true}, // past an int64: big.Int
+		{"US", "Marketing", 1, "", false},                         // categories match exactly
 		{"GB", "marketing", 1, "", false},
 	} {
 		got, ok := card.Cost(tc.country, tc.cat, tc.billable)
@@ -76,6 +77,10 @@ func TestParseRateCard(t *testing.T) {
 	}
 	if got := total.String(); got != "0.1137" { // 0.0750 + 0.0280 + 0.0107; GB has no price
 		t.Errorf("total = %s", got)
+	}
+	total.Add("IN", "marketing", 9e18)
+	if got := total.String(); got != "96300000000000000.1137" {
+		t.Errorf("total past an int64 = %s", got)
 	}
 	var none *RateCard
 	if _, ok := none.Cost("US", "marketing", 1); ok || none.Len() != 0 {

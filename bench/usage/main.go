@@ -12,11 +12,12 @@
 // messages add up to about -messages a month — spread over 8 pricing category and type pairs
 // (marketing, utility, utility in the service window, service, authentication,
 // authentication-international, free entry points, marketing_lite), over -countries countries
-// (each channel sends 70% to its home country, the rest to the others by a Zipf law) and over
+// (each channel sends -home, 90%, to its home country, the rest to the others by a Zipf law of
+// exponent -zipf, 2) and over
 // the days (±30% from day to day); a bucket whose share rounds to 0 messages on a day is absent,
 // as it would be. Then -deltas rows not folded yet (usage_deltas) on today and yesterday, some
 // of them moves (-1 from one bucket, +1 to another); and -other-orgs orgs with the same rollup in
-// the same tables. Then ANALYZE.
+// the same tables. Then VACUUM ANALYZE (what autovacuum does on a live database).
 //
 // Each query runs -runs times, one at a time on a warm cache, and p50, p99 and max are printed:
 // the Service's Usage (the store's one statement, its rows priced with a rate card of every
@@ -30,6 +31,8 @@ package main
 
 import (
 	"context"
+	"os"
+	"runtime/pprof"
 
 	"github.com/wabarelay/wabarelay/bench/internal/benchkit"
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -71,7 +74,19 @@ func run(ctx context.Context, cl *benchkit.Cleanups, c config) error {
 	if err != nil {
 		return err
 	}
-	if err := measure(ctx, qs, c.runs); err != nil {
+	if c.cpuprofile != "" {
+		f, err := os.Create(c.cpuprofile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+	}
+	err = measure(ctx, qs, c.runs)
+	pprof.StopCPUProfile() // (nothing when not started)
+	if err != nil {
 		return err
 	}
 	return w.explain(ctx, dsn)
