@@ -182,8 +182,10 @@ func TestUsageFold(t *testing.T) {
 		"-0 ch marketing regular IN 2 2",
 		"-0 ch utility regular IN 1 1"}
 	expectUsage(t, "moved after the fold", e.usageOf(t, e.org), moved...)
-	if _, err := e.f.Store.FoldUsage(ctx); err != nil {
-		t.Fatal(err)
+	e.f.Store.Maintain(ctx, store.RetentionPolicy{}, nil) // the maintenance loop folds
+	e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_deltas`).Scan(&deltas)
+	if deltas != 0 {
+		t.Fatalf("after Maintain: %d deltas left", deltas)
 	}
 	expectUsage(t, "folded again", e.usageOf(t, e.org), moved...)
 
