@@ -119,23 +119,29 @@ func usageWindow(q UsageQuery, now time.Time) (since, until time.Time, e *Error)
 // rows ordered by day, channel id, category, pricing type and country, priced by the rate card
 // (Options.RateCard). A channel_id that names no channel of the org is 404 Channel not found.
 func (s *Service) Usage(ctx context.Context, p Principal, q UsageQuery) (Usage, error) {
+	since, until, rows, err := s.usageRows(ctx, p, q)
+	if err != nil {
+		return Usage{}, err
+	}
+	return newUsage(since, until, rows, s.opt.RateCard), nil
+}
+
+// usageRows checks a usage query and reads its window's stored rows.
+func (s *Service) usageRows(ctx context.Context, p Principal, q UsageQuery) (since, until time.Time, rows []store.UsageRow, err error) {
 	since, until, e := usageWindow(q, time.Now())
 	if e != nil {
-		return Usage{}, e
+		return since, until, nil, e
 	}
 	f := store.UsageFilter{Since: since, Until: until}
 	if q.ChannelID != "" {
-		cid, err := id(q.ChannelID, MsgChannelNotFound)
-		if err != nil {
-			return Usage{}, err
+		if f.ChannelID, err = id(q.ChannelID, MsgChannelNotFound); err != nil {
+			return since, until, nil, err
 		}
-		f.ChannelID = cid
 	}
-	rows, err := s.opt.Store.Usage(ctx, p.Key.OrgID, f)
-	if err != nil {
-		return Usage{}, s.storeError(err)
+	if rows, err = s.opt.Store.Usage(ctx, p.Key.OrgID, f); err != nil {
+		return since, until, nil, s.storeError(err)
 	}
-	return newUsage(since, until, rows, s.opt.RateCard), nil
+	return since, until, rows, nil
 }
 
 // newUsage prices stored usage rows with card (nil: no costs).
@@ -196,39 +202,57 @@ func (h *Handler) usage(q *call) {
 		q.fail(unprocessable("%s", MsgUsageFormat))
 		return
 	}
-	out, err := h.svc.Usage(q.ctx(), q.p, UsageQuery{Since: qs.Get("since"), Until: qs.Get("until"), ChannelID: qs.Get("channel_id")})
-	switch {
-	case err != nil:
-		q.fail(err)
-	case format == "csv":
+	uq := UsageQuery{Since: qs.Get("since"), Until: qs.Get("until"), ChannelID: qs.Get("channel_id")}
+	if format == "csv" {
+		out, err := h.svc.Usage(q.ctx(), q.p, uq)
+		if err != nil {
+			q.fail(err)
+			return
+		}
 		ServeUsageCSV(q.w, out)
-	default:
-		// (as httpx.WriteJSON writes, encoded by hand: a window can hold a few hundred thousand
-		// rows, which encoding/json takes several times longer to write; bench/usage)
-		h := q.w.Header()
-		h.Set("Content-Type", "application/json")
-		h.Set("Cache-Control", "no-store")
-		h.Set("X-Content-Type-Options", "nosniff")
-		q.w.WriteHeader(http.StatusOK)
-		_, _ = q.w.Write(out.AppendJSON(make([]byte, 0, 256+200*len(out.Rows)))) // (a write error: the client has gone)
+		return
 	}
+	since, until, rows, err := h.svc.usageRows(q.ctx(), q.p, uq)
+	if err != nil {
+		q.fail(err)
+		return
+	}
+	// (as httpx.WriteJSON writes, encoded by hand from the stored rows: a window can hold a few
+	// hundred thousand rows, which encoding/json takes several times longer to write; bench/usage)
+	hdr := q.w.Header()
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Cache-Control", "no-store")
+	hdr.Set("X-Content-Type-Options", "nosniff")
+	q.w.WriteHeader(http.StatusOK)
+	b := appendUsageJSON(make([]byte, 0, 256+200*len(rows)), since, until, rows, h.svc.opt.RateCard)
+	_, _ = q.w.Write(b) // (a write error: the client has gone)
 }
 
-// AppendJSON appends u's JSON form and a newline to b: encoding/json's bytes, but for its
-// escaping of HTML characters and of U+2028 and U+2029 (valid JSON as they are).
-func (u Usage) AppendJSON(b []byte) []byte {
-	b = append(b, `{"since":`...)
-	b = appendJSONString(b, u.Since)
-	b = append(b, `,"until":`...)
-	b = appendJSONString(b, u.Until)
-	b = append(b, `,"rows":[`...)
-	for i, r := range u.Rows {
+// appendUsageJSON appends the JSON form of the usage of stored rows priced by card (Usage's, as
+// newUsage makes it) and a newline to b: encoding/json's bytes, but for its escaping of HTML
+// characters and of U+2028 and U+2029 (valid JSON as they are).
+func appendUsageJSON(b []byte, since, until time.Time, rows []store.UsageRow, card *usage.RateCard) []byte {
+	b = append(b, `{"since":"`...)
+	b = since.AppendFormat(b, UsageDateLayout)
+	b = append(b, `","until":"`...)
+	b = until.AppendFormat(b, UsageDateLayout)
+	b = append(b, `","rows":[`...)
+	total := card.Total()
+	var messages, billable int64
+	var lastDay time.Time
+	var day [10]byte
+	for i := range rows {
+		r := &rows[i]
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, `{"day":`...)
-		b = appendJSONString(b, r.Day)
-		b = append(b, `,"channel_id":"`...)
+		if i == 0 || !r.Day.Equal(lastDay) {
+			lastDay = r.Day
+			r.Day.AppendFormat(day[:0], UsageDateLayout)
+		}
+		b = append(b, `{"day":"`...)
+		b = append(b, day[:]...)
+		b = append(b, `","channel_id":"`...)
 		b = appendUUID(b, r.ChannelID)
 		b = append(b, `","category":`...)
 		b = appendJSONString(b, r.Category)
@@ -241,15 +265,27 @@ func (u Usage) AppendJSON(b []byte) []byte {
 		b = append(b, `,"billable":`...)
 		b = strconv.AppendInt(b, r.Billable, 10)
 		b = append(b, `,"cost":`...)
-		b = appendJSONCost(b, r.Cost)
+		n := len(b)
+		var ok bool
+		if b, ok = total.AppendCost(append(b, '"'), r.Country, r.Category, r.Billable); ok {
+			b = append(b, '"')
+		} else {
+			b = append(b[:n], "null"...)
+		}
 		b = append(b, '}')
+		messages += r.Messages
+		billable += r.Billable
 	}
 	b = append(b, `],"totals":{"messages":`...)
-	b = strconv.AppendInt(b, u.Totals.Messages, 10)
+	b = strconv.AppendInt(b, messages, 10)
 	b = append(b, `,"billable":`...)
-	b = strconv.AppendInt(b, u.Totals.Billable, 10)
+	b = strconv.AppendInt(b, billable, 10)
 	b = append(b, `,"cost":`...)
-	b = appendJSONCost(b, u.Totals.Cost)
+	if card != nil {
+		b = appendJSONString(b, total.String())
+	} else {
+		b = append(b, "null"...)
+	}
 	return append(b, "}}\n"...)
 }
 
@@ -263,13 +299,6 @@ func appendUUID(b []byte, id uuid.UUID) []byte {
 		b = append(b, hex[c>>4], hex[c&0xf])
 	}
 	return b
-}
-
-func appendJSONCost(b []byte, cost *string) []byte {
-	if cost == nil {
-		return append(b, "null"...)
-	}
-	return appendJSONString(b, *cost)
 }
 
 // appendJSONString appends s as a JSON string: quotes, backslashes and control characters

@@ -11,6 +11,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/wabarelay/wabarelay/managementapi"
+	"github.com/wabarelay/wabarelay/store"
 	"github.com/wabarelay/wabarelay/usage"
 )
 
@@ -207,25 +208,30 @@ func TestUsageCost(t *testing.T) {
 	}
 }
 
-// TestUsageJSON: the usage's hand-written JSON is encoding/json's (without HTML escaping),
-// whatever text a category holds.
+// TestUsageJSON: the usage's hand-written JSON is encoding/json's of the Usage (without HTML
+// escaping), whatever text a category holds, with and without a rate card.
 func TestUsageJSON(t *testing.T) {
-	cost := "0.0750"
-	u := managementapi.Usage{Since: "2026-11-01", Until: "2026-11-30", Rows: []managementapi.UsageRow{
-		{Day: "2026-11-02", ChannelID: uuid.MustParse("0193a5e2-7c4d-7f1e-8a2b-3c4d5e6f7a8b"), Category: "mar\"ke\\ting\x01\n\t\r\b\f\x1f\x7f", PricingType: "régulier <&>", Country: "ZZ", Messages: 3, Billable: 3, Cost: &cost},
-		{Day: "2026-11-03", ChannelID: uuid.Nil, Category: "", PricingType: "unknown", Country: "US", Messages: 0, Billable: 0},
-	}, Totals: managementapi.UsageTotals{Messages: 3, Billable: 3, Cost: &cost}}
-	var want strings.Builder
-	enc := json.NewEncoder(&want)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(u); err != nil {
+	card, err := usage.ParseRateCard(strings.NewReader("country,category,price\nUS,unknown,1.5\nUS,marketing,0.0250\n"))
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(u.AppendJSON(nil)); got != want.String() {
-		t.Fatalf("AppendJSON:\n%s\nencoding/json:\n%s", got, want.String())
+	d1, d2 := time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC), time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)
+	rows := []store.UsageRow{
+		{Day: d1, ChannelID: uuid.MustParse("0193a5e2-7c4d-7f1e-8a2b-3c4d5e6f7a8b"), Category: "mar\"ke\\ting\x01\n\t\r\b\f\x1f\x7f", PricingType: "régulier <&>", Country: "ZZ", Messages: 3, Billable: 3},
+		{Day: d1, ChannelID: uuid.Nil, Category: "", PricingType: "unknown", Country: "US", Messages: 1, Billable: 0},
+		{Day: d2, ChannelID: uuid.Nil, Category: "unknown", PricingType: "unknown", Country: "US", Messages: 7, Billable: 5},
 	}
-	u.Rows = nil
-	if got := string(u.AppendJSON(nil)); !strings.Contains(got, `"rows":[]`) {
-		t.Fatalf("no rows: %s", got)
+	for _, c := range []*usage.RateCard{nil, card} {
+		for _, rs := range [][]store.UsageRow{rows, nil} {
+			var want strings.Builder
+			enc := json.NewEncoder(&want)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(managementapi.NewUsage(d1, d2, rs, c)); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(managementapi.AppendUsageJSON(nil, d1, d2, rs, c)); got != want.String() {
+				t.Fatalf("appendUsageJSON:\n%s\nencoding/json:\n%s", got, want.String())
+			}
+		}
 	}
 }

@@ -184,23 +184,28 @@ func mulSmall(p *big.Int, n int64) (int64, bool) {
 
 // formatSmall is format for units that fit an int64 (non-negative), with one allocation.
 func (c *RateCard) formatSmall(units int64) string {
+	var buf [48]byte
+	return string(c.appendSmall(buf[:0], units))
+}
+
+// appendSmall appends units (non-negative, in an int64) as a decimal with the card's decimals.
+func (c *RateCard) appendSmall(b []byte, units int64) []byte {
 	var digits [24]byte
 	d := strconv.AppendInt(digits[:0], units, 10)
 	if c.scale == 0 {
-		return string(d)
+		return append(b, d...)
 	}
-	var buf [48]byte
-	b := buf[:0]
-	if pad := c.scale + 1 - len(d); pad > 0 {
-		for range pad {
-			b = append(b, '0')
-		}
+	if len(d) > c.scale {
+		b = append(b, d[:len(d)-c.scale]...)
+		d = d[len(d)-c.scale:]
+	} else {
+		b = append(b, '0')
 	}
-	b = append(b, d...)
-	whole := len(b) - c.scale
-	b = append(b[:whole+1], b[whole:]...) // (room for the point)
-	b[whole] = '.'
-	return string(b)
+	b = append(b, '.')
+	for range c.scale - len(d) {
+		b = append(b, '0')
+	}
+	return append(b, d...)
 }
 
 // format writes units of 10^-scale as a decimal string: "0.0750", "-1.50", "12".
@@ -250,6 +255,29 @@ func (t *Total) Cost(country, category string, billable int64) (string, bool) {
 	units := new(big.Int).Mul(p, big.NewInt(billable))
 	t.addBig(units)
 	return c.format(units), true
+}
+
+// AppendCost is Cost appending the decimal to b instead (no allocation for the usual sizes).
+func (t *Total) AppendCost(b []byte, country, category string, billable int64) ([]byte, bool) {
+	c := t.card
+	if c == nil {
+		return b, false
+	}
+	p, ok := c.prices[rateKey{country, category}]
+	if !ok {
+		return b, false
+	}
+	if units, ok := mulSmall(p, billable); ok {
+		if t.big == nil && t.small <= math.MaxInt64-units {
+			t.small += units
+		} else {
+			t.addBig(big.NewInt(units))
+		}
+		return c.appendSmall(b, units), true
+	}
+	units := new(big.Int).Mul(p, big.NewInt(billable))
+	t.addBig(units)
+	return append(b, c.format(units)...), true
 }
 
 // Add adds the cost of billable messages of country and category, when the card prices them;
