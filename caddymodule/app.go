@@ -32,6 +32,7 @@ import (
 	"github.com/wabarelay/wabarelay/relaylog"
 	"github.com/wabarelay/wabarelay/secretbox"
 	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/usage"
 )
 
 func init() {
@@ -111,6 +112,12 @@ type App struct {
 	// of the interval so that many channels never burst the upstream; `off` turns the periodic
 	// read off (the reads at connect and after account webhooks go on). Default: 6h.
 	HealthRefresh string `json:"health_refresh,omitempty"`
+	// RateCard is a CSV file of prices that turns the usage's counts into costs (GET /usage,
+	// the dashboard's usage page): header `country,category,price`, then one price of one
+	// billable message per line, in one currency (usage.ParseRateCard). Read and checked at
+	// every start and reload (`caddy validate` names the bad line); placeholders are resolved.
+	// Default: none, every cost is null.
+	RateCard string `json:"rate_card,omitempty"`
 
 	// SkipMigrations, when true, does not apply schema migrations at start (run
 	// `caddy wabarelay migrate` instead). Default: false (migrations run at start under a
@@ -121,6 +128,8 @@ type App struct {
 	upstream    *url.URL
 	meta        MetaConfig // resolved
 	registerPIN string     // resolved
+	// rateCard is rate_card, parsed (nil: none).
+	rateCard *usage.RateCard
 	// upstreamDial is the upstream's host:port for reverse_proxy.
 	upstreamDial string
 	pool         *pgxpool.Pool
@@ -365,6 +374,9 @@ func (a *App) resolve() (redisCfg RedisConfig, err error) {
 		// checked here, once resolved, rather than in Validate: a placeholder hides the value
 		return redisCfg, errors.New("register_pin must be 6 digits")
 	}
+	if a.rateCard, err = a.loadRateCard(repl); err != nil {
+		return redisCfg, err
+	}
 	if a.Upstream == "" {
 		a.Upstream = DefaultUpstream
 	}
@@ -392,6 +404,15 @@ func (a *App) resolve() (redisCfg RedisConfig, err error) {
 		return redisCfg, errors.New("limits: webhooks_per_org and api_keys_per_org must be positive")
 	}
 	return redisCfg, nil
+}
+
+// loadRateCard reads and parses rate_card (nil: none set).
+func (a *App) loadRateCard(repl *caddy.Replacer) (*usage.RateCard, error) {
+	file, err := resolveSecret(repl, "rate_card", a.RateCard, false)
+	if err != nil || file == "" {
+		return nil, err
+	}
+	return usage.LoadRateCard(file)
 }
 
 // provisionDelivery resolves delivery's allow_private_targets and root_ca (placeholders, the

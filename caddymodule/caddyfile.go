@@ -45,6 +45,7 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //		proxy_url       <url>
 //		connect_link_ttl <duration>
 //		register_pin    <6 digits>
+//		rate_card       <file.csv>            # prices of the usage: country,category,price
 //		skip_migrations
 //		health_refresh  <duration> | off     # number health read; default 6h
 //		meta {
@@ -90,6 +91,7 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		"database": &a.Database,
 		"upstream": &a.Upstream, "connect_base": &a.ConnectBase, "proxy_url": &a.ProxyURL,
 		"register_pin": &a.RegisterPIN,
+		"rate_card":    &a.RateCard,
 	}
 	for d.NextBlock(0) {
 		opt := d.Val()

@@ -102,6 +102,7 @@ func TestAdaptAllOptions(t *testing.T) {
 		proxy_url       https://relay.example.com/upstream-proxy
 		connect_link_ttl 24h
 		register_pin    123456
+		rate_card       /etc/wabarelay/rates.csv
 		skip_migrations
 		health_refresh  12h
 		meta {
@@ -161,7 +162,7 @@ example.com {
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,` +
 		`"failure_threshold":5,"disable_after":172800000000000,"probe_interval":[10000000000,60000000000],"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},` +
-		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"relay_log":{"buffer":64,"batch":8,"interval":50000000,"per_channel":20},"health_refresh":"12h","skip_migrations":true}`
+		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"relay_log":{"buffer":64,"batch":8,"interval":50000000,"per_channel":20},"health_refresh":"12h","rate_card":"/etc/wabarelay/rates.csv","skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
 		t.Fatalf("app JSON:\n got %s\nwant %s", parsed.Apps.Wabarelay, want)
 	}

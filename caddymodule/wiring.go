@@ -97,6 +97,7 @@ func (a *App) managementOptions() managementapi.Options {
 		MaxWebhooksPerOrg: limits.WebhooksPerOrg,
 		MaxAPIKeysPerOrg:  limits.APIKeysPerOrg,
 		Retention:         a.retentionPolicy().Retention,
+		RateCard:          a.rateCard,
 	}
 }
 

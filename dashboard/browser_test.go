@@ -1072,6 +1072,7 @@ func TestBrowserLayout(t *testing.T) {
 		`{"error":{"message":"upstream_connect_error_or_disconnect_reset_before_headers_reset_reason_connection_failure","code":"BAD_GATEWAY"}}`)
 	seedDelivery(t, e, wh.ID, support.ID, "delivered", 200, 35, `{"ok":true}`)
 	e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ci-deploy-pipeline-production"})
+	seedUsage(e, e.org.ID, sales.ID, 2, "authentication-international", "free_customer_service", "ZZ", 1234567, 1234567) // (dashboard/usage_test.go)
 
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
@@ -1108,6 +1109,7 @@ func TestBrowserLayout(t *testing.T) {
 				t.Fatalf("create key: HTTP %d", status)
 			}
 			check("api-keys-created")
+			visit("usage", "/dashboard/usage", http.StatusOK)
 			visit("error", "/dashboard/no-such-page", http.StatusNotFound)
 			p.AssertNoConsoleErrors(t, http.StatusNotFound, http.StatusConflict)
 		})

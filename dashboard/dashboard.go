@@ -189,6 +189,8 @@ func (h *Handler) routes() {
 	handle(post, "/webhooks/{id}/replay", h.replay)
 	handle(post, "/webhooks/{id}/rotate_secret", h.rotateSecret)
 	handle(post, "/webhooks/{id}/deliveries/{did}/retry", h.retryDelivery)
+	handle(get, "/usage", h.usage)
+	handle(get, "/usage.csv", h.usageCSV)
 	handle(get, "/api-keys", h.apiKeys)
 	handle(post, "/api-keys", h.createAPIKey)
 	handle(post, "/api-keys/{id}/revoke", h.revokeAPIKey)

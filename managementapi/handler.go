@@ -21,6 +21,7 @@ import (
 	"github.com/wabarelay/wabarelay/internal/httpx"
 	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
+	"github.com/wabarelay/wabarelay/usage"
 )
 
 // Error messages of the interface document.
@@ -83,6 +84,9 @@ type Options struct {
 	// Retention is the event retention (the delivery option retention): a replay's window must
 	// start within it. 0 means store.RetentionPolicy's default.
 	Retention time.Duration
+	// RateCard prices the usage's billable messages (GET /usage, the wabarelay option
+	// rate_card). Nil means no costs: every cost is null.
+	RateCard *usage.RateCard
 }
 
 // Default per-org caps (Options.MaxWebhooksPerOrg, Options.MaxAPIKeysPerOrg).
@@ -139,6 +143,7 @@ var routes = []route{
 	{http.MethodGet, "/api_keys", (*Handler).listAPIKeys},
 	{http.MethodPost, "/api_keys", (*Handler).createAPIKey},
 	{http.MethodDelete, "/api_keys/{id}", (*Handler).revokeAPIKey},
+	{http.MethodGet, "/usage", (*Handler).usage},
 }
 
 // Routes returns the pattern ("METHOD /path/{param}") of every operation the handler serves,

@@ -458,6 +458,9 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 		if err := in.applyStatuses(ctx, tx, stored); err != nil {
 			return err
 		}
+		if err := in.applyUsage(ctx, tx, stored); err != nil { // (store/usage.go)
+			return err
+		}
 	}
 	if len(in.objIDs) > 0 {
 		// Re-sent items' objects are already recorded; the conflict clause covers them.

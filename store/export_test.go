@@ -39,6 +39,7 @@ var GenericStatements = map[string]string{
 	"record health":    recordHealthSQL,
 	"record attempts":  recordSQL,
 	"store deliveries": storeDeliveriesSQL,
+	"usage":            usageSQL, // store/usage.go
 }
 
 // QueryGeneric is queryGeneric.

@@ -78,7 +78,8 @@ func (p RetentionPolicy) Check() error {
 // no head promoted; deliveries of deleted webhooks removed (in
 // batches) and queue rows of webhooks that raced their deletion too;
 // days past the retention dropped (the relay log's too) and messages and health changes created
-// before it deleted; media ids the upstream has forgotten removed from the relay scope. Each step's failure is logged and does not stop the others. Call it at start and then
+// before it deleted; media ids the upstream has forgotten removed from the relay scope; usage
+// deltas folded into the daily rollup. Each step's failure is logged and does not stop the others. Call it at start and then
 // every MaintenanceInterval; any number of instances may run it at once (partition changes take
 // an advisory lock, the rest is idempotent). Its days and limits are counted from the store's
 // clock (SetClock). A nil logger logs nothing.
@@ -136,6 +137,9 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 	}
 	if err := s.letGoPendingMessages(ctx, now.Add(-RelayPendingFor)); err != nil { // (with the relay log off no writer settles them)
 		logger.Warn("letting go of messages waiting for relay calls failed", zap.Error(err))
+	}
+	if _, err := s.FoldUsage(ctx); err != nil { // (store/usage.go)
+		logger.Warn("folding usage deltas into the daily rollup failed", zap.Error(err))
 	}
 	if n, err := s.PruneMediaObjects(ctx, now.Add(-MediaRetention)); err != nil {
 		logger.Warn("media scope clean-up failed", zap.Error(err))

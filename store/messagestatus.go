@@ -23,6 +23,8 @@ type MessageStatus struct {
 	// ErrorCode and ErrorTitle are errors[0].code and .title (0 and "" when absent).
 	ErrorCode  int
 	ErrorTitle string
+	// Pricing is the status's pricing object; nil when it carries none (store/usage.go).
+	Pricing *Pricing
 }
 
 // The statuses of an outgoing message (messages.status), in the order of their rank: a
@@ -64,6 +66,7 @@ type statusFields struct {
 	RecipientID json.RawMessage `json:"recipient_id"`
 	Timestamp   json.RawMessage `json:"timestamp"`
 	Errors      json.RawMessage `json:"errors"`
+	Pricing     json.RawMessage `json:"pricing"`
 }
 
 // statusError is the part of a status's errors[0] ParseMessageStatus reads.
@@ -81,6 +84,7 @@ func ParseMessageStatus(raw json.RawMessage) (id string, st MessageStatus, ok bo
 		return "", MessageStatus{}, false
 	}
 	st = MessageStatus{Status: jsonString(f.Status), Timestamp: UpstreamTime(f.Timestamp), Recipient: jsonString(f.RecipientID)}
+	st.Pricing = parsePricing(f.Pricing)
 	var errs []statusError
 	if json.Unmarshal(f.Errors, &errs) == nil && len(errs) > 0 { // (not an array of objects: none)
 		if n, err := strconv.ParseInt(jsonString(errs[0].Code), 10, 32); err == nil {

@@ -145,7 +145,11 @@ func (s *Server) handleMessages(rc *reqCtx, pnid string) {
 	b = append(b, `}]}`...)
 	s.ok(rc, b)
 	if s.callback != "" && s.appSecret != "" && waID != "" {
-		go s.reportStatuses(pnid, wamid, waID, isTemplate, time.Now())
+		var tmplRaw json.RawMessage // (nil: not a template)
+		if isTemplate {
+			tmplRaw = body["template"]
+		}
+		go s.reportStatuses(pnid, wamid, waID, s.statusPricing(pnid, tmplRaw), time.Now())
 	}
 }
 

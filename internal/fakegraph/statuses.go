@@ -16,7 +16,7 @@ import (
 //     statuses' timestamps are those of the events, whatever the posting order: sent at the
 //     acceptance's second, delivered one step later, read two steps later (a step is the
 //     WithStatusDelay rounded up to whole seconds, at least 1 s). "pricing" comes with "sent"
-//     and "delivered" only, as upstream.
+//     and "delivered" only, as upstream (statusPricing: by the template's category).
 //   - An undeliverable recipient (WithUndeliverable; DefaultUndeliverable: wa_ids starting with
 //     999) gets the send accepted (200 with a wamid, as upstream) and then a single "failed"
 //     status with errors [{"code": 131026, "title": "Message undeliverable", ...}].
@@ -84,7 +84,7 @@ func WithStatusDelay(d time.Duration) Option { return func(s *Server) { s.status
 
 // reportStatuses posts the statuses of a message the fake accepted at "accepted" to the
 // callback, one webhook each (see the top of this file).
-func (s *Server) reportStatuses(pnid, wamid, recipient string, template bool, accepted time.Time) {
+func (s *Server) reportStatuses(pnid, wamid, recipient string, pricing *whPricing, accepted time.Time) {
 	s.mu.RLock()
 	n := s.numbers[pnid]
 	var display, waba string
@@ -107,10 +107,6 @@ func (s *Server) reportStatuses(pnid, wamid, recipient string, template bool, ac
 		statuses = []whStatus{{ID: wamid, Status: StatusFailed, Timestamp: strconv.FormatInt(t0+step, 10), RecipientID: recipient,
 			Errors: []whError{undeliverableError()}}}
 	} else {
-		pricing := &whPricing{false, "PMP", "free_customer_service", "service"}
-		if template {
-			pricing = &whPricing{true, "PMP", "regular", "utility"}
-		}
 		for _, st := range s.statusOrder {
 			ws := whStatus{ID: wamid, Status: st, Timestamp: strconv.FormatInt(t0+statusRank[st]*step, 10), RecipientID: recipient}
 			if st != StatusRead {

@@ -1,0 +1,75 @@
+package store_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/wabarelay/wabarelay/inbound"
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// BenchmarkPricedStatus measures what counting the usage costs the intake: posts of 10 "sent"
+// statuses of new messages through StoreEvents (no webhook), without and with a pricing object
+// (each priced one moves its message into its bucket and appends a delta), on one connection;
+// Postgres backend CPU per status (pg-µs/status) beside the time. Run:
+// go test -run '^$' -bench PricedStatus -benchtime 2000x ./store
+func BenchmarkPricedStatus(b *testing.B) {
+	const perPost = 10
+	for _, priced := range []bool{false, true} {
+		name := "unpriced"
+		if priced {
+			name = "priced"
+		}
+		b.Run(name, func(b *testing.B) {
+			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			ctx := context.Background()
+			org := f.Org(b).ID
+			conn := f.Connection()
+			f.Channel(b, org, &testenv.ChannelOpts{Connection: conn})
+			var pid int
+			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+				b.Fatal(err)
+			}
+			pricing := ""
+			if priced {
+				pricing = `,"pricing":{"billable":true,"pricing_model":"PMP","category":"marketing","type":"regular"}`
+			}
+			seq := 0
+			post := func() {
+				now := time.Now()
+				var statuses []string
+				for i := range perPost {
+					statuses = append(statuses, fmt.Sprintf(`{"id":"wamid.HBgLMTU1NTEyMzQ1NjcVAgARGBI%d","status":"sent","timestamp":"%d","recipient_id":"%s"%s}`,
+						100000000+seq, now.Unix(), []string{"12127365000", "919876543210", "5511987654321"}[i%3], pricing))
+					seq++
+				}
+				body := `{"object":"whatsapp_business_account","entry":[{"id":"waba","changes":[{"field":"messages","value":{
+					"metadata":{"phone_number_id":"` + conn.PhoneNumberID + `"},"statuses":[` + strings.Join(statuses, ",") + `]}}]}]}`
+				parsed, err := inbound.Parse([]byte(body))
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := f.Store.StoreEvents(ctx, parsed.Items, store.Claim{}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for range 20 { // partitions, plans
+				post()
+			}
+			cpu0 := procCPU(b, pid)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				post()
+			}
+			b.StopTimer()
+			pg := procCPU(b, pid) - cpu0
+			b.ReportMetric(float64(pg.Microseconds())/float64(b.N*perPost), "pg-µs/status")
+		})
+	}
+}
