@@ -51,7 +51,9 @@ type AccountUpdate struct {
 	// UPGRADE, THROUGHPUT_UPGRADE, ONBOARDING) or of an account_update (default
 	// ACCOUNT_VIOLATION; also ACCOUNT_RESTRICTION, DISABLED_UPDATE,
 	// VOLUME_BASED_PRICING_TIER_UPDATE, ...), or value.decision of a name update (default
-	// APPROVED; also REJECTED, PENDING, DEFERRED). Sent verbatim.
+	// APPROVED; also REJECTED, PENDING, DEFERRED). Sent verbatim. An account_update
+	// DISABLED_UPDATE carries ban_info.waba_ban_state DISABLE: the relay then deactivates the
+	// business account's channels, as for a real ban.
 	Event string `json:"event"`
 	// QualityRating is the number's quality_rating from now on. "" keeps it, except that a
 	// quality update FLAGGED makes it YELLOW and UNFLAGGED makes it GREEN.
