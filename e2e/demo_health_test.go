@@ -14,7 +14,8 @@ import (
 
 // TestDemoHealthAndWindow: on the repo's Caddyfile as `make run` runs the demo, the Demo page's
 // "Lower this number's quality" has the fake upstream post a phone_number_quality_update, the
-// service reads the number's health after it (YELLOW) and the Channels page shows the badge;
+// service reads the number's health after it (YELLOW), the Channels page shows the badge and the
+// demo receiver gets the channel_health event, signed;
 // "Show a closed window" has the fake post a message from a customer whose upstream timestamp is
 // 25 hours old and sends that customer a text through the relay, whose message page shows the
 // customer's window closed.
@@ -36,6 +37,10 @@ func TestDemoHealthAndWindow(t *testing.T) {
 		return ""
 	}
 	testenv.Eventually(t, testenv.Patience, func() bool { return quality() == "GREEN" }, "the health read at connect")
+	// the demo webhook (messages, message_status and channel_health) to the fake's receiver
+	if st, page := c.do("POST", "/dashboard/demo/webhook", url.Values{}); st != 201 {
+		t.Fatalf("demo webhook: %d %.600s", st, page)
+	}
 
 	st, page := c.do("GET", "/dashboard/demo", nil)
 	m := batchRe.FindStringSubmatch(page)
@@ -51,6 +56,15 @@ func TestDemoHealthAndWindow(t *testing.T) {
 	testenv.Eventually(t, testenv.Patience, func() bool { return quality() == "YELLOW" }, "the health read after the webhook")
 	if st, page = c.do("GET", "/dashboard/channels", nil); st != 200 || !strings.Contains(page, "quality YELLOW") {
 		t.Fatalf("channels page: %d %.3000s", st, page)
+	}
+	// the change reached the demo receiver as a channel_health event, signed with the webhook's secret
+	testenv.Eventually(t, testenv.Patience, func() bool {
+		return w.countRows(`SELECT count(*) FROM deliveries d JOIN events e ON e.id = d.event_id
+			WHERE e.type = 'channel_health' AND d.status = 'delivered'`) == 1
+	}, "the channel_health delivery")
+	if st, page = c.do("GET", "/dashboard/demo", nil); st != 200 || !strings.Contains(page, "<span>channel_health</span>") ||
+		strings.Contains(page, "not verified") || !strings.Contains(page, "&#34;changed&#34;:[&#34;quality_rating&#34;]") {
+		t.Fatalf("demo page after the change: %d %.6000s", st, page)
 	}
 
 	// a window closes

@@ -160,7 +160,7 @@ cat <<MSG
      (http://localhost:8080/dashboard/demo) click "Create the demo webhook", or:
        curl -s -X POST http://localhost:8080/v1/webhooks -H 'x-api-key: $K' \\
          -H 'Content-Type: application/json' -d '{"name":"Demo receiver",
-         "url":"https://$RECEIVER_ADDR/$DEMO_ORG_ID","events":["messages","message_status"]}'
+         "url":"https://$RECEIVER_ADDR/$DEMO_ORG_ID","events":["messages","message_status","channel_health"]}'
      The receiver logs each delivery in this terminal; the Demo page lists them and checks
      each signature with the webhook's secret.
 
