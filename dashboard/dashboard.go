@@ -199,6 +199,8 @@ func (h *Handler) routes() {
 		handle(post, "/demo/emit", h.demoEmit)
 		handle(post, "/demo/webhook", h.demoWebhook)
 		handle(post, "/demo/send", h.demoSend)
+		handle(post, "/demo/quality", h.demoQuality) // demohealth.go
+		handle(post, "/demo/window", h.demoWindow)
 	}
 }
 
@@ -449,6 +451,7 @@ var notices = map[string]string{
 	"key-revoked":     "API key revoked.",
 	"emitted":         "The fake upstream sent an incoming message. It appears below once delivered.",
 	"signed-out":      "Signed out.",
+	"quality-lowered": "The fake upstream lowered the number's quality to YELLOW and posted phone_number_quality_update to the service, which reads the number's health after it (30 s later, so that repeated webhooks join one read): within a minute the Channels page shows the badge.",
 }
 
 // act makes one change as the session's key through the management API's Service: the call is

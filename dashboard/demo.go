@@ -208,7 +208,7 @@ func (h *Handler) demoPageSent(w http.ResponseWriter, r *http.Request, p page, s
 
 // demoWebhook creates an org-scoped webhook pointing at the demo receiver, through the API.
 func (h *Handler) demoWebhook(w http.ResponseWriter, r *http.Request, s *session) {
-	in := managementapi.WebhookInput{Name: "Demo receiver", URL: h.receiverURL(s.Key.OrgID), Events: []string{"messages", "message_status"}}
+	in := managementapi.WebhookInput{Name: "Demo receiver", URL: h.receiverURL(s.Key.OrgID), Events: []string{"messages", "message_status", "channel_health"}}
 	if e := h.act(r, s, nil, func(ctx context.Context, p managementapi.Principal) error {
 		_, err := h.opt.API.CreateWebhook(ctx, p, in)
 		return err

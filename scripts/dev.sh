@@ -160,7 +160,7 @@ cat <<MSG
      (http://localhost:8080/dashboard/demo) click "Create the demo webhook", or:
        curl -s -X POST http://localhost:8080/v1/webhooks -H 'x-api-key: $K' \\
          -H 'Content-Type: application/json' -d '{"name":"Demo receiver",
-         "url":"https://$RECEIVER_ADDR/$DEMO_ORG_ID","events":["messages","message_status"]}'
+         "url":"https://$RECEIVER_ADDR/$DEMO_ORG_ID","events":["messages","message_status","channel_health"]}'
      The receiver logs each delivery in this terminal; the Demo page lists them and checks
      each signature with the webhook's secret.
 
@@ -178,6 +178,18 @@ cat <<MSG
        curl -s http://$FAKE_ADDR/_fake/inbound -d '{"text":"Hello"}'
      It shows up on the Demo page, signature verified; the receiver's last 50 deliveries:
        curl -s --cacert $WABARELAY_DELIVERY_ROOT_CA https://$RECEIVER_ADDR/
+
+  6. A number's health: the Demo page's "Lower this number's quality" (or the line below) has
+     the fake lower the number's quality to YELLOW and post phone_number_quality_update; the
+     service reads the number's health 30 s later, and the Channels page shows the badge
+     ("field" may also be phone_number_name_update, account_update, business_capability_update):
+       curl -s http://$FAKE_ADDR/_fake/account_webhook -d '{"event":"FLAGGED"}'
+
+  7. A closed window: the Demo page's "Show a closed window" (or the line below) has a customer
+     whose last message is 25 hours old write in; a text sent to them afterwards (as in 4, to
+     16505550125) shows the window closed on its message page and in
+     GET /v1/channels/{id}/contacts/16505550125:
+       curl -s http://$FAKE_ADDR/_fake/inbound -d '{"from":"16505550125","text":"Hi","age":"25h"}'
 
   The fake upstream keeps its numbers in memory only: after a restart of \`make run\`, channels
   connected before it are unknown upstream (their tokens are refused, so the relay answers 503

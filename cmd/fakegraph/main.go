@@ -63,6 +63,21 @@
 //
 //     curl -s http://127.0.0.1:8090/_fake/inbound -d '{"text":"Hello"}'
 //
+//     "timestamp" (unix seconds) or "age" (e.g. "25h") sets when the customer sent it, as a
+//     late webhook carries it: a message 25 hours old leaves its customer's window closed.
+//
+//     POST /_fake/account_webhook sends one of the four account webhooks after which the relay
+//     reads a number's health, signed like the others, after changing what the number's GET
+//     answers. JSON body, every member optional: phone_number_id (default: the last signup's),
+//     field (phone_number_quality_update, the default; phone_number_name_update,
+//     account_update, business_capability_update), event (FLAGGED by default for a quality
+//     update, which makes the number's quality_rating YELLOW; UNFLAGGED makes it GREEN; the
+//     decision of a name update), quality_rating, messaging_limit, name_status, throughput
+//     (the number's new values):
+//
+//     curl -s http://127.0.0.1:8090/_fake/account_webhook -d '{"event":"FLAGGED"}'
+//     curl -s http://127.0.0.1:8090/_fake/account_webhook -d '{"quality_rating":"RED"}'
+//
 //   - A webhook receiver (-receiver 127.0.0.1:8091): HTTPS, any path, with a certificate from a
 //     CA made up at start and written to -receiver-ca (give that file to Caddy's `delivery {
 //     root_ca }`, and `allow_private_targets`). It logs every delivery to stderr, answers 204,
@@ -186,6 +201,7 @@ func main() {
 	}
 	if *callback != "" {
 		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/inbound sends an incoming message to %s\n", base, *callback)
+		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/account_webhook sends an account webhook (health) to %s\n", base, *callback)
 		fmt.Fprintf(os.Stderr, "fakegraph: sent messages are reported sent, delivered, read (every %s); to +999... failed (131026)\n", *statusDelay)
 	}
 	if recvURL != "" {

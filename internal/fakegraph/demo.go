@@ -29,6 +29,8 @@ import (
 //	                      a number made up for this fetch (MintSignup)
 //	POST /_fake/signup    (WithDemoSDK) the same as JSON, for a completion without a browser
 //	POST /_fake/inbound   (WithCallback) an incoming message, sent signed to the callback (Emit)
+//	POST /_fake/account_webhook (WithCallback) an account webhook that changes a number's
+//	                      health, sent signed to the callback (EmitAccountUpdate)
 //
 // With WithCallback the fake also reports the statuses of every message sent through it to the
 // callback, as the upstream does (statuses.go).
@@ -149,6 +151,12 @@ func (s *Server) serveDemo(w http.ResponseWriter, r *http.Request) bool {
 			return true
 		}
 		s.handleInbound(w, r)
+	case s.callback != "" && p == "/_fake/account_webhook":
+		if r.Method != http.MethodPost {
+			demoError(w, http.StatusMethodNotAllowed, "use POST")
+			return true
+		}
+		s.handleAccountWebhook(w, r) // accountwebhooks.go
 	default:
 		return false
 	}
@@ -162,6 +170,9 @@ type inboundRequest struct {
 	Name          string `json:"name"`
 	Type          string `json:"type"`
 	Text          string `json:"text"`
+	// Timestamp (unix seconds) or Age (a Go duration, e.g. "25h"): when the customer sent it.
+	Timestamp int64  `json:"timestamp"`
+	Age       string `json:"age"`
 }
 
 func (s *Server) handleInbound(w http.ResponseWriter, r *http.Request) {
@@ -175,9 +186,27 @@ func (s *Server) handleInbound(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	m := InboundMessage{PhoneNumberID: in.PhoneNumberID, From: in.From, Name: in.Name, Type: in.Type, Text: in.Text}
+	switch {
+	case in.Timestamp != 0 && in.Age != "":
+		demoError(w, http.StatusBadRequest, `give "timestamp" or "age", not both`)
+		return
+	case in.Timestamp < 0:
+		demoError(w, http.StatusBadRequest, `"timestamp" must be unix seconds`)
+		return
+	case in.Timestamp > 0:
+		m.At = time.Unix(in.Timestamp, 0)
+	case in.Age != "":
+		age, err := time.ParseDuration(in.Age)
+		if err != nil || age < 0 {
+			demoError(w, http.StatusBadRequest, `"age" must be a duration such as "25h"`)
+			return
+		}
+		m.At = time.Now().Add(-age)
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Second)
 	defer cancel()
-	res, err := s.Emit(ctx, s.callback, s.appSecret, InboundMessage(in))
+	res, err := s.Emit(ctx, s.callback, s.appSecret, m)
 	var bad *badInboundError
 	switch {
 	case errors.As(err, &bad):
@@ -212,6 +241,10 @@ type InboundMessage struct {
 	Type string
 	// Text is the message's body; "" means "Hello" (no caption for an image).
 	Text string
+	// At is when the customer sent it (the message's upstream "timestamp"); zero means now. An
+	// earlier time is what a late webhook carries (the upstream retries for up to 7 days), e.g.
+	// a message 25 hours old, whose customer-service window has closed.
+	At time.Time
 }
 
 // Emitted is what Emit sent and what the callback answered.
@@ -298,7 +331,11 @@ func (s *Server) Emit(ctx context.Context, callbackURL, appSecret string, m Inbo
 	}
 
 	res := Emitted{PhoneNumberID: pnid, MessageID: s.newWAMID(from)}
-	msg := whMessage{From: from, ID: res.MessageID, Timestamp: strconv.FormatInt(time.Now().Unix(), 10)}
+	at := m.At
+	if at.IsZero() {
+		at = time.Now()
+	}
+	msg := whMessage{From: from, ID: res.MessageID, Timestamp: strconv.FormatInt(at.Unix(), 10)}
 	switch strings.ToLower(m.Type) {
 	case "", "text":
 		text := m.Text

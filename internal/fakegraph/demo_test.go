@@ -125,13 +125,13 @@ func TestDemoSDK(t *testing.T) {
 // TestDemoEndpointsOff: without the demo options the fake is the plain Graph API.
 func TestDemoEndpointsOff(t *testing.T) {
 	f := setup(t)
-	for _, p := range []string{"/sdk.js", "/_fake/signup", "/_fake/inbound"} {
+	for _, p := range []string{"/sdk.js", "/_fake/signup", "/_fake/inbound", "/_fake/account_webhook"} {
 		r := call(t, "POST", f.root+p, "", "")
 		if r.status != 400 || r.errCode() == 0 {
 			t.Errorf("%s: %d %s", p, r.status, r.raw)
 		}
 	}
-	if len(f.g.Requests()) != 3 {
+	if len(f.g.Requests()) != 4 {
 		t.Errorf("recorded %d requests", len(f.g.Requests()))
 	}
 }

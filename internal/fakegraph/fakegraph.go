@@ -59,7 +59,9 @@
 // Demo endpoints outside the version segment (demo.go): GET /sdk.js and POST /_fake/signup
 // (WithDemoSDK: a stand-in for Meta's JS SDK whose Embedded Signup connects a number made up for
 // it), POST /_fake/inbound (WithCallback: an incoming message sent signed to the app's callback,
-// also Emit and EmitMessage); with WithCallback every accepted message is followed by its "sent",
+// also Emit and EmitMessage), POST /_fake/account_webhook (WithCallback: one of the four account
+// webhooks that change a number's health, accountwebhooks.go, also EmitAccountUpdate); with
+// WithCallback every accepted message is followed by its "sent",
 // "delivered" and "read" status webhooks, or by a "failed" one (131026) for an undeliverable
 // recipient (statuses.go: WithStatusOrder, WithUndeliverable, WithStatusDelay).
 //
