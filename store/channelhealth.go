@@ -5,11 +5,13 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -176,9 +178,15 @@ func (s *Store) promptHealthAtConnect(ctx context.Context, tx pgx.Tx, id uuid.UU
 // flight makes that read's completion ask for another. It returns how many channels it asked
 // for (0 for an account no channel has).
 func (s *Store) PromptHealth(ctx context.Context, wabaID, field string, value json.RawMessage) (int, error) {
+	if !IsText(wabaID) {
+		return 0, nil // no channel's account (and not a text Postgres takes)
+	}
 	f, _ := json.Marshal(field)
 	if !json.Valid(value) {
 		value = json.RawMessage("null")
+	} else if !utf8.Valid(value) {
+		// (Postgres takes only UTF-8 text: the upstream's bytes, their invalid sequences replaced)
+		value = bytes.ToValidUTF8(value, []byte("\uFFFD"))
 	}
 	upstream := `{"field":` + string(f) + `,"value":` + string(value) + `}`
 	tag, err := s.pool.Exec(ctx, `
