@@ -61,8 +61,8 @@ func ParseWindowGuard(s string) (WindowGuard, error) {
 // CodeReengagement is the upstream's error code of a free-form send outside the window.
 const CodeReengagement = 131047
 
-// OutcomeWindowClosed: window_guard enforce answered a free-form send to a closed window (400,
-// code 131047) without an upstream call.
+// OutcomeWindowClosed is the outcome of a free-form send to a closed window that window_guard
+// enforce answered itself (400, code 131047), without an upstream call.
 const OutcomeWindowClosed Outcome = "window_closed"
 
 // WindowLookup tells a customer's window on a channel from memory ([Windows]).

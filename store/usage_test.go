@@ -165,9 +165,8 @@ func TestUsageFold(t *testing.T) {
 		t.Fatalf("fold: %d %v", n, err)
 	}
 	var deltas int
-	e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_deltas`).Scan(&deltas)
-	if deltas != 0 {
-		t.Fatalf("%d deltas left", deltas)
+	if err := e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_deltas`).Scan(&deltas); err != nil || deltas != 0 {
+		t.Fatalf("%d deltas left (%v)", deltas, err)
 	}
 	expectUsage(t, "after the fold", e.usageOf(t, e.org), before...)
 	if n, err := e.f.Store.FoldUsage(ctx); err != nil || n != 0 {
@@ -183,9 +182,8 @@ func TestUsageFold(t *testing.T) {
 		"-0 ch utility regular IN 1 1"}
 	expectUsage(t, "moved after the fold", e.usageOf(t, e.org), moved...)
 	e.f.Store.Maintain(ctx, store.RetentionPolicy{}, nil) // the maintenance loop folds
-	e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_deltas`).Scan(&deltas)
-	if deltas != 0 {
-		t.Fatalf("after Maintain: %d deltas left", deltas)
+	if err := e.f.Pool.QueryRow(ctx, `SELECT count(*) FROM usage_deltas`).Scan(&deltas); err != nil || deltas != 0 {
+		t.Fatalf("after Maintain: %d deltas left (%v)", deltas, err)
 	}
 	expectUsage(t, "folded again", e.usageOf(t, e.org), moved...)
 

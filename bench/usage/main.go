@@ -79,7 +79,7 @@ func run(ctx context.Context, cl *benchkit.Cleanups, c config) error {
 		if err != nil {
 			return err
 		}
-		defer f.Close()
+		defer f.Close() //nolint:errcheck // (written and stopped before; a close error loses nothing more)
 		if err := pprof.StartCPUProfile(f); err != nil {
 			return err
 		}
