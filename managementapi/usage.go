@@ -6,7 +6,10 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -179,18 +182,62 @@ func WriteUsageCSV(w io.Writer, u Usage) error {
 	if err := cw.Write(UsageCSVHeader); err != nil {
 		return err
 	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return err
+	}
+	// The rows by hand, as csv.Writer writes them (a field quoted when it needs it), without a
+	// record's strings per row: an org's window holds up to hundreds of thousands of rows
+	// (bench/usage).
+	buf := make([]byte, 0, 64<<10)
+	ids := map[uuid.UUID]string{} // (a window has few channels)
 	for _, r := range u.Rows {
-		cost := ""
-		if r.Cost != nil {
-			cost = *r.Cost
+		id, ok := ids[r.ChannelID]
+		if !ok {
+			id = r.ChannelID.String()
+			ids[r.ChannelID] = id
 		}
-		if err := cw.Write([]string{r.Day, r.ChannelID.String(), r.Category, r.PricingType, r.Country,
-			strconv.FormatInt(r.Messages, 10), strconv.FormatInt(r.Billable, 10), cost}); err != nil {
-			return err
+		buf = append(buf, r.Day...)
+		buf = append(append(buf, ','), id...)
+		buf = appendCSVField(append(buf, ','), r.Category)
+		buf = appendCSVField(append(buf, ','), r.PricingType)
+		buf = appendCSVField(append(buf, ','), r.Country)
+		buf = strconv.AppendInt(append(buf, ','), r.Messages, 10)
+		buf = strconv.AppendInt(append(buf, ','), r.Billable, 10)
+		buf = append(buf, ',')
+		if r.Cost != nil {
+			buf = appendCSVField(buf, *r.Cost)
+		}
+		buf = append(buf, '\n')
+		if len(buf) > 60<<10 {
+			if _, err := w.Write(buf); err != nil {
+				return err
+			}
+			buf = buf[:0]
 		}
 	}
-	cw.Flush()
-	return cw.Error()
+	_, err := w.Write(buf)
+	return err
+}
+
+// appendCSVField appends the CSV field f to b quoted as encoding/csv's Writer quotes it: when it
+// holds a comma, a quote or a line break, starts with a space (unicode.IsSpace) or is `\.`; its
+// quotes doubled.
+func appendCSVField(b []byte, f string) []byte {
+	if f == "" {
+		return b
+	}
+	if r, _ := utf8.DecodeRuneInString(f); !strings.ContainsAny(f, ",\"\r\n") && !unicode.IsSpace(r) && f != `\.` {
+		return append(b, f...)
+	}
+	b = append(b, '"')
+	for i := 0; i < len(f); i++ {
+		if f[i] == '"' {
+			b = append(b, '"')
+		}
+		b = append(b, f[i])
+	}
+	return append(b, '"')
 }
 
 // usage answers GET /usage: JSON, or CSV with ?format=csv (text/csv, a download named after the

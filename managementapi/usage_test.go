@@ -235,3 +235,38 @@ func TestUsageJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestUsageCSVAsEncodingCSV: the CSV rows written by hand are byte for byte what encoding/csv
+// writes, fields that need quotes included.
+func TestUsageCSVAsEncodingCSV(t *testing.T) {
+	card, err := usage.ParseRateCard(strings.NewReader("country,category,price\nUS,unknown,1.5\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1 := time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC)
+	odd := []string{"", "plain", "a,b", `say "hi"`, "line\nbreak", "cr\rx", " lead", "\tlead", "\u00a0nbsp", `\.`, `x\.`, "régulier"}
+	var rows []store.UsageRow
+	for i, f := range odd {
+		rows = append(rows, store.UsageRow{Day: d1, ChannelID: uuid.New(), Category: f, PricingType: odd[len(odd)-1-i], Country: "US", Messages: int64(i), Billable: -int64(i)})
+	}
+	rows = append(rows, store.UsageRow{Day: d1, Category: "unknown", PricingType: "unknown", Country: "US", Messages: 2, Billable: 2})
+	u := managementapi.NewUsage(d1, d1, rows, card)
+	var want strings.Builder
+	cw := csv.NewWriter(&want)
+	_ = cw.Write(managementapi.UsageCSVHeader)
+	for _, r := range u.Rows {
+		cost := ""
+		if r.Cost != nil {
+			cost = *r.Cost
+		}
+		_ = cw.Write([]string{r.Day, r.ChannelID.String(), r.Category, r.PricingType, r.Country, fmt.Sprint(r.Messages), fmt.Sprint(r.Billable), cost})
+	}
+	cw.Flush()
+	var got strings.Builder
+	if err := managementapi.WriteUsageCSV(&got, u); err != nil {
+		t.Fatal(err)
+	}
+	if got.String() != want.String() {
+		t.Fatalf("WriteUsageCSV:\n%s\nencoding/csv:\n%s", got.String(), want.String())
+	}
+}

@@ -3,13 +3,16 @@ package store
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/wabarelay/wabarelay/usage"
@@ -377,6 +380,7 @@ func (in *usageInterner) collect(rows pgx.Rows, err error) ([]UsageRow, error) {
 	var chunks [][]UsageRow
 	var cat, typ, country pgtype.DriverBytes // (the row's own bytes, not copied: interned)
 	var ch pgtype.UUID                       // (uuid.UUID would be scanned through its text)
+	binary := usageBinary(rows.FieldDescriptions())
 	n := 0
 	for rows.Next() {
 		if n%chunk == 0 {
@@ -385,6 +389,10 @@ func (in *usageInterner) collect(rows pgx.Rows, err error) ([]UsageRow, error) {
 		u := &chunks[len(chunks)-1]
 		*u = append(*u, UsageRow{})
 		r := &(*u)[len(*u)-1]
+		if binary && in.decode(rows.RawValues(), r) {
+			n++
+			continue
+		}
 		if err := rows.Scan(&r.Day, &ch, &cat, &typ, &country, &r.Messages, &r.Billable); err != nil {
 			return nil, err
 		}
@@ -403,4 +411,64 @@ func (in *usageInterner) collect(rows pgx.Rows, err error) ([]UsageRow, error) {
 		out = append(out, c...)
 	}
 	return out, nil
+}
+
+// usageBinary reports whether the usage rows' columns all come in Postgres's binary format (the
+// texts in either) with the types decode reads (date, uuid, three texts, two integers): then each row is read from its
+// raw bytes, without Scan's per-column conversions (a window holds up to hundreds of thousands of
+// rows, bench/usage).
+func usageBinary(fds []pgconn.FieldDescription) bool {
+	want := [...]uint32{pgtype.DateOID, pgtype.UUIDOID, pgtype.TextOID, pgtype.TextOID, pgtype.TextOID}
+	if len(fds) != 7 {
+		return false
+	}
+	for i, fd := range fds {
+		// (a text's bytes are the same in both formats: pgx asks for text columns as text)
+		if fd.Format != pgtype.BinaryFormatCode && fd.DataTypeOID != pgtype.TextOID {
+			return false
+		}
+		if i < len(want) && fd.DataTypeOID != want[i] {
+			return false
+		}
+		if i >= len(want) && fd.DataTypeOID != pgtype.Int4OID && fd.DataTypeOID != pgtype.Int8OID {
+			return false
+		}
+	}
+	return true
+}
+
+// usageEpoch is day 0 of Postgres's binary date (2000-01-01).
+var usageEpoch = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// decode reads a usage row from its binary column values (see usageBinary) into r; false when a
+// value is not of the expected size (NULL, or a date out of range): the caller then scans it.
+func (in *usageInterner) decode(v [][]byte, r *UsageRow) bool {
+	if len(v[0]) != 4 || len(v[1]) != 16 || v[2] == nil || v[3] == nil || v[4] == nil {
+		return false
+	}
+	days := int32(binary.BigEndian.Uint32(v[0]))
+	if days == math.MaxInt32 || days == math.MinInt32 { // infinity
+		return false
+	}
+	m, ok1 := usageInt(v[5])
+	b, ok2 := usageInt(v[6])
+	if !ok1 || !ok2 {
+		return false
+	}
+	r.Day = usageEpoch.AddDate(0, 0, int(days))
+	copy(r.ChannelID[:], v[1])
+	r.Category, r.PricingType, r.Country = in.intern(v[2]), in.intern(v[3]), in.intern(v[4])
+	r.Messages, r.Billable = m, b
+	return true
+}
+
+// usageInt reads a binary int4 or int8.
+func usageInt(v []byte) (int64, bool) {
+	switch len(v) {
+	case 4:
+		return int64(int32(binary.BigEndian.Uint32(v))), true
+	case 8:
+		return int64(binary.BigEndian.Uint64(v)), true
+	}
+	return 0, false
 }
