@@ -73,7 +73,7 @@ func registerMetrics(reg *prometheus.Registry) *metrics {
 			inboundDuplicates: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_duplicates_total", Help: "Upstream webhook items dropped as re-sends of stored ones."}),
 			inboundUnknown: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
-				Name: "inbound_unknown_number_total", Help: "Upstream webhook items for phone numbers no channel has (dropped)."}),
+				Name: "inbound_unknown_number_total", Help: "Upstream webhook items for phone numbers, and health changes for business accounts, no channel has (dropped)."}),
 			inboundRejected: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
 				Name: "inbound_rejected_total", Help: "Upstream webhook posts refused for a bad signature."}),
 			inboundMalformed: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,

@@ -88,7 +88,7 @@ type Observer interface {
 	// Overflow: a post stored outside the concurrency limit after waiting Config.MaxWait.
 	Overflow()
 	// Stored: a post stored; res counts its new events by type, duplicates and items for
-	// unknown numbers.
+	// unknown numbers (and, reported apart, health changes of business accounts no channel has).
 	Stored(res store.InboundResult)
 }
 
@@ -331,11 +331,21 @@ func (h *Handler) turn(ctx context.Context) (release func(), ok bool) {
 // upstream its channel; the four account webhooks of IsHealthField ask for a read of the
 // account's channels' health.
 func (h *Handler) accountChanges(ctx context.Context, changes []AccountChange) error {
+	unknown := 0
+	defer func() {
+		if unknown > 0 { // counted as the items for numbers no channel has are
+			h.cfg.Observer.Stored(store.InboundResult{Unknown: unknown})
+		}
+	}()
 	for _, c := range changes {
 		if IsHealthField(c.Field) {
 			// the numbers' health is read again (package health); no channel: nothing to do
-			if _, err := h.cfg.Store.PromptHealth(ctx, c.WabaID, c.Field, c.Value); err != nil {
+			n, err := h.cfg.Store.PromptHealth(ctx, c.WabaID, c.Field, c.Value)
+			if err != nil {
 				return err
+			}
+			if n == 0 {
+				unknown++
 			}
 		}
 		switch c.Event {

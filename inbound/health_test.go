@@ -34,13 +34,17 @@ func TestHandlerPromptsHealthReads(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h := newHandler(t, inbound.Config{Store: kit.Store})
+	obs := &observer{}
+	h := newHandler(t, inbound.Config{Store: kit.Store, Observer: obs})
 	if w := signed(h, change("account_alerts", `{"entity_type":"WABA","alert_severity":"WARNING"}`)); w.Code != 200 {
 		t.Fatalf("account_alerts: %d", w.Code)
 	}
 	other := `{"object":"whatsapp_business_account","entry":[{"id":"999","changes":[{"field":"phone_number_quality_update","value":{"event":"FLAGGED"}}]}]}`
 	if w := signed(h, other); w.Code != 200 {
 		t.Fatalf("an account no channel has: %d %s", w.Code, w.Body)
+	}
+	if obs.last.Unknown != 1 { // counted, as items for numbers no channel has
+		t.Fatalf("an account no channel has: counted %d unknown, want 1", obs.last.Unknown)
 	}
 	clk.Advance(time.Hour)
 	if reads := claim(); len(reads) != 0 {
