@@ -173,7 +173,7 @@ type windowSet struct {
 	err   error
 
 	mu        sync.RWMutex
-	last      map[string]time.Time // wa_id → newest incoming message, within the last 24 h when loaded
+	last      map[string]time.Time // wa_id → newest incoming message, within the last 24 h when loaded (any age for a young channel: Windows.since)
 	truncated bool                 // customers were left out: one not in last is unknown
 	loadedAt  time.Time
 
@@ -194,7 +194,8 @@ func (ws *Windows) SetLogger(l *zap.Logger) { ws.logger = l }
 // most until ctx ends). A set that cannot be loaded answers unknown.
 func (ws *Windows) State(ctx context.Context, ch *store.RelayChannel, waID string) window.State {
 	now := clock.Now(ws.clock)
-	set := ws.set(ctx, ch.ID)
+	since := ws.since(ch, now)
+	set := ws.set(ctx, ch.ID, since)
 	if set == nil {
 		return window.Unknown
 	}
@@ -203,7 +204,7 @@ func (ws *Windows) State(ctx context.Context, ch *store.RelayChannel, waID strin
 	truncated, loadedAt := set.truncated, set.loadedAt
 	set.mu.RUnlock()
 	if now.Sub(loadedAt) >= ws.ttl && set.refreshing.CompareAndSwap(false, true) {
-		go ws.load(ch.ID, set, true) // the backstop: served from memory meanwhile
+		go ws.load(ch.ID, set, true, since) // the backstop: served from memory meanwhile
 	}
 	if !ok && truncated {
 		return window.Unknown
@@ -212,8 +213,21 @@ func (ws *Windows) State(ctx context.Context, ch *store.RelayChannel, waID strin
 	return state
 }
 
-// set returns the channel's loaded set, loading it first when needed; nil when it cannot be.
-func (ws *Windows) set(ctx context.Context, channel uuid.UUID) *windowSet {
+// since is the oldest incoming message a load of ch's set reads: the last 24 hours; every one
+// (bounded) while the channel has been receiving for less than that, so that a customer whose
+// window has expired is closed, as the API says, rather than unknown like one never heard from
+// (window.Decide tells them apart only while the channel is that young).
+func (ws *Windows) since(ch *store.RelayChannel, now time.Time) time.Time {
+	since := now.Add(-window.Length)
+	if ch.ReceivingSince.After(since) {
+		return time.Time{}
+	}
+	return since
+}
+
+// set returns the channel's loaded set, loading it (messages from since on) first when needed;
+// nil when it cannot be.
+func (ws *Windows) set(ctx context.Context, channel uuid.UUID, since time.Time) *windowSet {
 	ws.mu.RLock()
 	set := ws.chans[channel]
 	ws.mu.RUnlock()
@@ -222,7 +236,7 @@ func (ws *Windows) set(ctx context.Context, channel uuid.UUID) *windowSet {
 		if set = ws.chans[channel]; set == nil {
 			set = &windowSet{ready: make(chan struct{}), last: map[string]time.Time{}}
 			ws.chans[channel] = set
-			go ws.load(channel, set, false)
+			go ws.load(channel, set, false, since)
 		}
 		ws.mu.Unlock()
 	}
@@ -244,7 +258,7 @@ func (ws *Windows) set(ctx context.Context, channel uuid.UUID) *windowSet {
 // load reads the channel's set from the store and merges it into set (first load: then marks it
 // ready; refresh: replaces the windows that have expired). A first load that fails drops the set,
 // so that a later send tries again.
-func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool) {
+func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool, since time.Time) {
 	defer func() {
 		if v := recover(); v != nil {
 			ws.logger.Error("relay: loading a channel's windows panicked", zap.Any("panic", v))
@@ -256,7 +270,7 @@ func (ws *Windows) load(channel uuid.UUID, set *windowSet, refresh bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), fetchTimeout)
 	defer cancel()
 	now := clock.Now(ws.clock)
-	snap, err := ws.store.WindowSnapshot(ctx, channel, now.Add(-window.Length), ws.perChannel)
+	snap, err := ws.store.WindowSnapshot(ctx, channel, since, ws.perChannel)
 	if err != nil {
 		if refresh && errors.Is(err, store.ErrChannelNotFound) {
 			ws.drop(channel, set) // the channel is gone

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -272,5 +273,30 @@ func TestWindowsBounded(t *testing.T) {
 	ws.Apply(f.channel.String() + " 15550001004 " + strconv.FormatInt(now.UnixMicro(), 10))
 	if w := f.serve("POST", path, textTo("15550001004", ""), nil); w.Header().Get(WindowHeader) != "unknown" {
 		t.Fatalf("announced into a full set: %q, want unknown", w.Header().Get(WindowHeader))
+	}
+}
+
+// TestWindowYoungChannelAgreesWithAPI: on a channel connected an hour ago, a customer whose last
+// message is 25 hours old is closed in the header, as the API's window.Decide over the stored row
+// says (not unknown like one never heard from, who stays unknown), and enforce refuses a text.
+func TestWindowYoungChannelAgreesWithAPI(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	f.fx.Exec(t, `UPDATE channels SET connected_at = now() - interval '1 hour', contacts_since = now() - interval '2 days' WHERE id = $1`, f.channel)
+	now := time.Now()
+	storeIncoming(t, f.store, custClosed, "wamid.closed", now.Add(-25*time.Hour))
+	f.relay.Windows, f.relay.WindowGuard = NewWindows(f.store, nil), GuardAnnotate
+	path := "/" + tPNID + "/messages"
+	for to, want := range map[string]string{custClosed: "closed", custNever: "unknown"} {
+		if w := f.serve("POST", path, textTo(to, ""), nil); w.Code != 200 || w.Header().Get(WindowHeader) != want {
+			t.Fatalf("to %s: %d %q, want 200 %s", to, w.Code, w.Header().Get(WindowHeader), want)
+		}
+	}
+	org := testenv.QueryValue[uuid.UUID](t, f.fx, `SELECT org_id FROM channels WHERE id = $1`, f.channel)
+	api, err := f.store.ContactWindow(context.Background(), org, f.channel, custClosed)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if state, _ := window.Decide(api.LastInboundAt, api.ReceivingSince, api.At); state != window.Closed {
+		t.Fatalf("the API's window: %s (%+v), want closed", state, api)
 	}
 }
