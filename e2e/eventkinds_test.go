@@ -71,6 +71,13 @@ func TestChannelAndTemplateEvents(t *testing.T) {
 	other := testenv.NewReceiver(t, &testenv.ReceiverOpts{TLS: true})
 	e.fix.Webhook(t, e.org, other.URL+"/messages-only", &testenv.WebhookOpts{Events: []string{store.EventMessages}})
 
+	// (both numbers share the upstream token: their health reads at connect are done first, so
+	// that none of them meets the revoked token and disconnects ch2 before the operator does)
+	testenv.Eventually(t, testenv.Patience, func() bool {
+		return e.countRows(`SELECT count(*) FROM channel_health WHERE channel_id = ANY ($1) AND checked_at IS NOT NULL`,
+			[]uuid.UUID{ch.ID, ch2.ID}) == 2
+	}, "the health reads at connect")
+
 	// 1. The token dies: concurrent sends all reach the upstream (it answers after 300 ms) and
 	// all meet its 190; the channel's state changes once.
 	e.fake.RevokeToken(realToken)
