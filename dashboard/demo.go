@@ -222,6 +222,30 @@ func (h *Handler) demoWebhook(w http.ResponseWriter, r *http.Request, s *session
 // msgPickChannel answers a demo form naming no active channel of the org.
 const msgPickChannel = "Pick one of your connected channels."
 
+// formChannel returns the org's active channel that a demo form's phone_number_id names; when
+// there is none, or the channels cannot be read, it has answered the request and ok is false.
+func (h *Handler) formChannel(w http.ResponseWriter, r *http.Request, s *session) (c managementapi.Channel, ok bool) {
+	c, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), r.PostFormValue("phone_number_id"))
+	switch {
+	case err != nil:
+		h.serverError(w, r, err)
+	case !ok:
+		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
+	}
+	return c, ok && err == nil
+}
+
+// formBatch returns a demo form's batch (demoBatchRe); when it has none, it has answered the
+// request and ok is false.
+func (h *Handler) formBatch(w http.ResponseWriter, r *http.Request, s *session) (batch string, ok bool) {
+	batch = r.PostFormValue("batch")
+	if !demoBatchRe.MatchString(batch) {
+		h.demoPage(w, r, page{Session: s, Error: "The form is incomplete. Reload the page and try again."}, http.StatusUnprocessableEntity)
+		return "", false
+	}
+	return batch, true
+}
+
 // connectedChannel returns the org's active channel with the phone number id pnid; ok is false
 // when the org has none.
 func (h *Handler) connectedChannel(ctx context.Context, p managementapi.Principal, pnid string) (c managementapi.Channel, ok bool, err error) {
@@ -241,11 +265,7 @@ func (h *Handler) connectedChannel(ctx context.Context, p managementapi.Principa
 // connected numbers.
 func (h *Handler) demoEmit(w http.ResponseWriter, r *http.Request, s *session) {
 	pnid, text := r.PostFormValue("phone_number_id"), r.PostFormValue("text")
-	if _, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), pnid); err != nil {
-		h.serverError(w, r, err)
-		return
-	} else if !ok {
-		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
+	if _, ok := h.formChannel(w, r, s); !ok {
 		return
 	}
 	if strings.TrimSpace(text) == "" {

@@ -33,11 +33,7 @@ const demoLapsedAge = "25h"
 // demoQuality asks the fake upstream to lower the quality of one of the org's connected numbers.
 func (h *Handler) demoQuality(w http.ResponseWriter, r *http.Request, s *session) {
 	pnid := r.PostFormValue("phone_number_id")
-	if _, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), pnid); err != nil {
-		h.serverError(w, r, err)
-		return
-	} else if !ok {
-		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
+	if _, ok := h.formChannel(w, r, s); !ok {
 		return
 	}
 	err := h.fakePost(r.Context(), "/_fake/account_webhook", map[string]string{
@@ -53,21 +49,15 @@ func (h *Handler) demoQuality(w http.ResponseWriter, r *http.Request, s *session
 // demoWindow has a customer whose last message is 25 hours old write to one of the org's
 // connected numbers, and sends that customer a text through the relay.
 func (h *Handler) demoWindow(w http.ResponseWriter, r *http.Request, s *session) {
-	batch := r.PostFormValue("batch")
-	if !demoBatchRe.MatchString(batch) {
-		h.demoPage(w, r, page{Session: s, Error: "The form is incomplete. Reload the page and try again."}, http.StatusUnprocessableEntity)
-		return
-	}
-	ch, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), r.PostFormValue("phone_number_id"))
-	if err != nil {
-		h.serverError(w, r, err)
-		return
-	}
+	batch, ok := h.formBatch(w, r, s)
 	if !ok {
-		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
 		return
 	}
-	err = h.fakePost(r.Context(), "/_fake/inbound", map[string]string{"phone_number_id": *ch.PhoneNumberID,
+	ch, ok := h.formChannel(w, r, s)
+	if !ok {
+		return
+	}
+	err := h.fakePost(r.Context(), "/_fake/inbound", map[string]string{"phone_number_id": *ch.PhoneNumberID,
 		"from": demoLapsedCustomer, "name": "Lapsed Customer", "text": "Is my order on its way?", "age": demoLapsedAge})
 	if err != nil {
 		h.logger.Warn("demo: the fake upstream did not send the message", zap.Error(err))

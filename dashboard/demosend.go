@@ -81,18 +81,12 @@ func (h *Handler) demoSend(w http.ResponseWriter, r *http.Request, s *session) {
 		h.demoPage(w, r, page{Session: s, Error: "The relay's address is not configured (demo { relay }): the demo cannot send."}, http.StatusConflict)
 		return
 	}
-	batch := r.PostFormValue("batch")
-	if !demoBatchRe.MatchString(batch) {
-		h.demoPage(w, r, page{Session: s, Error: "The form is incomplete. Reload the page and try again."}, http.StatusUnprocessableEntity)
-		return
-	}
-	ch, ok, err := h.connectedChannel(r.Context(), h.principal(r, s), r.PostFormValue("phone_number_id"))
-	if err != nil {
-		h.serverError(w, r, err)
-		return
-	}
+	batch, ok := h.formBatch(w, r, s)
 	if !ok {
-		h.demoPage(w, r, page{Session: s, Error: msgPickChannel}, http.StatusUnprocessableEntity)
+		return
+	}
+	ch, ok := h.formChannel(w, r, s)
+	if !ok {
 		return
 	}
 	sent := &demoSent{Channel: ch.Name}

@@ -88,12 +88,9 @@ func (h *Handler) usage(w http.ResponseWriter, r *http.Request, s *session) {
 
 // usageCSV serves the usage as a CSV download: GET /usage?format=csv's answer.
 func (h *Handler) usageCSV(w http.ResponseWriter, r *http.Request, s *session) {
-	u, err := h.opt.API.Usage(r.Context(), h.principal(r, s), usageQuery(r))
-	if err != nil {
+	if err := h.opt.API.ServeUsageCSV(r.Context(), w, h.principal(r, s), usageQuery(r)); err != nil {
 		h.readError(w, r, s, err)
-		return
 	}
-	managementapi.ServeUsageCSV(w, u)
 }
 
 // usageCategoryClasses is how many categories the chart colours apart; the rest are added up

@@ -2,7 +2,6 @@ package managementapi
 
 import (
 	"context"
-	"encoding/csv"
 	"io"
 	"net/http"
 	"strconv"
@@ -175,38 +174,40 @@ func newUsage(since, until time.Time, rows []store.UsageRow, card *usage.RateCar
 // UsageCSVHeader is the first line of the usage in CSV.
 var UsageCSVHeader = []string{"day", "channel_id", "category", "pricing_type", "country", "messages", "billable", "cost"}
 
-// WriteUsageCSV writes u's rows as CSV (RFC 4180, CRLF-free: one "\n" per line): the header
-// line UsageCSVHeader, then one line per row in the rows' order, a null cost empty.
-func WriteUsageCSV(w io.Writer, u Usage) error {
-	cw := csv.NewWriter(w)
-	if err := cw.Write(UsageCSVHeader); err != nil {
-		return err
-	}
-	cw.Flush()
-	if err := cw.Error(); err != nil {
-		return err
-	}
-	// The rows by hand, as csv.Writer writes them (a field quoted when it needs it), without a
-	// record's strings per row: an org's window holds up to hundreds of thousands of rows
-	// (bench/usage).
+// WriteUsageCSV writes the usage of stored rows priced by card (Usage's, as newUsage makes it)
+// as CSV (RFC 4180, CRLF-free: one "\n" per line): the header line UsageCSVHeader, then one line
+// per row in the rows' order, a null cost empty. Written as encoding/csv's Writer writes (a field
+// quoted when it needs it), from the stored rows, without a record's strings per row: an org's
+// window holds up to hundreds of thousands of rows (bench/usage).
+func WriteUsageCSV(w io.Writer, rows []store.UsageRow, card *usage.RateCard) error {
 	buf := make([]byte, 0, 64<<10)
-	ids := map[uuid.UUID]string{} // (a window has few channels)
-	for _, r := range u.Rows {
-		id, ok := ids[r.ChannelID]
-		if !ok {
-			id = r.ChannelID.String()
-			ids[r.ChannelID] = id
+	for i, h := range UsageCSVHeader {
+		if i > 0 {
+			buf = append(buf, ',')
 		}
-		buf = append(buf, r.Day...)
-		buf = append(append(buf, ','), id...)
+		buf = appendCSVField(buf, h)
+	}
+	buf = append(buf, '\n')
+	total := card.Total()
+	var lastDay time.Time
+	var day [10]byte
+	for i := range rows {
+		r := &rows[i]
+		if i == 0 || !r.Day.Equal(lastDay) {
+			lastDay = r.Day
+			r.Day.AppendFormat(day[:0], UsageDateLayout)
+		}
+		buf = append(buf, day[:]...)
+		buf = appendUUID(append(buf, ','), r.ChannelID)
 		buf = appendCSVField(append(buf, ','), r.Category)
 		buf = appendCSVField(append(buf, ','), r.PricingType)
 		buf = appendCSVField(append(buf, ','), r.Country)
 		buf = strconv.AppendInt(append(buf, ','), r.Messages, 10)
 		buf = strconv.AppendInt(append(buf, ','), r.Billable, 10)
 		buf = append(buf, ',')
-		if r.Cost != nil {
-			buf = appendCSVField(buf, *r.Cost)
+		// (a cost is digits and a point: never quoted)
+		if b, ok := total.AppendCost(buf, r.Country, r.Category, r.Billable); ok {
+			buf = b
 		}
 		buf = append(buf, '\n')
 		if len(buf) > 60<<10 {
@@ -250,18 +251,13 @@ func (h *Handler) usage(q *call) {
 		return
 	}
 	uq := UsageQuery{Since: qs.Get("since"), Until: qs.Get("until"), ChannelID: qs.Get("channel_id")}
-	if format == "csv" {
-		out, err := h.svc.Usage(q.ctx(), q.p, uq)
-		if err != nil {
-			q.fail(err)
-			return
-		}
-		ServeUsageCSV(q.w, out)
-		return
-	}
 	since, until, rows, err := h.svc.usageRows(q.ctx(), q.p, uq)
 	if err != nil {
 		q.fail(err)
+		return
+	}
+	if format == "csv" {
+		serveUsageCSV(q.w, since, until, rows, h.svc.opt.RateCard)
 		return
 	}
 	// (as httpx.WriteJSON writes, encoded by hand from the stored rows: a window can hold a few
@@ -376,13 +372,24 @@ func appendJSONString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// ServeUsageCSV answers u as a CSV download (text/csv; charset=utf-8, attachment
-// usage-<since>-<until>.csv).
-func ServeUsageCSV(w http.ResponseWriter, u Usage) {
+// ServeUsageCSV answers GET /usage?format=csv for p and q: as Usage, written as a CSV download
+// (text/csv; charset=utf-8, attachment usage-<since>-<until>.csv). A query Usage refuses is its
+// error, nothing written.
+func (s *Service) ServeUsageCSV(ctx context.Context, w http.ResponseWriter, p Principal, q UsageQuery) error {
+	since, until, rows, err := s.usageRows(ctx, p, q)
+	if err != nil {
+		return err
+	}
+	serveUsageCSV(w, since, until, rows, s.opt.RateCard)
+	return nil
+}
+
+// serveUsageCSV answers stored usage rows priced by card as a CSV download.
+func serveUsageCSV(w http.ResponseWriter, since, until time.Time, rows []store.UsageRow, card *usage.RateCard) {
 	w.Header().Set("Content-Type", "text/csv; charset=utf-8")
-	w.Header().Set("Content-Disposition", `attachment; filename="usage-`+u.Since+`-`+u.Until+`.csv"`)
+	w.Header().Set("Content-Disposition", `attachment; filename="usage-`+since.Format(UsageDateLayout)+`-`+until.Format(UsageDateLayout)+`.csv"`)
 	w.WriteHeader(http.StatusOK)
-	_ = WriteUsageCSV(w, u) // (a write error: the client has gone)
+	_ = WriteUsageCSV(w, rows, card) // (a write error: the client has gone)
 }
 
 // ChannelUsage is one channel's usage over a whole window, for the dashboard's table per

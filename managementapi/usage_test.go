@@ -263,7 +263,7 @@ func TestUsageCSVAsEncodingCSV(t *testing.T) {
 	}
 	cw.Flush()
 	var got strings.Builder
-	if err := managementapi.WriteUsageCSV(&got, u); err != nil {
+	if err := managementapi.WriteUsageCSV(&got, rows, card); err != nil {
 		t.Fatal(err)
 	}
 	if got.String() != want.String() {

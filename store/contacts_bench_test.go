@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -27,15 +25,11 @@ func BenchmarkIntakeContacts(b *testing.B) {
 			name = "contacts"
 		}
 		b.Run(name, func(b *testing.B) {
-			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			f, pid := oneConnStore(b)
 			ctx := context.Background()
 			org := f.Org(b)
 			f.Channel(b, org.ID, &testenv.ChannelOpts{Connection: &store.Connection{PhoneNumberID: "1", WabaID: "w", UpstreamToken: "t"}})
 			f.Webhook(b, org.ID, "https://h.example.com")
-			var pid int
-			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				b.Fatal(err)
-			}
 			seq := 0
 			post := func() []store.IncomingItem {
 				items := make([]store.IncomingItem, perPost)

@@ -32,12 +32,8 @@ func BenchmarkWriteRelayLog(b *testing.B) {
 			name = "wamid"
 		}
 		b.Run(name, func(b *testing.B) {
-			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			f, pid := oneConnStore(b)
 			ctx := context.Background()
-			var pid int
-			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				b.Fatal(err)
-			}
 			orgs, channels := make([]uuid.UUID, 100), make([]uuid.UUID, 100)
 			for i := range orgs {
 				orgs[i], channels[i] = uuid.New(), uuid.New()
@@ -93,6 +89,16 @@ func selfCPU(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// oneConnStore is a throwaway store on a pool of one connection, and that connection's backend
+// pid (procCPU's: its CPU is the statements' of the benchmark).
+func oneConnStore(b *testing.B) (f *testenv.Fixture, pid int) {
+	f = testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+	if err := f.Pool.QueryRow(context.Background(), `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+		b.Fatal(err)
+	}
+	return f, pid
+}
+
 // procCPU is the user and system CPU time of process pid so far (Linux).
 func procCPU(b *testing.B, pid int) time.Duration {
 	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -120,15 +126,11 @@ func BenchmarkFirstStatus(b *testing.B) {
 			name = "status-first"
 		}
 		b.Run(name, func(b *testing.B) {
-			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			f, pid := oneConnStore(b)
 			ctx := context.Background()
 			org := f.Org(b).ID
 			conn := f.Connection()
 			ch := f.Channel(b, org, &testenv.ChannelOpts{Connection: conn})
-			var pid int
-			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				b.Fatal(err)
-			}
 			wamid := func(n int) string { return "wamid.HBgLMTU1NTEyMzQ1NjcVAgARGBI" + strconv.Itoa(100000000+n) }
 			// log writes the relay calls of the messages from..to-1 (before the timed posts).
 			log := func(from, to int) {

@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/wabarelay/wabarelay/inbound"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
@@ -27,15 +25,11 @@ func BenchmarkPricedStatus(b *testing.B) {
 			name = "priced"
 		}
 		b.Run(name, func(b *testing.B) {
-			f := testenv.NewStore(b, &testenv.StoreOpts{Pool: func(c *pgxpool.Config) { c.MaxConns = 1 }})
+			f, pid := oneConnStore(b)
 			ctx := context.Background()
 			org := f.Org(b).ID
 			conn := f.Connection()
 			f.Channel(b, org, &testenv.ChannelOpts{Connection: conn})
-			var pid int
-			if err := f.Pool.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
-				b.Fatal(err)
-			}
 			pricing := ""
 			if priced {
 				pricing = `,"pricing":{"billable":true,"pricing_model":"PMP","category":"marketing","type":"regular"}`

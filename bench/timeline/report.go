@@ -5,12 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/bench/internal/benchkit"
 	"github.com/wabarelay/wabarelay/store"
@@ -37,39 +32,18 @@ func measure(ctx context.Context, st *store.Store, qs []query, runs int) error {
 // explain runs each query once more on a pool whose sessions log every statement's executed
 // plan (auto_explain) as a notice, and prints the plans.
 func (w *world) explain(ctx context.Context, dsn string, qs []query) error {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	var mu sync.Mutex
-	var plans []string
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		plans = append(plans, n.Message)
-		mu.Unlock()
-	}
-	cfg.MaxConns = 1
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
-			SET auto_explain.log_buffers = on; SET auto_explain.log_timing = on; SET auto_explain.log_level = notice`)
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, plans, err := benchkit.ExplainPool(ctx, dsn)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	st := store.New(pool, nil)
 	for _, q := range qs {
-		mu.Lock()
-		plans = plans[:0]
-		mu.Unlock()
+		plans() // (forgets the previous query's)
 		if err := q.run(ctx, st, 7); err != nil {
 			return fmt.Errorf("%s: %w", q.name, err)
 		}
-		mu.Lock()
-		fmt.Printf("\n=== %s: EXPLAIN (ANALYZE, BUFFERS)\n%s\n", q.name, strings.Join(plans, "\n"))
-		mu.Unlock()
+		fmt.Printf("\n=== %s: EXPLAIN (ANALYZE, BUFFERS)\n%s\n", q.name, strings.Join(plans(), "\n"))
 	}
 	return nil
 }

@@ -6,12 +6,9 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/bench/internal/benchkit"
@@ -213,24 +210,7 @@ func measure(ctx context.Context, qs []query, runs int) error {
 // explain runs the org's query once more on a connection that logs its executed plan
 // (auto_explain), and prints it.
 func (w *world) explain(ctx context.Context, dsn string) error {
-	cfg, err := pgxpool.ParseConfig(dsn)
-	if err != nil {
-		return err
-	}
-	var mu sync.Mutex
-	var plans []string
-	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		mu.Lock()
-		plans = append(plans, n.Message)
-		mu.Unlock()
-	}
-	cfg.MaxConns = 1
-	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
-		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
-			SET auto_explain.log_buffers = on; SET auto_explain.log_timing = on; SET auto_explain.log_level = notice`)
-		return err
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, plans, err := benchkit.ExplainPool(ctx, dsn)
 	if err != nil {
 		return err
 	}
@@ -239,8 +219,6 @@ func (w *world) explain(ctx context.Context, dsn string) error {
 	if _, err := store.New(pool, nil).Usage(ctx, w.org, store.UsageFilter{Since: now.AddDate(0, 0, -29), Until: now}); err != nil {
 		return err
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	fmt.Printf("\n=== the org's 30 days: EXPLAIN (ANALYZE, BUFFERS)\n%s\n", strings.Join(plans, "\n"))
+	fmt.Printf("\n=== the org's 30 days: EXPLAIN (ANALYZE, BUFFERS)\n%s\n", strings.Join(plans(), "\n"))
 	return nil
 }

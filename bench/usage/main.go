@@ -35,8 +35,6 @@ import (
 	"runtime/pprof"
 
 	"github.com/wabarelay/wabarelay/bench/internal/benchkit"
-	"github.com/wabarelay/wabarelay/secretbox"
-	"github.com/wabarelay/wabarelay/store"
 )
 
 func main() {
@@ -51,22 +49,11 @@ func main() {
 }
 
 func run(ctx context.Context, cl *benchkit.Cleanups, c config) error {
-	name := "wabarelay_bench_usage_" + benchkit.RandHex(4)
-	dsn, err := benchkit.NewDatabase(ctx, c.pg, name, cl)
+	dsn, st, pool, err := benchkit.DurableStore(ctx, c.pg, "wabarelay_bench_usage_", cl)
 	if err != nil {
 		return err
 	}
-	pool, err := benchkit.Pool(ctx, dsn, cl)
-	if err != nil {
-		return err
-	}
-	s := benchkit.Settings(ctx, dsn, "fsync", "synchronous_commit", "server_version")
-	benchkit.Logf("Postgres %s, fsync %s, synchronous_commit %s; load %s", s[2], s[0], s[1], benchkit.LoadAvg())
-	box, err := secretbox.New(benchkit.NewKey())
-	if err != nil {
-		return err
-	}
-	w := &world{st: store.New(pool, box), pool: pool}
+	w := &world{st: st, pool: pool}
 	if err := w.fill(ctx, c); err != nil {
 		return err
 	}

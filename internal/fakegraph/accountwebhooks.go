@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -248,13 +247,8 @@ func (s *Server) handleAccountWebhook(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Second)
 	defer cancel()
 	res, err := s.EmitAccountUpdate(ctx, s.callback, s.appSecret, u)
-	var bad *badInboundError
-	switch {
-	case errors.As(err, &bad):
-		demoError(w, http.StatusBadRequest, bad.msg)
-		return
-	case err != nil:
-		demoError(w, http.StatusBadGateway, err.Error())
+	if err != nil {
+		emitError(w, err)
 		return
 	}
 	writeDemoJSON(w, res.Status, struct {

@@ -207,13 +207,8 @@ func (s *Server) handleInbound(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 20*time.Second)
 	defer cancel()
 	res, err := s.Emit(ctx, s.callback, s.appSecret, m)
-	var bad *badInboundError
-	switch {
-	case errors.As(err, &bad):
-		demoError(w, http.StatusBadRequest, bad.msg)
-		return
-	case err != nil:
-		demoError(w, http.StatusBadGateway, err.Error())
+	if err != nil {
+		emitError(w, err)
 		return
 	}
 	writeDemoJSON(w, res.Status, struct {
@@ -225,6 +220,17 @@ func (s *Server) handleInbound(w http.ResponseWriter, r *http.Request) {
 		CallbackBody   string          `json:"callback_body"`
 		Payload        json.RawMessage `json:"payload"`
 	}{res.PhoneNumberID, res.MessageID, res.MediaID, s.callback, res.Status, string(res.Body), res.Payload})
+}
+
+// emitError answers a failed emission of a webhook to the app's callback: 400 for what the
+// request asked that cannot be sent (badInboundError), 502 for the callback's failure.
+func emitError(w http.ResponseWriter, err error) {
+	var bad *badInboundError
+	if errors.As(err, &bad) {
+		demoError(w, http.StatusBadRequest, bad.msg)
+		return
+	}
+	demoError(w, http.StatusBadGateway, err.Error())
 }
 
 // InboundMessage is an incoming message the fake sends to the app's callback (Emit).

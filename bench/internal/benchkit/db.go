@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/secretbox"
@@ -163,4 +164,59 @@ func CreateChannels(ctx context.Context, st *store.Store, org uuid.UUID, n, work
 		return nil, firstErr
 	}
 	return tokens, ctx.Err()
+}
+
+// DurableStore creates and migrates a database named prefix and a random suffix on the server
+// of adminDSN (its removal registered with cl, as NewDatabase), logs the server's version and
+// durability settings, and opens a store on it with a new key: the measured store, on the
+// server's settings as they are. It returns the database's DSN, the store and its pool.
+func DurableStore(ctx context.Context, adminDSN, prefix string, cl *Cleanups) (string, *store.Store, *pgxpool.Pool, error) {
+	dsn, err := NewDatabase(ctx, adminDSN, prefix+RandHex(4), cl)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	pool, err := Pool(ctx, dsn, cl)
+	if err != nil {
+		return "", nil, nil, err
+	}
+	s := Settings(ctx, dsn, "fsync", "synchronous_commit", "server_version")
+	Logf("Postgres %s, fsync %s, synchronous_commit %s; load %s", s[2], s[0], s[1], LoadAvg())
+	box, err := secretbox.New(NewKey())
+	if err != nil {
+		return "", nil, nil, err
+	}
+	return dsn, store.New(pool, box), pool, nil
+}
+
+// ExplainPool opens a one-connection pool on dsn whose session logs every statement's executed
+// plan (auto_explain: ANALYZE, BUFFERS, timing) as a notice; plans returns the plans logged
+// since its last call, and forgets them. Close the pool when done.
+func ExplainPool(ctx context.Context, dsn string) (pool *pgxpool.Pool, plans func() []string, err error) {
+	cfg, err := pgxpool.ParseConfig(dsn)
+	if err != nil {
+		return nil, nil, err
+	}
+	var mu sync.Mutex
+	var logged []string
+	cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		logged = append(logged, n.Message)
+		mu.Unlock()
+	}
+	cfg.MaxConns = 1
+	cfg.AfterConnect = func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, `LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; SET auto_explain.log_analyze = on;
+			SET auto_explain.log_buffers = on; SET auto_explain.log_timing = on; SET auto_explain.log_level = notice`)
+		return err
+	}
+	if pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+		return nil, nil, err
+	}
+	return pool, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := logged
+		logged = nil
+		return out
+	}, nil
 }
