@@ -455,10 +455,11 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 		return nil
 	}
 	if in.statuses != nil {
-		if err := in.applyStatuses(ctx, tx, stored); err != nil {
+		created, err := in.applyStatuses(ctx, tx, stored)
+		if err != nil {
 			return err
 		}
-		if err := in.applyUsage(ctx, tx, stored); err != nil { // (store/usage.go)
+		if err := in.applyUsage(ctx, tx, stored, created); err != nil { // (store/usage.go)
 			return err
 		}
 	}
@@ -584,9 +585,11 @@ var storeDeliveriesSQL = `
 	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`
 
 // applyStatuses moves the latest status of the outgoing messages that the stored events (ids in
-// stored) report, in one statement (see messagesUpsertSQL). Statuses that rank no message status,
-// or whose message id is not storable, leave messages alone.
-func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []uuid.UUID) error {
+// stored) report, in one statement (see messagesUpsertSQL, messagesUpsertPricedSQL). Statuses that rank no message status,
+// or whose message id is not storable, leave messages alone. It returns the message ids whose
+// rows the statement created: their priced statuses are counted already (applyUsage leaves
+// them out).
+func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []uuid.UUID) (map[string]bool, error) {
 	index := make(map[uuid.UUID]int, len(in.ids))
 	for i, id := range in.ids {
 		if in.statuses[i] != nil {
@@ -597,6 +600,11 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 	var orgs, chs []uuid.UUID
 	var ranks, codes []int32
 	var ats []*time.Time
+	// each status's pricing (usageDays NULL: none), for messagesUpsertPricedSQL
+	var usageDays []*time.Time
+	var usageCats, usageTypes, usageCountries []string
+	var usageBillable []bool
+	priced := false
 	for _, id := range stored {
 		i, ok := index[id]
 		if !ok || in.wamids[i] == nil {
@@ -620,15 +628,42 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 			title = ""
 		}
 		title = truncateText(title, maxErrorTitleLen)
+		var uday *time.Time
+		var cat, typ, country string
+		var billable bool
+		if st.Pricing != nil {
+			d, c := in.usageBucket(i) // (store/usage.go)
+			uday, cat, typ, country, billable, priced = &d, st.Pricing.Category, st.Pricing.Type, c, st.Pricing.Billable, true
+		}
+		usageDays, usageCats, usageTypes = append(usageDays, uday), append(usageCats, cat), append(usageTypes, typ)
+		usageCountries, usageBillable = append(usageCountries, country), append(usageBillable, billable)
 		wamids, orgs, chs = append(wamids, *in.wamids[i]), append(orgs, in.orgIDs[i]), append(chs, in.chIDs[i])
 		recipients, statuses, ranks = append(recipients, recipient), append(statuses, st.Status), append(ranks, int32(rank))
 		ats, codes, titles = append(ats, at), append(codes, int32(st.ErrorCode)), append(titles, title)
 	}
 	if len(wamids) == 0 {
-		return nil
+		return nil, nil
 	}
-	_, err := tx.Exec(ctx, messagesUpsertSQL, wamids, orgs, chs, recipients, statuses, ranks, ats, codes, titles, in.now)
-	return err
+	if !priced {
+		_, err := tx.Exec(ctx, messagesUpsertSQL, wamids, orgs, chs, recipients, statuses, ranks, ats, codes, titles, in.now)
+		return nil, err
+	}
+	rows, err := tx.Query(ctx, messagesUpsertPricedSQL, wamids, orgs, chs, recipients, statuses, ranks, ats, codes, titles, in.now,
+		usageDays, usageCats, usageTypes, usageBillable, usageCountries)
+	if err != nil {
+		return nil, err
+	}
+	created := map[string]bool{}
+	for rows.Next() {
+		var w string
+		if err := rows.Scan(&w); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		created[w] = true
+	}
+	rows.Close()
+	return created, rows.Err()
 }
 
 // messagesUpsertSQL applies statuses to messages (DESIGN §5b "Message timeline"): it creates the
@@ -642,22 +677,84 @@ func (in *inboundBatch) applyStatuses(ctx context.Context, tx pgx.Tx, stored []u
 // is greater, and only to a row of the same channel. One row per message id (its highest status
 // in the batch), in message id order so that concurrent posts lock rows in the same order. The
 // relay log is probed only for a message that has no row yet, in the days its call can be in.
-const messagesUpsertSQL = `
-	INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at,
-	                           error_code, error_title, relay_pending)
-	SELECT v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, $10::timestamptz), v.status, v.rank, v.at,
-	       CASE WHEN v.status = 'failed' THEN nullif(v.code, 0) END, CASE WHEN v.status = 'failed' THEN nullif(v.title, '') END,
-	       CASE WHEN r.at IS NULL THEN true END
-	-- (the call by its wamid alone, its channel checked on the row: with the channel in the
-	-- condition the planner reads the channel's index in time order for the earliest call,
-	-- filtering on wamid — a scan of the channel's day per status)
+var messagesUpsertSQL = `
+	INSERT INTO messages AS m (` + messagesInsertColumns + `)
+	SELECT ` + messagesInsertValues + `
 	FROM (
-		SELECT DISTINCT ON (u.wamid) u.*, least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz)) AS first
+		SELECT DISTINCT ON (u.wamid) u.*, ` + messagesFirstSQL + ` AS first
 		FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[])
 		     AS u(wamid, org, ch, recipient, status, rank, at, code, title)
 		ORDER BY u.wamid, u.rank DESC
 	) v
-	LEFT JOIN LATERAL (
+	` + messagesRelayCallSQL + `
+	ORDER BY v.wamid
+	` + messagesOnConflictSQL
+
+// messagesUpsertPricedSQL is messagesUpsertSQL for a batch with priced statuses ($11–$15: each
+// status's usage day — NULL for a status without pricing —, category, type, billable and
+// country, as applyUsage passes them to usageSQL). A row it creates is created in its usage
+// bucket, and its +1 appended to usage_deltas, in the same statement: one row version and one
+// statement, where usageSQL would read the new row again, update it (a second version) and
+// append the delta (BenchmarkPricedStatus: about 90 Postgres-µs per status, most of it the
+// statement itself: without its update, or its insert, it cost about the same). The bucket is the one usageSQL moves a message into
+// from none: the pricing of the batch's priced status of the highest rank (the later one in the
+// batch among equals) if that status is of the row's channel, the earliest day of the message's
+// priced statuses, the status's country as is (no earlier one to fall back on). A row that
+// existed is left to usageSQL: its move needs the old bucket, which RETURNING does not give
+// before Postgres 18. So the statement returns the message ids of the rows it created, told
+// apart by their xmax (the usual test: 0 on a row inserted, the conflict's lock on a row
+// updated; TestUsageCountsOnce would count a message twice were an update taken for an insert).
+var messagesUpsertPricedSQL = `
+	WITH u AS (
+		SELECT * FROM unnest($1::text[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::smallint[], $7::timestamptz[], $8::int[], $9::text[],
+		                     $11::date[], $12::text[], $13::text[], $14::boolean[], $15::text[])
+		     WITH ORDINALITY AS u(wamid, org, ch, recipient, status, rank, at, code, title, uday, category, ptype, billable, country, ord)
+	), p AS (
+		SELECT DISTINCT ON (u.wamid) u.wamid, u.ch, u.rank, u.category, u.ptype, u.billable, u.country,
+		       min(u.uday) OVER (PARTITION BY u.wamid) AS day
+		FROM u WHERE u.uday IS NOT NULL
+		ORDER BY u.wamid, u.rank DESC, u.ord DESC
+	), up AS (
+		INSERT INTO messages AS m (` + messagesInsertColumns + `,
+		                           usage_day, usage_category, usage_type, usage_country, usage_billable, usage_rank)
+		SELECT ` + messagesInsertValues + `,
+		       p.day, p.category, p.ptype, p.country, p.billable, p.rank
+		FROM (
+			SELECT DISTINCT ON (u.wamid) u.*, ` + messagesFirstSQL + ` AS first
+			FROM u
+			ORDER BY u.wamid, u.rank DESC
+		) v
+		LEFT JOIN p ON p.wamid = v.wamid AND p.ch = v.ch
+		` + messagesRelayCallSQL + `
+		ORDER BY v.wamid
+		` + messagesOnConflictSQL + `
+		RETURNING m.wamid, m.org_id, m.channel_id, m.usage_day, m.usage_category, m.usage_type, m.usage_country,
+		          m.usage_billable, m.xmax = 0 AS created
+	), d AS (
+		-- one delta per bucket, as usageSQL's
+		INSERT INTO usage_deltas (org_id, day, channel_id, category, pricing_type, country, messages, billable)
+		SELECT org_id, usage_day, channel_id, usage_category, usage_type, usage_country,
+		       count(*), count(*) FILTER (WHERE usage_billable)
+		FROM up WHERE created AND usage_day IS NOT NULL
+		GROUP BY 1, 2, 3, 4, 5, 6
+		ORDER BY 1, 2, 3, 4, 5, 6
+	)
+	SELECT wamid FROM up WHERE created`
+
+// The parts of messagesUpsertSQL and messagesUpsertPricedSQL, over v: one status per message
+// (its highest in the batch), with first, the earliest upstream timestamp among the batch's
+// statuses of it (now at the latest).
+const (
+	messagesInsertColumns = `wamid, org_id, channel_id, recipient, created_at, status, status_rank, status_at,
+	                           error_code, error_title, relay_pending`
+	messagesInsertValues = `v.wamid, v.org, v.ch, v.recipient, coalesce(r.at, $10::timestamptz), v.status, v.rank, v.at,
+	       CASE WHEN v.status = 'failed' THEN nullif(v.code, 0) END, CASE WHEN v.status = 'failed' THEN nullif(v.title, '') END,
+	       CASE WHEN r.at IS NULL THEN true END`
+	messagesFirstSQL = `least($10::timestamptz, coalesce(min(u.at) OVER (PARTITION BY u.wamid), $10::timestamptz))`
+	// (the call by its wamid alone, its channel checked on the row: with the channel in the
+	// condition the planner reads the channel's index in time order for the earliest call,
+	// filtering on wamid — a scan of the channel's day per status)
+	messagesRelayCallSQL = `LEFT JOIN LATERAL (
 		SELECT r.at FROM (
 			SELECT r.at, r.channel_id FROM relay_log r
 			WHERE r.wamid = v.wamid AND NOT r.replayed
@@ -665,13 +762,13 @@ const messagesUpsertSQL = `
 			  AND NOT EXISTS (SELECT 1 FROM messages x WHERE x.wamid = v.wamid)
 			ORDER BY r.at LIMIT 1) r
 		WHERE r.channel_id = v.ch
-	) r ON true
-	ORDER BY v.wamid
-	ON CONFLICT (wamid) DO UPDATE
+	) r ON true`
+	messagesOnConflictSQL = `ON CONFLICT (wamid) DO UPDATE
 	SET status = excluded.status, status_rank = excluded.status_rank, status_at = excluded.status_at,
 	    error_code = excluded.error_code, error_title = excluded.error_title,
 	    recipient = CASE WHEN m.recipient = '' THEN excluded.recipient ELSE m.recipient END
 	WHERE m.channel_id = excluded.channel_id AND excluded.status_rank > m.status_rank`
+)
 
 // The column lists of a new delivery's two rows — its delivery log row and its queue row —,
 // shared by the statements that create deliveries (StoreEvents, Replay), so that a column

@@ -15,15 +15,14 @@ import (
 // BenchmarkPricedStatus measures what counting the usage costs the intake: posts of 10 "sent"
 // statuses of new messages through StoreEvents (no webhook), without and with a pricing object
 // (each priced one moves its message into its bucket and appends a delta), on one connection;
-// Postgres backend CPU per status (pg-µs/status) beside the time. Run:
+// Postgres backend CPU per status (pg-µs/status) beside the time. The variant priced-next
+// posts 5 priced "sent" of new messages and 5 priced "delivered" of the previous post's: half
+// the statuses are of messages that have a row already (their usage moves by usageSQL). Run:
 // go test -run '^$' -bench PricedStatus -benchtime 2000x ./store
 func BenchmarkPricedStatus(b *testing.B) {
 	const perPost = 10
-	for _, priced := range []bool{false, true} {
-		name := "unpriced"
-		if priced {
-			name = "priced"
-		}
+	for _, name := range []string{"unpriced", "priced", "priced-next"} {
+		priced, next := name != "unpriced", name == "priced-next"
 		b.Run(name, func(b *testing.B) {
 			f, pid := oneConnStore(b)
 			ctx := context.Background()
@@ -39,8 +38,12 @@ func BenchmarkPricedStatus(b *testing.B) {
 				now := time.Now()
 				var statuses []string
 				for i := range perPost {
-					statuses = append(statuses, fmt.Sprintf(`{"id":"wamid.HBgLMTU1NTEyMzQ1NjcVAgARGBI%d","status":"sent","timestamp":"%d","recipient_id":"%s"%s}`,
-						100000000+seq, now.Unix(), []string{"12127365000", "919876543210", "5511987654321"}[i%3], pricing))
+					id, st := seq, "sent"
+					if next && i%2 == 1 {
+						id, st = seq-perPost-1, "delivered" // (the previous post's sent; none before the first)
+					}
+					statuses = append(statuses, fmt.Sprintf(`{"id":"wamid.HBgLMTU1NTEyMzQ1NjcVAgARGBI%d","status":"%s","timestamp":"%d","recipient_id":"%s"%s}`,
+						100000000+id, st, now.Unix(), []string{"12127365000", "919876543210", "5511987654321"}[i%3], pricing))
 					seq++
 				}
 				body := `{"object":"whatsapp_business_account","entry":[{"id":"waba","changes":[{"field":"messages","value":{
