@@ -180,14 +180,20 @@ var UsageCSVHeader = []string{"day", "channel_id", "category", "pricing_type", "
 // quoted when it needs it), from the stored rows, without a record's strings per row: an org's
 // window holds up to hundreds of thousands of rows (bench/usage).
 func WriteUsageCSV(w io.Writer, rows []store.UsageRow, card *usage.RateCard) error {
-	buf := make([]byte, 0, 64<<10)
+	_, err := w.Write(appendUsageCSV(make([]byte, 0, 128+96*len(rows)), rows, card))
+	return err
+}
+
+// appendUsageCSV appends WriteUsageCSV's bytes to b: built whole and written once, as the JSON
+// (bench/usage: the download's p99 followed its writes).
+func appendUsageCSV(b []byte, rows []store.UsageRow, card *usage.RateCard) []byte {
 	for i, h := range UsageCSVHeader {
 		if i > 0 {
-			buf = append(buf, ',')
+			b = append(b, ',')
 		}
-		buf = appendCSVField(buf, h)
+		b = appendCSVField(b, h)
 	}
-	buf = append(buf, '\n')
+	b = append(b, '\n')
 	total := card.Total()
 	var lastDay time.Time
 	var day [10]byte
@@ -197,28 +203,21 @@ func WriteUsageCSV(w io.Writer, rows []store.UsageRow, card *usage.RateCard) err
 			lastDay = r.Day
 			r.Day.AppendFormat(day[:0], UsageDateLayout)
 		}
-		buf = append(buf, day[:]...)
-		buf = appendUUID(append(buf, ','), r.ChannelID)
-		buf = appendCSVField(append(buf, ','), r.Category)
-		buf = appendCSVField(append(buf, ','), r.PricingType)
-		buf = appendCSVField(append(buf, ','), r.Country)
-		buf = strconv.AppendInt(append(buf, ','), r.Messages, 10)
-		buf = strconv.AppendInt(append(buf, ','), r.Billable, 10)
-		buf = append(buf, ',')
+		b = append(b, day[:]...)
+		b = appendUUID(append(b, ','), r.ChannelID)
+		b = appendCSVField(append(b, ','), r.Category)
+		b = appendCSVField(append(b, ','), r.PricingType)
+		b = appendCSVField(append(b, ','), r.Country)
+		b = strconv.AppendInt(append(b, ','), r.Messages, 10)
+		b = strconv.AppendInt(append(b, ','), r.Billable, 10)
+		b = append(b, ',')
 		// (a cost is digits and a point: never quoted)
-		if b, ok := total.AppendCost(buf, r.Country, r.Category, r.Billable); ok {
-			buf = b
+		if c, ok := total.AppendCost(b, r.Country, r.Category, r.Billable); ok {
+			b = c
 		}
-		buf = append(buf, '\n')
-		if len(buf) > 60<<10 {
-			if _, err := w.Write(buf); err != nil {
-				return err
-			}
-			buf = buf[:0]
-		}
+		b = append(b, '\n')
 	}
-	_, err := w.Write(buf)
-	return err
+	return b
 }
 
 // appendCSVField appends the CSV field f to b quoted as encoding/csv's Writer quotes it: when it
