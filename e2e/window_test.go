@@ -15,7 +15,7 @@ import (
 // on a channel receiving for two days: a text to a customer who never wrote is refused with
 // 131047 and never reaches the upstream while a template goes out; the customer's message,
 // posted by the upstream, opens the window for the relay (by notification) and the API; a late,
-// older message does not move it back.
+// older message does not move it back. Another org's key reads none of it (404).
 func TestWindowThroughCaddy(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
@@ -82,5 +82,19 @@ func TestWindowThroughCaddy(t *testing.T) {
 	}
 	if r := call(t, "POST", sends, ch.ChannelToken, text); r.status != 200 || r.header.Get("Wabarelay-Window") != "open" {
 		t.Fatalf("a text to the open window after the late message: %d %s", r.status, r.body)
+	}
+
+	// Another org's key reads nothing of the channel: its health (the channel), the window, its
+	// usage — 404 Channel not found, as for a channel that does not exist.
+	_, other := e.fix.APIKey(t, e.fix.Org(t).ID)
+	for _, path := range []string{"/v1/channels/" + ch.ID.String(), "/v1/channels/" + ch.ID.String() + "/contacts/" + customer,
+		"/v1/usage?channel_id=" + ch.ID.String(), "/v1/usage?format=csv&channel_id=" + ch.ID.String()} {
+		r := apiCall(t, "GET", origin+path, other, "")
+		if r.status != 404 || string(r.body) != `{"error":"Channel not found"}`+"\n" {
+			t.Fatalf("another org's GET %s: %d %s", path, r.status, r.body)
+		}
+		if r := apiCall(t, "GET", origin+path, key, ""); r.status != 200 {
+			t.Fatalf("the org's own GET %s: %d %s", path, r.status, r.body)
+		}
 	}
 }
