@@ -535,3 +535,51 @@ func TestBroadcastCompletes(t *testing.T) {
 		t.Fatalf("completed: %+v", got)
 	}
 }
+
+// TestBroadcastDeleteChannelCancels: deleting a channel cancels its broadcasts that may still
+// send, their queued recipients with them; they stay readable; a send in flight still lands;
+// finished broadcasts are left as they are.
+func TestBroadcastDeleteChannelCancels(t *testing.T) {
+	ctx := context.Background()
+	e := newBroadcastEnv(t)
+	done := e.create(t, 1, 60, e.clk.Now())
+	s := e.claim(t)
+	e.finish(t, s, store.BroadcastOutcome{Kind: store.OutcomeAccepted, WAMID: "wamid.D1"})
+	e.clk.Advance(time.Minute)
+	if s := e.claim(t); s != nil {
+		t.Fatalf("claimed %+v", s)
+	}
+	sending := e.create(t, 3, 60, e.clk.Now())
+	inFlight := e.claim(t)
+	scheduled := e.create(t, 2, 60, e.clk.Now().Add(time.Hour))
+	paused := e.create(t, 2, 60, e.clk.Now().Add(time.Hour))
+	if _, err := e.s.PauseBroadcast(ctx, e.org, paused.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.s.DeleteChannel(ctx, e.org, e.ch, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := e.get(t, done.ID); got.Status != store.BroadcastCompleted {
+		t.Fatalf("completed one: %+v", got)
+	}
+	for _, b := range []store.Broadcast{sending, scheduled, paused} {
+		got := e.get(t, b.ID)
+		if got.Status != store.BroadcastCancelled {
+			t.Fatalf("after the delete: %+v", got)
+		}
+	}
+	if got := e.get(t, sending.ID); got.Counts != (store.BroadcastCounts{Total: 3, Queued: 1}) {
+		t.Fatalf("in flight: %+v", got.Counts)
+	}
+	e.finish(t, inFlight, store.BroadcastOutcome{Kind: store.OutcomeAccepted, WAMID: "wamid.D2"})
+	if got := e.get(t, sending.ID); got.Counts != (store.BroadcastCounts{Total: 3, Accepted: 1}) {
+		t.Fatalf("landed: %+v", got.Counts)
+	}
+	e.clk.Advance(time.Hour)
+	if s := e.claim(t); s != nil {
+		t.Fatalf("claimed after the delete: %+v", s)
+	}
+	if _, err := e.s.ListBroadcasts(ctx, e.org, e.ch, 10); !errors.Is(err, store.ErrChannelNotFound) {
+		t.Fatalf("list of a deleted channel: %v", err)
+	}
+}
