@@ -583,3 +583,52 @@ func TestBroadcastDeleteChannelCancels(t *testing.T) {
 		t.Fatalf("list of a deleted channel: %v", err)
 	}
 }
+
+// TestBroadcastStatusesMoveCounts: the upstream's statuses, stored by the intake, move an
+// accepted send's count and its recipient's status, whether the status comes after the outcome
+// or before it (the intake created the messages row; the outcome gives it the broadcast).
+func TestBroadcastStatusesMoveCounts(t *testing.T) {
+	e := newTimelineEnv(t)
+	s := e.f.Store
+	ctx := context.Background()
+	nb := store.NewBroadcast{Name: "b", Template: json.RawMessage(testTemplate), StartAt: time.Now().Add(-time.Minute), RatePerMinute: 60000,
+		Recipients: []store.NewRecipient{{To: "15550001"}, {To: "15550002"}}}
+	b, err := s.CreateBroadcast(ctx, e.org, e.ch.ID, nb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim := func() *store.BroadcastSend {
+		t.Helper()
+		for {
+			send, wake, err := s.ClaimBroadcastSend(ctx, time.Minute)
+			if err != nil || send != nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return send
+			}
+			time.Sleep(time.Until(wake)) // (the gate: a millisecond at 60,000 a minute)
+		}
+	}
+	first := claim()
+	if err := s.FinishBroadcastSend(ctx, first, store.BroadcastOutcome{Kind: store.OutcomeAccepted, WAMID: "wamid.BA", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	e.post(t, e.pnid, []string{status("wamid.BA", "sent", 1, "15550001"), status("wamid.BA", "delivered", 2, "15550001")}, nil)
+	second := claim()
+	e.post(t, e.pnid, []string{status("wamid.BB", "read", 3, "15550002")}, nil) // before the outcome
+	if err := s.FinishBroadcastSend(ctx, second, store.BroadcastOutcome{Kind: store.OutcomeAccepted, WAMID: "wamid.BB", At: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.GetBroadcast(ctx, e.org, b.ID)
+	if err != nil || got.Counts != (store.BroadcastCounts{Total: 2, Delivered: 1, Read: 1}) {
+		t.Fatalf("counts %+v %v", got.Counts, err)
+	}
+	rs, err := s.BroadcastRecipients(ctx, e.org, b.ID, "", 0, 10)
+	if err != nil || len(rs) != 2 || rs[0].Status != "delivered" || rs[0].WAMID != "wamid.BA" || rs[1].Status != "read" {
+		t.Fatalf("recipients %+v %v", rs, err)
+	}
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM messages WHERE broadcast_id = $1`, b.ID); n != 2 {
+		t.Fatalf("%d messages of the broadcast", n)
+	}
+}
