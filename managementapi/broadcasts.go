@@ -186,7 +186,8 @@ func (s *Service) relayLimitPerMinute() int {
 // 422 naming the field, before anything is read from the database. Recipients with the same
 // number's digits are sent once: the first is kept, the others dropped and not counted. A
 // start_at in the past means now. An unknown channel, or another org's, is 404; one that is not
-// active 409 MsgChannelNotActive.
+// active, or that the org deleted (store.Store.ChannelDeleted: within the event retention), 409
+// MsgChannelNotActive.
 func (s *Service) CreateBroadcast(ctx context.Context, p Principal, channelID string, in BroadcastInput) (Broadcast, error) {
 	return s.createBroadcast(ctx, p, channelID, in, nil)
 }
@@ -204,6 +205,16 @@ func (s *Service) createBroadcast(ctx context.Context, p Principal, channelID st
 		return Broadcast{}, e
 	}
 	b, err := s.opt.Store.CreateBroadcast(ctx, p.Key.OrgID, cid, nb)
+	if errors.Is(err, store.ErrChannelNotFound) {
+		// a channel the org deleted is not active (DESIGN §5c), not unknown
+		deleted, derr := s.opt.Store.ChannelDeleted(ctx, p.Key.OrgID, cid)
+		switch {
+		case derr != nil:
+			return Broadcast{}, derr
+		case deleted:
+			err = store.ErrChannelNotActive
+		}
+	}
 	if err != nil {
 		return Broadcast{}, s.storeError(err)
 	}

@@ -228,8 +228,9 @@ func TestBroadcastCreate(t *testing.T) {
 }
 
 // TestBroadcastChannelRefusals: a channel that is not active (pending, deactivated,
-// disconnected upstream) is 409 Channel is not active; another org's, an unknown, a malformed or
-// a deleted one 404 Channel not found — also for the list.
+// disconnected upstream) or that the org deleted is 409 Channel is not active; another org's
+// (deleted or not), an unknown or a malformed one 404 Channel not found. The list of a deleted
+// channel is 404 (its broadcasts stay readable by id).
 func TestBroadcastChannelRefusals(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -251,11 +252,29 @@ func TestBroadcastChannelRefusals(t *testing.T) {
 	if _, err := e.Store.DeleteChannel(ctx, e.orgA, deleted, true); err != nil {
 		t.Fatal(err)
 	}
-	for _, cid := range []string{e.activeChannel(e.orgB).String(), uuid.NewString(), "nope", deleted.String()} {
+	expectError(t, post(deleted.String()), 409, managementapi.MsgChannelNotActive)
+	// a running broadcast of a channel deleted: cancelled, readable
+	running := e.activeChannel(e.orgA)
+	rb := created[broadcastJSON](e, "/channels/"+running.String()+"/broadcasts", e.keyA, body)
+	if _, err := e.Store.DeleteChannel(ctx, e.orgA, running, true); err != nil {
+		t.Fatal(err)
+	}
+	var got broadcastJSON
+	if r := e.do("GET", "/broadcasts/"+rb.ID.String(), e.keyA, ""); r.status != 200 {
+		t.Fatalf("broadcast of a deleted channel: %d %s", r.status, r.body)
+	} else if r.json(t, &got); got.Status != "cancelled" || got.Counts != (managementapi.BroadcastCounts{Total: 1}) {
+		t.Fatalf("broadcast of a deleted channel: %+v", got)
+	}
+	expectError(t, e.do("GET", "/channels/"+deleted.String()+"/broadcasts", e.keyA, ""), 404, managementapi.MsgChannelNotFound)
+	deletedB := e.activeChannel(e.orgB)
+	if _, err := e.Store.DeleteChannel(ctx, e.orgB, deletedB, true); err != nil {
+		t.Fatal(err)
+	}
+	for _, cid := range []string{e.activeChannel(e.orgB).String(), deletedB.String(), uuid.NewString(), "nope"} {
 		expectError(t, post(cid), 404, managementapi.MsgChannelNotFound)
 		expectError(t, e.do("GET", "/channels/"+cid+"/broadcasts", e.keyA, ""), 404, managementapi.MsgChannelNotFound)
 	}
-	if n := e.Count(t, "broadcasts"); n != 0 {
+	if n := e.Count(t, "broadcasts"); n != 1 {
 		t.Fatalf("%d broadcasts created", n)
 	}
 }
