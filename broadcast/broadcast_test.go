@@ -306,3 +306,20 @@ func TestBroadcastWorkerDeletedChannel(t *testing.T) {
 		t.Fatalf("%d sends", n)
 	}
 }
+
+// TestBroadcastWorkerLeaseSweep: a send that outlives its lease is made unknown by the sweep
+// (every Lease/4), and is not sent again; its outcome, arriving later, still lands.
+func TestBroadcastWorkerLeaseSweep(t *testing.T) {
+	e := newWorkerEnv(t)
+	e.sender.hold, e.sender.started = make(chan struct{}), make(chan struct{}, 10)
+	b := e.create(t, 6000, "15550001")
+	e.run(t, Config{Workers: 2, Lease: 400 * time.Millisecond})
+	<-e.sender.started
+	e.waitFor(t, b.ID, "unknown", func(b store.Broadcast) bool { return b.Counts.Unknown == 1 })
+	time.Sleep(300 * time.Millisecond) // the other worker claims meanwhile: nothing
+	close(e.sender.hold)
+	e.waitFor(t, b.ID, "the late outcome", func(b store.Broadcast) bool { return b.Counts.Accepted == 1 })
+	if n := e.sender.total(); n != 1 {
+		t.Fatalf("%d sends, want 1", n)
+	}
+}

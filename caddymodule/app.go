@@ -169,8 +169,9 @@ type App struct {
 	// (registerRelay); the broadcasts send through it.
 	relayMu sync.Mutex
 	sender  relaySender
-	// broadcastDone is closed when the broadcast sender has stopped (nil until Start, and when
-	// this instance sends no broadcasts).
+	// stopBroadcast cancels the broadcast sender, and broadcastDone is closed when it has
+	// stopped (both nil until Start, and when this instance sends no broadcasts).
+	stopBroadcast context.CancelFunc
 	broadcastDone chan struct{}
 	// afterAnswer tracks the relays' work left after their answers (relay.Pending); Stop
 	// waits for it.

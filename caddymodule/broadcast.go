@@ -127,7 +127,7 @@ func (a *App) relayLimitPerMinute() int {
 	return max(1, int(int64(s.limit)*int64(time.Minute)/int64(s.window)))
 }
 
-// startBroadcasts starts the broadcast sender until ctx ends; Stop waits for it (broadcastDone).
+// startBroadcasts starts the broadcast sender until ctx ends or Stop stops it (stopBroadcasts).
 // It starts none with broadcasts { workers 0 } or when no relay handler is configured.
 func (a *App) startBroadcasts(ctx context.Context) {
 	cfg, run := a.broadcastConfig()
@@ -144,6 +144,7 @@ func (a *App) startBroadcasts(ctx context.Context) {
 	}
 	sender := broadcast.RelaySender{Relay: r, Channels: a.cache, Upstream: a.broadcastUpstream(newUpstreamClient())}
 	w := broadcast.New(a.store, sender, cfg, a.logger.Named("broadcast"))
+	ctx, a.stopBroadcast = context.WithCancel(ctx)
 	a.broadcastDone = make(chan struct{})
 	go func() {
 		defer close(a.broadcastDone)
@@ -156,12 +157,14 @@ func (a *App) startBroadcasts(ctx context.Context) {
 	}()
 }
 
-// stopBroadcasts waits (bounded) for the sender, whose context Stop has cancelled: its sends in
-// flight run to their end (at most the relay's send deadline) and their outcomes are written.
+// stopBroadcasts stops the sender and waits (bounded) for it: its sends in flight run to their
+// end (at most the relay's send deadline) and their outcomes are written. Stop calls it before
+// the relay log stops, so that those sends are in the log.
 func (a *App) stopBroadcasts() {
 	if a.broadcastDone == nil {
 		return
 	}
+	a.stopBroadcast()
 	select {
 	case <-a.broadcastDone:
 	case <-time.After(relay.SendDeadline + 5*time.Second):

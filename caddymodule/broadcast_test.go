@@ -241,7 +241,8 @@ http://127.0.0.1:%d {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("broadcast not completed: %+v", got)
+			rs, _ := f.Store.BroadcastRecipients(context.Background(), org.ID, b.ID, "", 0, 10)
+			t.Fatalf("broadcast not completed: %+v; recipients %+v; %d sends upstream", got, rs, len(fake.RequestsTo("POST", "/messages")))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -82,6 +82,8 @@ func (a *App) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = a.afterAnswer.Wait(ctx)
 	cancel()
+	// The broadcast sends in flight end before the relay log stops: they are in it.
+	a.stopBroadcasts()
 	if a.relayLog != nil {
 		a.relayLog.Stop() // writes what is buffered (bounded); later calls are dropped and counted
 	}
@@ -93,7 +95,6 @@ func (a *App) Stop() error {
 			a.logger.Warn("channel change listener did not stop in time")
 		}
 		a.stopHealth()
-		a.stopBroadcasts()
 		if a.dispatcherDone != nil {
 			// Run waits for attempts in flight (bounded by the delivery timeout) and records them.
 			select {
