@@ -246,7 +246,28 @@ http://127.0.0.1:%d {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	// An upstream error fails its recipient with the error's code and title (the answer inspected
+	// on the app's relay).
+	fake.FailNext("POST /"+conn.PhoneNumberID+"/messages", 1, 0, fakegraph.ErrReengagement())
+	c := create("15550009")
+	for {
+		rs, err := f.Store.BroadcastRecipients(context.Background(), org.ID, c.ID, "", 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(rs) == 1 && rs[0].Status == "failed" {
+			if rs[0].ErrorCode != 131047 || rs[0].ErrorTitle == "" {
+				t.Fatalf("failed recipient %+v", rs[0])
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("recipient not failed: %+v", rs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	sends := fake.RequestsTo("POST", "/"+conn.PhoneNumberID+"/messages")
+	sends = sends[:len(sends)-1] // the failed one's
 	if len(sends) != 3 {
 		t.Fatalf("%d sends upstream, want 3", len(sends))
 	}
