@@ -256,7 +256,7 @@ http://127.0.0.1:%d {
 			t.Fatal(err)
 		}
 		if len(rs) == 1 && rs[0].Status == "failed" {
-			if rs[0].ErrorCode != 131047 || rs[0].ErrorTitle == "" {
+			if rs[0].ErrorCode != 131047 || rs[0].ErrorTitle != "Re-engagement message" {
 				t.Fatalf("failed recipient %+v", rs[0])
 			}
 			break

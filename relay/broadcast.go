@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/wabarelay/wabarelay/internal/httpx"
@@ -114,7 +115,8 @@ func (relay *Relay) SendFor(ctx context.Context, ch *store.RelayChannel, body []
 }
 
 // errorTitle returns the one line of an upstream JSON error answer: error.error_user_title,
-// else error.message ("" if neither).
+// else error.message without its "(#<code>) " prefix — the title the upstream's status
+// webhooks give the same error ("Re-engagement message") — "" if neither.
 func errorTitle(body []byte) string {
 	e, ok := member(body, "error")
 	if !ok || len(e) == 0 || e[0] != '{' {
@@ -123,6 +125,11 @@ func errorTitle(body []byte) string {
 	for _, name := range []string{"error_user_title", "message"} {
 		if v, ok := member(e, name); ok {
 			if s, ok := stringValue(v); ok && s != "" {
+				if rest, ok := strings.CutPrefix(s, "(#"); ok {
+					if code, title, ok := strings.Cut(rest, ") "); ok && allDigits(code) && title != "" {
+						s = title
+					}
+				}
 				return s
 			}
 		}

@@ -52,7 +52,7 @@ func TestBroadcastSendForUpstreamErrors(t *testing.T) {
 	ch := f.broadcastChannel(t)
 	f.fake.FailNext("POST /"+tPNID+"/messages", 1, 0, fakegraph.ErrPairRateLimit())
 	res := f.relay.SendFor(context.Background(), ch, []byte(broadcastBody), f.upstream)
-	if !res.Answered || res.ErrorCode != 131056 || res.ErrorTitle == "" || res.Status < 400 {
+	if !res.Answered || res.ErrorCode != 131056 || res.ErrorTitle != "(Business Account, Consumer Account) pair rate limit hit" || res.Status < 400 {
 		t.Fatalf("pair rate: %+v", res)
 	}
 	l.take()
@@ -124,5 +124,22 @@ func TestBroadcastSendForChannelState(t *testing.T) {
 	}
 	if n := f.sends.Load(); n != 0 {
 		t.Fatalf("%d upstream sends, want 0", n)
+	}
+}
+
+// TestBroadcastErrorTitle: the title is error_user_title, else the message without its
+// "(#code) " prefix.
+func TestBroadcastErrorTitle(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"error":{"message":"(#131047) Re-engagement message","code":131047}}`:                       "Re-engagement message",
+		`{"error":{"message":"(#100) Invalid parameter","error_user_title":"Bad number","code":100}}`: "Bad number",
+		`{"error":{"message":"Something went wrong","code":1}}`:                                       "Something went wrong",
+		`{"error":{"message":"(#x) not a code"}}`:                                                     "(#x) not a code",
+		`{"error":"text"}`: "",
+		`not json`:         "",
+	} {
+		if got := errorTitle([]byte(body)); got != want {
+			t.Errorf("%s: %q, want %q", body, got, want)
+		}
 	}
 }
