@@ -16,8 +16,8 @@ import (
 )
 
 // The app's lifecycle: Start runs the background work of a configuration (migrations at start,
-// the channel change listener, the maintenance, the number health worker, the relay log, the
-// dispatcher), Stop ends it,
+// the channel change listener, the maintenance, the number health worker, the broadcast
+// sender, the relay log, the dispatcher), Stop ends it,
 // Cleanup releases the shared clients.
 
 // Start checks that Postgres answers and applies pending migrations (unless skip_migrations).
@@ -62,9 +62,11 @@ func (a *App) Start() error {
 	if a.relayLog != nil {
 		a.relayLog.Start()
 	}
+	a.startBroadcasts(lctx)
 	if err := a.startDispatcher(lctx); err != nil {
 		cancel()
 		<-a.listenerDone
+		a.stopBroadcasts()
 		return fmt.Errorf("wabarelay: delivery: %w", err)
 	}
 	a.logger.Info("wabarelay started", zap.String("upstream", a.Upstream))
@@ -80,6 +82,8 @@ func (a *App) Stop() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	_ = a.afterAnswer.Wait(ctx)
 	cancel()
+	// The broadcast sends in flight end before the relay log stops: they are in it.
+	a.stopBroadcasts()
 	if a.relayLog != nil {
 		a.relayLog.Stop() // writes what is buffered (bounded); later calls are dropped and counted
 	}
