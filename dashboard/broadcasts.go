@@ -64,8 +64,8 @@ type broadcastRow struct {
 	Done int // recipients no longer queued
 }
 
-// done is how many of b's recipients are no longer waiting to be sent.
-func done(c managementapi.BroadcastCounts) int { return c.Total - c.Queued }
+// settled is how many of a broadcast's recipients are no longer waiting to be sent.
+func settled(c managementapi.BroadcastCounts) int { return c.Total - c.Queued }
 
 // broadcasts serves a channel's broadcasts and the new-broadcast form.
 func (h *Handler) broadcasts(w http.ResponseWriter, r *http.Request, s *session) {
@@ -92,7 +92,7 @@ func (h *Handler) broadcastsPage(w http.ResponseWriter, r *http.Request, p page,
 	}
 	d := broadcastsData{Channel: c, Form: f, CanCreate: c.Status == store.ChannelActive}
 	for _, b := range list {
-		d.Broadcasts = append(d.Broadcasts, broadcastRow{Broadcast: b, Done: done(b.Counts)})
+		d.Broadcasts = append(d.Broadcasts, broadcastRow{Broadcast: b, Done: settled(b.Counts)})
 	}
 	p.Title, p.Nav, p.Data = "Broadcasts of "+c.Name, "channels", d
 	h.render(w, r, status, "broadcasts", p)
@@ -322,7 +322,7 @@ func (h *Handler) broadcastPage(w http.ResponseWriter, r *http.Request, p page, 
 		h.readError(w, r, p.Session, err)
 		return
 	}
-	d := broadcastData{Broadcast: b, Done: done(b.Counts), LiveSeconds: broadcastLiveSeconds}
+	d := broadcastData{Broadcast: b, Done: settled(b.Counts), LiveSeconds: broadcastLiveSeconds}
 	if c, err := h.opt.API.GetChannel(r.Context(), pr, b.ChannelID.String()); err == nil {
 		d.ChannelName = c.Name
 	} else if e, ok := errors.AsType[*managementapi.Error](err); !ok || e.Status != http.StatusNotFound {
