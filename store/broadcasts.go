@@ -362,3 +362,339 @@ func (s *Store) transitionBroadcast(ctx context.Context, orgID, id uuid.UUID, ac
 	}
 	return s.GetBroadcast(ctx, orgID, id)
 }
+
+// BroadcastSend is one claimed send of a broadcast: its recipient is 'sending' under a lease,
+// committed before the claim returned, so the send is made at most once.
+type BroadcastSend struct {
+	BroadcastID, OrgID, ChannelID uuid.UUID
+	// Seq is the recipient's position; Attempt its attempts with this one (the outcome applies
+	// only to this attempt).
+	Seq, Attempt int
+	To           string
+	// Body is the JSON of the template message to POST to the channel's /messages.
+	Body []byte
+	// NextSendAt is the broadcast's pace gate after this send: its next send is not before.
+	NextSendAt time.Time
+}
+
+// Outcome kinds of a broadcast send (BroadcastOutcome.Kind).
+const (
+	// OutcomeAccepted: the upstream accepted the message (WAMID; At: the call's start).
+	OutcomeAccepted = "accepted"
+	// OutcomeRetry: a retryable error (130429, 131056, 5xx, a network error before sending):
+	// queued again at RetryAt, or failed with ErrorCode/ErrorTitle when this was the
+	// MaxBroadcastAttempts-th attempt or the retry would be later than BroadcastRetryFor after
+	// the first.
+	OutcomeRetry = "retry"
+	// OutcomeFailed: the upstream refused the message (ErrorCode, ErrorTitle).
+	OutcomeFailed = "failed"
+	// OutcomeUnknown: the send may have been made (timeout, cut answer): never sent again.
+	OutcomeUnknown = "unknown"
+	// OutcomeRequeue: not sent (the shared limit was full): queued again at RetryAt, the
+	// attempt not counted.
+	OutcomeRequeue = "requeue"
+	// OutcomeDisconnected: the upstream rejected the channel's token: the recipient queued
+	// again (attempt not counted) and the broadcast paused, upstream_disconnected.
+	OutcomeDisconnected = "disconnected"
+	// OutcomeCancel: the channel is not active: the broadcast is cancelled, this recipient
+	// with its other unsent ones (attempt not counted).
+	OutcomeCancel = "cancel"
+)
+
+// Retry bounds of a broadcast recipient (DESIGN §5c: at most 6 attempts within 24 h).
+const (
+	MaxBroadcastAttempts = 6
+	BroadcastRetryFor    = 24 * time.Hour
+)
+
+// BroadcastOutcome is what became of a claimed send.
+type BroadcastOutcome struct {
+	Kind       string
+	WAMID      string
+	At         time.Time // accepted: the relay call's start (zero: now)
+	RetryAt    time.Time // retry, requeue, disconnected: when the recipient is due again (zero: now)
+	ErrorCode  int
+	ErrorTitle string
+}
+
+// ClaimBroadcastSend claims the next send of a due broadcast, in one transaction: the
+// broadcast whose pace gate (next_send_at) has come, locked (FOR UPDATE SKIP LOCKED: the row
+// lock serialises the gate across instances), its gate moved on by 60 s / rate (from now if it
+// fell behind by more than that, so a backlog never bursts), and its first due queued
+// recipient written 'sending' with attempts + 1 and a lease of lease. A due broadcast with no
+// due recipient is completed when none is queued or sending, else its gate is moved to its
+// next due recipient (or lease end), and the next due broadcast is tried. A scheduled
+// broadcast starts sending at its start.
+//
+// With no send due, send is nil and wake is the earliest gate of the broadcasts that may send
+// (zero: none); a wake not after now means another claimer holds a due broadcast: claim again
+// shortly.
+func (s *Store) ClaimBroadcastSend(ctx context.Context, lease time.Duration) (send *BroadcastSend, wake time.Time, err error) {
+	// Each round that sends nothing completes or defers a due broadcast: bounded by the number
+	// of due broadcasts, and by this in case of a bug.
+	for range 100 {
+		var more bool
+		err := s.inTx(ctx, func(tx pgx.Tx) error {
+			send, more = nil, false
+			var err error
+			send, more, err = s.claimBroadcastSend(ctx, tx, lease)
+			return err
+		})
+		if err != nil {
+			return nil, time.Time{}, fmt.Errorf("claim broadcast send: %w", err)
+		}
+		if send != nil {
+			return send, time.Time{}, nil
+		}
+		if !more {
+			break
+		}
+	}
+	var w *time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT min(next_send_at) FROM broadcasts WHERE status IN ('scheduled', 'sending')`).Scan(&w); err != nil {
+		return nil, time.Time{}, fmt.Errorf("claim broadcast send: wake: %w", err)
+	}
+	if w != nil {
+		wake = *w
+	}
+	return nil, wake, nil
+}
+
+// claimBroadcastSend is one round of ClaimBroadcastSend in tx: a send, or none and whether
+// a broadcast was completed or deferred (another may be due).
+func (s *Store) claimBroadcastSend(ctx context.Context, tx pgx.Tx, lease time.Duration) (*BroadcastSend, bool, error) {
+	now := s.nowArg()
+	send := &BroadcastSend{}
+	var template []byte
+	err := tx.QueryRow(ctx, `
+		SELECT id, org_id, channel_id, template FROM broadcasts
+		WHERE status IN ('scheduled', 'sending') AND next_send_at <= `+nowSQL(1)+`
+		ORDER BY next_send_at LIMIT 1 FOR UPDATE SKIP LOCKED`, now).Scan(&send.BroadcastID, &send.OrgID, &send.ChannelID, &template)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	// The broadcast row is locked: no other claimer takes its recipients (a claim locks the
+	// broadcast first), so the recipient's lock is taken without contention.
+	var components []byte
+	err = tx.QueryRow(ctx, `
+		WITH r AS (
+			SELECT broadcast_id, seq FROM broadcast_recipients
+			WHERE broadcast_id = $1 AND status = 'queued' AND next_attempt_at <= `+nowSQL(2)+`
+			ORDER BY next_attempt_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED
+		)
+		UPDATE broadcast_recipients x SET status = 'sending', attempts = x.attempts + 1,
+			locked_until = `+nowSQL(2)+` + $3 * interval '1 microsecond',
+			first_attempt_at = coalesce(x.first_attempt_at, `+nowSQL(2)+`)
+		FROM r WHERE x.broadcast_id = r.broadcast_id AND x.seq = r.seq
+		RETURNING x.seq, x.attempts, x.wa_to, x.components`, send.BroadcastID, now, lease.Microseconds()).
+		Scan(&send.Seq, &send.Attempt, &send.To, &components)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, true, s.deferBroadcast(ctx, tx, send.BroadcastID)
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	if err := tx.QueryRow(ctx, `
+		UPDATE broadcasts SET status = 'sending',
+			next_send_at = CASE WHEN next_send_at < `+nowSQL(2)+` - interval '60 seconds' / rate_per_minute THEN `+nowSQL(2)+`
+			                    ELSE next_send_at END + interval '60 seconds' / rate_per_minute
+		WHERE id = $1 RETURNING next_send_at`, send.BroadcastID, now).Scan(&send.NextSendAt); err != nil {
+		return nil, false, err
+	}
+	if send.Body, err = broadcastBody(send.To, template, components); err != nil {
+		return nil, false, fmt.Errorf("broadcast %s recipient %d: %w", send.BroadcastID, send.Seq, err)
+	}
+	return send, false, nil
+}
+
+// deferBroadcast handles a due broadcast (locked) with no due recipient: its expired leases
+// end (unknown, as ExpireBroadcastLeases would), then it is completed when none of its
+// recipients is queued or sending, else its gate waits for the first of its queued recipients
+// to be due or of its leases to end (an outcome's retry brings it back sooner: finishRequeued).
+func (s *Store) deferBroadcast(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
+	_, err := tx.Exec(ctx, `
+		WITH x AS (
+			UPDATE broadcast_recipients SET status = 'unknown', locked_until = NULL
+			WHERE broadcast_id = $1 AND status = 'sending' AND locked_until < `+nowSQL(2)+`
+		), w AS (
+			SELECT (SELECT min(next_attempt_at) FROM broadcast_recipients WHERE broadcast_id = $1 AND status = 'queued') AS q,
+			       (SELECT min(locked_until) FROM broadcast_recipients
+			        WHERE broadcast_id = $1 AND status = 'sending' AND locked_until >= `+nowSQL(2)+`) AS l
+		)
+		UPDATE broadcasts b SET
+			status = CASE WHEN w.q IS NULL AND w.l IS NULL THEN 'completed' ELSE b.status END,
+			finished_at = CASE WHEN w.q IS NULL AND w.l IS NULL THEN `+nowSQL(2)+` END,
+			next_send_at = greatest(b.next_send_at, least(w.q, w.l))
+		FROM w WHERE b.id = $1`, id, s.nowArg())
+	return err
+}
+
+// broadcastBody is the /messages JSON of a template message to to: the broadcast's template
+// with the recipient's own components, if any, in place of the template's.
+func broadcastBody(to string, template, components []byte) ([]byte, error) {
+	if len(components) > 0 {
+		var t map[string]json.RawMessage
+		if err := json.Unmarshal(template, &t); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+		t["components"] = components
+		var err error
+		if template, err = json.Marshal(t); err != nil {
+			return nil, fmt.Errorf("template: %w", err)
+		}
+	}
+	return json.Marshal(struct {
+		MessagingProduct string          `json:"messaging_product"`
+		RecipientType    string          `json:"recipient_type"`
+		To               string          `json:"to"`
+		Type             string          `json:"type"`
+		Template         json.RawMessage `json:"template"`
+	}{"whatsapp", "individual", to, "template", template})
+}
+
+// recipientOfSendSQL picks the recipient of a send (broadcast $1, seq $2) as long as it is
+// still that attempt's ($3): 'sending', or 'unknown' when the lease ended before the outcome
+// came (the outcome still lands: unknown is only never sent again).
+const recipientOfSendSQL = `broadcast_id = $1 AND seq = $2 AND attempts = $3 AND status IN ('sending', 'unknown')`
+
+// FinishBroadcastSend records the outcome of a claimed send (the outcome kinds above). An
+// outcome for a recipient that is no longer at that attempt (already finished) changes
+// nothing. An accepted send also gets its messages row, with the broadcast's id (the row its
+// statuses then move); the relay log's settle gives it the relay call's time.
+func (s *Store) FinishBroadcastSend(ctx context.Context, send *BroadcastSend, o BroadcastOutcome) error {
+	var err error
+	switch o.Kind {
+	case OutcomeAccepted:
+		if o.WAMID == "" {
+			return fmt.Errorf("finish broadcast send: accepted without a wamid")
+		}
+		err = s.inTx(ctx, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(ctx, `
+				UPDATE broadcast_recipients SET status = 'accepted', wamid = $4, locked_until = NULL,
+					error_code = NULL, error_title = NULL
+				WHERE `+recipientOfSendSQL, send.BroadcastID, send.Seq, send.Attempt, o.WAMID)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			// (relay_pending: the call's log row may not be written yet; SettleMessages gives
+			// the row its time, as for a message whose status came first)
+			_, err = tx.Exec(ctx, `
+				INSERT INTO messages AS m (wamid, org_id, channel_id, recipient, created_at, status, status_rank, relay_pending, broadcast_id)
+				VALUES ($1, $2, $3, $4, coalesce($5, `+nowSQL(6)+`), 'accepted', 0, true, $7)
+				ON CONFLICT (wamid) DO UPDATE SET broadcast_id = excluded.broadcast_id
+				WHERE m.channel_id = excluded.channel_id`,
+				o.WAMID, send.OrgID, send.ChannelID, send.To, timeOrNil(o.At), s.nowArg(), send.BroadcastID)
+			return err
+		})
+	case OutcomeFailed, OutcomeUnknown:
+		_, err = s.pool.Exec(ctx, `
+			UPDATE broadcast_recipients SET status = $4, locked_until = NULL,
+				error_code = nullif($5, 0), error_title = nullif($6, '')
+			WHERE `+recipientOfSendSQL, send.BroadcastID, send.Seq, send.Attempt, o.Kind, o.ErrorCode, o.ErrorTitle)
+	case OutcomeRetry, OutcomeRequeue, OutcomeDisconnected, OutcomeCancel:
+		err = s.inTx(ctx, func(tx pgx.Tx) error { return s.finishRequeued(ctx, tx, send, o) })
+	default:
+		return fmt.Errorf("finish broadcast send: unknown outcome %q", o.Kind)
+	}
+	if err != nil {
+		return fmt.Errorf("finish broadcast send %s/%d: %s: %w", send.BroadcastID, send.Seq, o.Kind, err)
+	}
+	return nil
+}
+
+func timeOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &t
+}
+
+// finishRequeued records an outcome that may put the recipient back in the queue, or change
+// the broadcast (retry, requeue, disconnected, cancel). The broadcast is locked first, as a
+// claim and a cancel lock it, so that a requeued recipient never lands in a broadcast that has
+// completed or been cancelled meanwhile.
+func (s *Store) finishRequeued(ctx context.Context, tx pgx.Tx, send *BroadcastSend, o BroadcastOutcome) error {
+	now := s.nowArg()
+	var bstatus string
+	if err := tx.QueryRow(ctx, `SELECT status FROM broadcasts WHERE id = $1 FOR UPDATE`, send.BroadcastID).Scan(&bstatus); err != nil {
+		return err
+	}
+	var first *time.Time
+	err := tx.QueryRow(ctx, `SELECT first_attempt_at FROM broadcast_recipients WHERE `+recipientOfSendSQL+` FOR UPDATE`,
+		send.BroadcastID, send.Seq, send.Attempt).Scan(&first)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil // no longer this attempt
+	}
+	if err != nil {
+		return err
+	}
+	at := s.now()
+	retryAt := o.RetryAt
+	if retryAt.IsZero() || retryAt.Before(at) {
+		retryAt = at
+	}
+	// What becomes of the recipient: status, whether the attempt counts.
+	status, counted := RecipientQueued, true
+	switch o.Kind {
+	case OutcomeRetry:
+		if send.Attempt >= MaxBroadcastAttempts || first != nil && retryAt.After(first.Add(BroadcastRetryFor)) {
+			status = RecipientFailed
+		} else if bstatus == BroadcastCompleted {
+			// an outcome after the lease's end, of a broadcast that finished meanwhile: the
+			// recipient is not sent again (completion is final)
+			status = RecipientFailed
+		}
+	case OutcomeRequeue, OutcomeDisconnected:
+		counted = false
+		if bstatus == BroadcastCompleted {
+			status = RecipientUnknown // (as the lease's end left it: nothing known more)
+		}
+	case OutcomeCancel:
+		status, counted = RecipientCancelled, false
+	}
+	if status == RecipientQueued && bstatus == BroadcastCancelled {
+		status = RecipientCancelled
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE broadcast_recipients SET status = $4, locked_until = NULL, next_attempt_at = $5,
+			attempts = attempts - CASE WHEN $6 THEN 0 ELSE 1 END,
+			first_attempt_at = CASE WHEN $6 OR attempts > 1 THEN first_attempt_at END,
+			error_code = coalesce(nullif($7, 0), error_code), error_title = coalesce(nullif($8, ''), error_title)
+		WHERE `+recipientOfSendSQL, send.BroadcastID, send.Seq, send.Attempt, status, retryAt, counted, o.ErrorCode, o.ErrorTitle); err != nil {
+		return err
+	}
+	switch {
+	case o.Kind == OutcomeCancel:
+		if bstatus == BroadcastScheduled || bstatus == BroadcastSending || bstatus == BroadcastPaused {
+			_, err = tx.Exec(ctx, cancelBroadcastsSQL+` WHERE id = $1 RETURNING id) `+cancelRecipientsSQL, send.BroadcastID, now)
+		}
+	case o.Kind == OutcomeDisconnected:
+		if bstatus == BroadcastScheduled || bstatus == BroadcastSending {
+			_, err = tx.Exec(ctx, `UPDATE broadcasts SET status = 'paused', paused_reason = 'upstream_disconnected' WHERE id = $1`, send.BroadcastID)
+		}
+	case status == RecipientQueued:
+		// A broadcast deferred to a later time (deferBroadcast) comes back for the requeued
+		// recipient; one on its pace keeps it: a gate the pace set is at most one interval
+		// after its last claim, so never later than now plus an interval.
+		_, err = tx.Exec(ctx, `
+			UPDATE broadcasts SET next_send_at = least(next_send_at, greatest($2, `+nowSQL(3)+` + interval '60 seconds' / rate_per_minute))
+			WHERE id = $1 AND status IN ('scheduled', 'sending')`, send.BroadcastID, retryAt, now)
+	}
+	return err
+}
+
+// ExpireBroadcastLeases ends the leases of the sends that outlived them without an outcome:
+// those recipients become 'unknown' (the send may have been made), never claimed again. An
+// outcome that comes later still lands (FinishBroadcastSend). It returns the number ended.
+func (s *Store) ExpireBroadcastLeases(ctx context.Context) (int64, error) {
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE broadcast_recipients SET status = 'unknown', locked_until = NULL
+		WHERE status = 'sending' AND locked_until < `+nowSQL(1), s.nowArg())
+	if err != nil {
+		return 0, fmt.Errorf("expire broadcast leases: %w", err)
+	}
+	return tag.RowsAffected(), nil
+}

@@ -169,7 +169,8 @@ type DeletedChannel struct {
 // channel is deleted only with force; otherwise ErrChannelActive. The channel's row is locked
 // for the check and the delete, so a channel that becomes active concurrently is not deleted
 // without force. Its channel_status event (deleted) is stored in the same transaction, before
-// the delete, for the webhooks that cover the channel at that moment.
+// the delete, for the webhooks that cover the channel at that moment, and its scheduled,
+// sending and paused broadcasts are cancelled (their queued recipients with them).
 func (s *Store) DeleteChannel(ctx context.Context, orgID, id uuid.UUID, force bool) (DeletedChannel, error) {
 	var waba *string
 	var tokenEnc []byte
@@ -188,6 +189,12 @@ func (s *Store) DeleteChannel(ctx context.Context, orgID, id uuid.UUID, force bo
 			return ErrChannelActive
 		}
 		if err := s.deletedChannelEvent(ctx, tx, orgID, id, pnid, status, disconnected); err != nil {
+			return err
+		}
+		// The channel's broadcasts that may still send are cancelled with their queued
+		// recipients (broadcasts have no foreign key to channels: they stay readable).
+		if _, err := tx.Exec(ctx, cancelBroadcastsSQL+` WHERE channel_id = $1 AND status IN ('scheduled', 'sending', 'paused') RETURNING id) `+
+			cancelRecipientsSQL, id, s.nowArg()); err != nil {
 			return err
 		}
 		return tx.QueryRow(ctx, `
