@@ -41,6 +41,8 @@
     var secs = parseInt(el.getAttribute('data-live'), 10);
     if (!(secs > 0) || !el.id || !window.fetch || !window.DOMParser) return;
     setTimeout(function poll() {
+      // a tab in the background asks nothing (each fetch counts against the key's rate limit)
+      if (document.hidden) { setTimeout(poll, secs * 1000); return; }
       fetch(location.href, { credentials: 'same-origin', headers: { 'Accept': 'text/html' } })
         .then(function (res) { return res.ok ? res.text() : null; })
         .then(function (html) {
@@ -49,6 +51,7 @@
           var fresh = doc.getElementById(el.id);
           if (!fresh) return;
           var cur = document.getElementById(el.id);
+          if (!cur) return;
           // keep the focus on a control that is still there (e.g. the Pause button)
           var active = document.activeElement, sel = null;
           if (active && cur.contains(active) && active.closest('form')) sel = active.closest('form').getAttribute('action');
