@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"net/url"
@@ -333,6 +334,9 @@ func canonicalJSON(raw json.RawMessage, field string) (any, *Error) {
 	if err := dec.Decode(&v); err != nil {
 		return nil, unprocessable(`"%s" must be valid JSON`, field) // not reached from a body: it was read as JSON
 	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, unprocessable(`"%s" must be valid JSON`, field) // trailing data (a typed input's)
+	}
 	var check func(v any, depth int) *Error
 	check = func(v any, depth int) *Error {
 		if depth > maxTemplateDepth {
@@ -380,16 +384,16 @@ func parseRecipients(in []RecipientInput) ([]store.NewRecipient, *Error) {
 	out := make([]store.NewRecipient, 0, len(in))
 	seen := make(map[string]struct{}, len(in))
 	for i, r := range in {
-		field := fmt.Sprintf("recipients[%d].to", i)
+		field := func() string { return fmt.Sprintf("recipients[%d].to", i) } // named only in a refusal
 		if !store.IsText(r.To) {
-			return nil, errNotText(field)
+			return nil, errNotText(field())
 		}
 		if strings.TrimSpace(r.To) == "" {
-			return nil, unprocessable(`"%s" is required`, field)
+			return nil, unprocessable(`"%s" is required`, field())
 		}
 		digits, ok := phoneNumber(r.To)
 		if !ok {
-			return nil, unprocessable(MsgRecipientPhone, field)
+			return nil, unprocessable(MsgRecipientPhone, field())
 		}
 		var components json.RawMessage
 		if !isNull(r.Components) {
@@ -483,17 +487,15 @@ func recipientsInput(raw json.RawMessage) ([]RecipientInput, *Error) {
 		if err := json.Unmarshal(el, &r); err != nil || r == nil {
 			return out, unprocessable(`"recipients[%d]" must be an object`, i)
 		}
-		to, _, e := r.strNamed("to", fmt.Sprintf("recipients[%d].to", i))
-		if e != nil {
+		to, _, e := rawString(r["to"], "to")
+		if e != nil { // read again to name it by its position (not formatted for every recipient)
+			_, _, e = rawString(r["to"], fmt.Sprintf("recipients[%d].to", i))
 			return out, e
 		}
 		out = append(out, RecipientInput{To: to, Components: r["components"]})
 	}
 	return out, nil
 }
-
-// strNamed is str of key, reported as field name.
-func (o object) strNamed(key, name string) (string, bool, *Error) { return rawString(o[key], name) }
 
 // ListBroadcasts returns the newest broadcasts (up to 100) of one of the org's channels, newest
 // first.

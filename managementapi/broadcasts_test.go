@@ -463,3 +463,32 @@ func TestBroadcastCountsAndTimeline(t *testing.T) {
 		t.Fatalf("search: %v %+v", err, ms)
 	}
 }
+
+// TestBroadcastLargest: the largest broadcast, 100,000 recipients each with its components (a
+// body of about 9 MiB), is created whole.
+func TestBroadcastLargest(t *testing.T) {
+	e := newEnv(t)
+	cid := e.activeChannel(e.orgA)
+	var sb strings.Builder
+	sb.WriteString(`{"name":"big","template":` + broadcastTemplate + `,"recipients":[`)
+	for i := range managementapi.MaxBroadcastRecipients {
+		if i > 0 {
+			sb.WriteByte(',')
+		}
+		fmt.Fprintf(&sb, `{"to":"+1 555 %07d","components":[{"type":"body","parameters":[{"type":"text","text":"customer %d"}]}]}`, i, i)
+	}
+	sb.WriteString(`]}`)
+	body := sb.String()
+	if len(body) <= 4<<20 || len(body) > managementapi.MaxBroadcastBodyBytes {
+		t.Fatalf("body of %d bytes", len(body))
+	}
+	start := time.Now()
+	b := created[broadcastJSON](e, "/channels/"+cid.String()+"/broadcasts", e.keyA, body)
+	t.Logf("%d recipients, %.1f MiB: created in %v", b.Counts.Total, float64(len(body))/(1<<20), time.Since(start))
+	if b.Counts.Total != managementapi.MaxBroadcastRecipients || b.Counts.Queued != managementapi.MaxBroadcastRecipients {
+		t.Fatalf("counts %+v", b.Counts)
+	}
+	if n := e.CountWhere(t, "broadcast_recipients", "broadcast_id", b.ID); n != managementapi.MaxBroadcastRecipients {
+		t.Fatalf("%d recipients stored", n)
+	}
+}
