@@ -17,6 +17,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/caddyserver/caddy/v2"
@@ -96,6 +97,9 @@ type App struct {
 	// Delivery configures webhook delivery.
 	Delivery *DeliveryConfig `json:"delivery,omitempty"`
 
+	// Broadcasts configures the broadcast sender (its workers and lease).
+	Broadcasts *BroadcastsConfig `json:"broadcasts,omitempty"`
+
 	// ManagementRateLimit limits management API requests per API key. Default: 600 per 1m.
 	ManagementRateLimit *RateLimitConfig `json:"management_rate_limit,omitempty"`
 
@@ -161,6 +165,13 @@ type App struct {
 	dispatcherDone chan struct{}
 	// healthDone is closed when the number health worker has stopped (nil until Start).
 	healthDone chan struct{}
+	// relayMu guards sender, the relay the first wabarelay_proxy handler registered
+	// (registerRelay); the broadcasts send through it.
+	relayMu sync.Mutex
+	sender  relaySender
+	// broadcastDone is closed when the broadcast sender has stopped (nil until Start, and when
+	// this instance sends no broadcasts).
+	broadcastDone chan struct{}
 	// afterAnswer tracks the relays' work left after their answers (relay.Pending); Stop
 	// waits for it.
 	afterAnswer relay.Pending
@@ -464,6 +475,9 @@ func (a *App) Validate() error {
 		}
 	}
 	if _, _, err := parseHealthRefresh(a.HealthRefresh); err != nil {
+		return err
+	}
+	if err := a.Broadcasts.validate(); err != nil {
 		return err
 	}
 	if err := a.retentionPolicy().Check(); err != nil {

@@ -69,6 +69,10 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			root_ca      <pem file>
 //			allow_private_targets
 //		}
+//		broadcasts {
+//			workers      <n>              # 0: this instance sends no broadcasts; default 4
+//			lease        <duration>       # longer than the relay's 90s send deadline; default 2m
+//		}
 //		management_rate_limit <requests> [<window>]
 //		limits {
 //			webhooks_per_org <n>
@@ -130,6 +134,11 @@ func (a *App) UnmarshalCaddyfile(d *caddyfile.Dispenser) error {
 		case opt == "meta":
 			a.Meta = new(MetaConfig)
 			if err := a.Meta.unmarshal(d); err != nil {
+				return err
+			}
+		case opt == "broadcasts":
+			a.Broadcasts = new(BroadcastsConfig)
+			if err := a.Broadcasts.unmarshal(d); err != nil {
 				return err
 			}
 		case opt == "delivery":

@@ -127,6 +127,10 @@ func TestAdaptAllOptions(t *testing.T) {
 			root_ca       /tmp/ca.pem
 			allow_private_targets
 		}
+		broadcasts {
+			workers 2
+			lease   3m
+		}
 		management_rate_limit 100 30s
 		limits {
 			webhooks_per_org 5
@@ -161,6 +165,7 @@ example.com {
 		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,"per_org":4,` +
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,` +
 		`"failure_threshold":5,"disable_after":172800000000000,"probe_interval":[10000000000,60000000000],"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
+		`"broadcasts":{"workers":2,"lease":180000000000},` +
 		`"management_rate_limit":{"requests":100,"window":30000000000},` +
 		`"limits":{"webhooks_per_org":5,"api_keys_per_org":7},"relay_log":{"buffer":64,"batch":8,"interval":50000000,"per_channel":20},"health_refresh":"12h","rate_card":"/etc/wabarelay/rates.csv","skip_migrations":true}`
 	if string(parsed.Apps.Wabarelay) != want {
@@ -183,6 +188,11 @@ example.com {
 		`{ wabarelay { relay_log off now } }`,
 		`{ wabarelay { relay_log { buffer 0 } } }`,
 		`{ wabarelay { relay_log { flush 1s } } }`,
+		`{ wabarelay { broadcasts { workers -1 } } }`,
+		`{ wabarelay { broadcasts { workers many } } }`,
+		`{ wabarelay { broadcasts { lease soon } } }`,
+		`{ wabarelay { broadcasts { rate 5 } } }`,
+		`{ wabarelay { broadcasts now } }`,
 	} {
 		if _, _, err := caddyconfig.GetAdapter("caddyfile").Adapt([]byte(bad+"\n:80 {\n respond ok\n}"), nil); err == nil {
 			t.Errorf("adapted invalid config %q", bad)

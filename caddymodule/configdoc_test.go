@@ -17,7 +17,7 @@ import (
 // blocks and the handler directives).
 var configStructs = map[string]bool{
 	"App": true, "MetaConfig": true, "DeliveryConfig": true, "LimitsConfig": true, "RateLimitConfig": true,
-	"RedisConfig": true, "RelayLogConfig": true, "RelayHandler": true, "ConnectHandler": true, "DashboardHandler": true, "DashboardDemo": true,
+	"RedisConfig": true, "RelayLogConfig": true, "BroadcastsConfig": true, "RelayHandler": true, "ConnectHandler": true, "DashboardHandler": true, "DashboardDemo": true,
 }
 
 // caddyfileName is the Caddyfile option of a field whose JSON name differs from it.

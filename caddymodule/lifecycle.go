@@ -16,8 +16,8 @@ import (
 )
 
 // The app's lifecycle: Start runs the background work of a configuration (migrations at start,
-// the channel change listener, the maintenance, the number health worker, the relay log, the
-// dispatcher), Stop ends it,
+// the channel change listener, the maintenance, the number health worker, the broadcast
+// sender, the relay log, the dispatcher), Stop ends it,
 // Cleanup releases the shared clients.
 
 // Start checks that Postgres answers and applies pending migrations (unless skip_migrations).
@@ -62,9 +62,11 @@ func (a *App) Start() error {
 	if a.relayLog != nil {
 		a.relayLog.Start()
 	}
+	a.startBroadcasts(lctx)
 	if err := a.startDispatcher(lctx); err != nil {
 		cancel()
 		<-a.listenerDone
+		a.stopBroadcasts()
 		return fmt.Errorf("wabarelay: delivery: %w", err)
 	}
 	a.logger.Info("wabarelay started", zap.String("upstream", a.Upstream))
@@ -91,6 +93,7 @@ func (a *App) Stop() error {
 			a.logger.Warn("channel change listener did not stop in time")
 		}
 		a.stopHealth()
+		a.stopBroadcasts()
 		if a.dispatcherDone != nil {
 			// Run waits for attempts in flight (bounded by the delivery timeout) and records them.
 			select {

@@ -55,7 +55,9 @@ func (*RelayHandler) CaddyModule() caddy.ModuleInfo {
 	return caddy.ModuleInfo{ID: "http.handlers.wabarelay_relay", New: func() caddy.Module { return new(RelayHandler) }}
 }
 
-// Provision sets up the handler on the app's channel cache, stores and clients.
+// Provision sets up the handler on the app's channel cache, stores and clients, and registers
+// its relay and limit with the app: the broadcasts send through the first relay handler
+// provisioned, sharing its per-channel limit with its callers (App.registerRelay).
 func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 	if h.app, err = appFrom(ctx); err != nil {
 		return err
@@ -88,6 +90,7 @@ func (h *RelayHandler) Provision(ctx caddy.Context) (err error) {
 		Windows:       a.windows,
 		WindowGuard:   guard,
 	}
+	a.registerRelay(h.relay, h.Requests, time.Duration(h.Window))
 	return nil
 }
 

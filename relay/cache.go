@@ -45,6 +45,7 @@ const (
 // ChannelStore is what the cache reads and writes ([store.Store]).
 type ChannelStore interface {
 	RelayChannelByToken(ctx context.Context, token string) (store.RelayChannel, error)
+	RelayChannelByID(ctx context.Context, id uuid.UUID) (store.RelayChannel, error)
 	MarkUpstreamDisconnected(ctx context.Context, id uuid.UUID) error
 }
 
@@ -70,6 +71,9 @@ type Cache struct {
 	mu     sync.RWMutex
 	byHash map[[32]byte]*entry
 	byID   map[uuid.UUID][32]byte
+	// ids holds the channels looked up by id (ByID), whose tokens the cache does not know;
+	// invalidated with the rest.
+	ids map[uuid.UUID]*entry
 	// neg and negOld are the two generations of tokens known to be nobody's, by hash, with
 	// the time they were looked up.
 	neg, negOld map[[32]byte]time.Time
@@ -88,7 +92,7 @@ func NewCache(s ChannelStore, ttl time.Duration) *Cache {
 		ttl = DefaultTTL
 	}
 	return &Cache{store: s, ttl: ttl, now: time.Now, fetchTimeout: fetchTimeout, maxNegatives: maxNegativeEntries,
-		logger: zap.NewNop(), byHash: map[[32]byte]*entry{}, byID: map[uuid.UUID][32]byte{},
+		logger: zap.NewNop(), byHash: map[[32]byte]*entry{}, byID: map[uuid.UUID][32]byte{}, ids: map[uuid.UUID]*entry{},
 		neg: map[[32]byte]time.Time{}, negOld: map[[32]byte]time.Time{}}
 }
 
@@ -126,6 +130,36 @@ func (c *Cache) Lookup(ctx context.Context, token string) (*store.RelayChannel, 
 		}
 	}
 	return c.fetch(ctx, token, h)
+}
+
+// ByID returns the channel id, or store.ErrChannelNotFound, for work the relay does on a
+// channel's behalf with no caller's token (broadcasts, relay/broadcast.go): from memory while
+// an entry (by token or by id) is younger than the TTL, else from Postgres. Entries by id are
+// kept current by the same notifications as the rest.
+func (c *Cache) ByID(ctx context.Context, id uuid.UUID) (*store.RelayChannel, error) {
+	now := c.now()
+	c.mu.RLock()
+	e := c.ids[id]
+	if h, ok := c.byID[id]; ok && e == nil {
+		e = c.byHash[h]
+	}
+	epoch := c.epoch
+	c.mu.RUnlock()
+	if e != nil && now.Sub(e.fetched) < c.ttl {
+		return e.ch, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.fetchTimeout)
+	defer cancel()
+	ch, err := c.store.RelayChannelByID(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	if c.epoch == epoch { // else invalidated while fetching: the result may be stale
+		c.ids[id] = &entry{ch: &ch, fetched: now}
+	}
+	c.mu.Unlock()
+	return &ch, nil
 }
 
 // Known reports whether token names a channel the cache holds, one that Lookup answers from
@@ -222,6 +256,7 @@ func (c *Cache) Invalidate(id uuid.UUID) {
 		delete(c.byHash, h)
 		delete(c.byID, id)
 	}
+	delete(c.ids, id)
 }
 
 // Flush drops every entry.
@@ -231,6 +266,7 @@ func (c *Cache) Flush() {
 	c.epoch++
 	c.byHash = map[[32]byte]*entry{}
 	c.byID = map[uuid.UUID][32]byte{}
+	c.ids = map[uuid.UUID]*entry{}
 	c.neg, c.negOld = map[[32]byte]time.Time{}, map[[32]byte]time.Time{}
 }
 

@@ -16,6 +16,7 @@ import (
 
 	"github.com/wabarelay/wabarelay/idempotency"
 	"github.com/wabarelay/wabarelay/internal/httpx"
+	"github.com/wabarelay/wabarelay/ratelimit"
 	"github.com/wabarelay/wabarelay/store"
 )
 
@@ -252,9 +253,8 @@ func (relay *Relay) authenticate(w http.ResponseWriter, r *http.Request) (ch *st
 // allow counts a call without an idempotency key against the channel's limit, answering 429
 // when it is over.
 func (relay *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.RelayChannel) bool {
-	d, err := relay.Admission.Allow(r.Context(), ch.ID)
-	if err != nil {
-		relay.logger().Warn("relay: rate limiter failed; call allowed", zap.Error(err))
+	d, decided := relay.admit(r.Context(), ch)
+	if !decided {
 		return true
 	}
 	d.SetHeaders(w.Header())
@@ -263,6 +263,17 @@ func (relay *Relay) allow(w http.ResponseWriter, r *http.Request, ch *store.Rela
 		return false
 	}
 	return true
+}
+
+// admit counts a call without an idempotency key against the channel's limit. A limiter that
+// cannot decide lets the call through (logged): decided is false and d allows.
+func (relay *Relay) admit(ctx context.Context, ch *store.RelayChannel) (d ratelimit.Decision, decided bool) {
+	d, err := relay.Admission.Allow(ctx, ch.ID)
+	if err != nil {
+		relay.logger().Warn("relay: rate limiter failed; call allowed", zap.Error(err))
+		return ratelimit.Decision{Allowed: true}, false
+	}
+	return d, true
 }
 
 // send relays a `POST …/messages`: its body's idempotency_key (and any access_token of the
@@ -404,6 +415,8 @@ type forwarded struct {
 	// notSent: the upstream provably did not act on the call (never reached, or it refused
 	// the access token).
 	notSent bool
+	// cut: the upstream's answer was cut short after it began (whether it acted is unknown).
+	cut bool
 	// aborted: the answer was cut off while streaming (the caller must see it broken).
 	aborted bool
 	// stored is the answer to store for replays (forward with capture only).
@@ -454,7 +467,7 @@ func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Re
 		relay.refuse(w, OutcomeUpstreamError, http.StatusBadGateway, MsgUpstreamEncoding)
 	case aborted || err != nil && a.written():
 		// The answer was cut short after it began: whether the upstream acted is unknown.
-		o = forwarded{status: a.status, aborted: aborted, outcome: OutcomeUpstreamError}
+		o = forwarded{status: a.status, aborted: aborted, cut: true, outcome: OutcomeUpstreamError}
 		if capture {
 			o.stored = relayAnswer(http.StatusBadGateway, MsgUpstreamDown)
 		}

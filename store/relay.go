@@ -85,6 +85,18 @@ func upstreamTokenAAD(id uuid.UUID) string { return "channels.upstream_token:" +
 // RelayChannelByToken returns the relay view of the channel whose token is token, or
 // ErrChannelNotFound.
 func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayChannel, error) {
+	return s.relayChannel(ctx, "c.channel_token_hash = $1", TokenHash(token))
+}
+
+// RelayChannelByID returns the relay view of the channel id, or ErrChannelNotFound: for work
+// the relay does on a channel's behalf with no caller's token (broadcasts).
+func (s *Store) RelayChannelByID(ctx context.Context, id uuid.UUID) (RelayChannel, error) {
+	return s.relayChannel(ctx, "c.id = $1", id)
+}
+
+// relayChannel loads the relay view of the one channel that where (a condition on c with one
+// parameter, arg) selects.
+func (s *Store) relayChannel(ctx context.Context, where string, arg any) (RelayChannel, error) {
 	var c RelayChannel
 	var pnid, waba *string
 	var tokenEnc []byte
@@ -98,7 +110,7 @@ func (s *Store) RelayChannelByToken(ctx context.Context, token string) (RelayCha
 			ARRAY(SELECT o.object_id FROM channel_objects o WHERE o.channel_id = c.id
 				AND NOT EXISTS (SELECT 1 FROM channels x WHERE x.id <> c.id AND (x.phone_number_id = o.object_id OR x.waba_id = o.object_id))),
 			`+receivingSinceSQL+`
-		FROM channels c WHERE c.channel_token_hash = $1`, TokenHash(token)).
+		FROM channels c WHERE `+where, arg).
 		Scan(&c.ID, &c.OrgID, &c.Status, &pnid, &waba, &tokenEnc, &disconnectedAt, &objects, &receiving)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return RelayChannel{}, ErrChannelNotFound
