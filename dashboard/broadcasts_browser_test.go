@@ -59,18 +59,27 @@ func TestBrowserBroadcast(t *testing.T) {
 			}
 			checkLayout(t, p, "broadcast-new", v)
 
-			// Meanwhile a recipient fails (one with a long error title) and one is accepted: the
-			// page shows both by itself.
+			// Meanwhile two recipients fail (one with a long error title) and two are accepted: the
+			// page shows them by itself.
 			e.Exec(t, `UPDATE broadcast_recipients SET status = 'failed', attempts = 6, error_code = 131056,
 				error_title = '(Business Account, Consumer Account) pair rate limit hit' WHERE broadcast_id = $1 AND seq = 2`, bid)
 			e.Exec(t, `UPDATE broadcast_recipients SET status = 'failed', attempts = 1, error_code = 131047,
 				error_title = 'Re-engagement message' WHERE broadcast_id = $1 AND seq = 3`, bid)
+			// and two were accepted, one of them since delivered, the other read
+			for seq, st := range map[int]string{1: "delivered", 4: "read"} {
+				wamid := "wamid." + v.name + "-" + st
+				e.Exec(t, `UPDATE broadcast_recipients SET status = 'accepted', attempts = 1, wamid = $3 WHERE broadcast_id = $1 AND seq = $2`, bid, seq, wamid)
+				e.Exec(t, `INSERT INTO messages (wamid, org_id, channel_id, recipient, created_at, status, status_rank, relay_pending, broadcast_id)
+					SELECT $1, org_id, channel_id, wa_to, now(), $2, 2, false, broadcast_id FROM broadcast_recipients r JOIN broadcasts b ON b.id = r.broadcast_id
+					WHERE r.wamid = $1`, wamid, st)
+			}
 			browsertest.Eval[bool](t, p, `window.__same = true`)
-			waitTrue(t, p, `() => (document.querySelector('#bc-done') || {}).innerText?.startsWith('2 of 4')`)
+			waitTrue(t, p, `() => (document.querySelector('#bc-done') || {}).innerText?.startsWith('4 of 4')`)
 			if !browsertest.Eval[bool](t, p, `window.__same === true`) {
 				t.Error("the page was reloaded, not updated in place")
 			}
 			wantText(t, p, "table.failed-recipients", "16505550102", "131056", "Pair rate limit", "16505550103", "Outside the 24-hour window")
+			wantText(t, p, ".bc-legend", "read: 1", "delivered: 1", "failed: 2", "queued: 0")
 			checkLayout(t, p, "broadcast-failed", v)
 
 			status, path = click(t, p, `form[action$="/pause"] button`)
@@ -83,7 +92,7 @@ func TestBrowserBroadcast(t *testing.T) {
 
 			status, path = click(t, p, `a[href="`+list+`"]`)
 			wantPage(t, status, path, http.StatusOK, list)
-			wantText(t, p, "table.broadcasts", "December order updates, "+v.name, "paused", "2 / 4")
+			wantText(t, p, "table.broadcasts", "December order updates, "+v.name, "paused", "4 / 4")
 			checkLayout(t, p, "broadcasts", v)
 			p.AssertNoConsoleErrors(t)
 		})
