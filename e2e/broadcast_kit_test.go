@@ -29,12 +29,15 @@ type upSend struct {
 	body   []byte
 	status int    // the fake's answer; 0 when the caller went away before it (cut)
 	wamid  string // of a 2xx answer
+	// instance is the Caddy that sent it: the name in its upstream's path (sendFront.upstream).
+	instance string
 }
 
 // sendFront stands before the fake upstream: it records every send's arrival time, recipient
 // and answer, and holds each send hold long first (the upstream's work, which keeps sends in
 // flight); a send whose caller goes away meanwhile (a killed Caddy) is recorded unanswered and
-// never reaches the fake. Every other request goes to the fake as is.
+// never reaches the fake. Every other request goes to the fake as is. A Caddy whose upstream is
+// upstream(name) is told apart by the name its requests carry in their path.
 type sendFront struct {
 	fake     *fakegraph.Server
 	url      string
@@ -54,7 +57,17 @@ func newSendFront(t *testing.T, fake *fakegraph.Server) *sendFront {
 
 var nonDigits = regexp.MustCompile(`\D`)
 
+// upstream is the front's base URL for the Caddy named name.
+func (f *sendFront) upstream(name string) string { return f.url + "/" + instancePrefix + name }
+
+const instancePrefix = "instance-"
+
 func (f *sendFront) serve(w http.ResponseWriter, r *http.Request) {
+	var instance string
+	if first, rest, ok := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/"); ok && strings.HasPrefix(first, instancePrefix) {
+		instance = strings.TrimPrefix(first, instancePrefix)
+		r.URL.Path, r.URL.RawPath = "/"+rest, ""
+	}
 	if r.Method != http.MethodPost || !strings.HasSuffix(r.URL.Path, "/messages") {
 		f.fake.ServeHTTP(w, r)
 		return
@@ -69,7 +82,7 @@ func (f *sendFront) serve(w http.ResponseWriter, r *http.Request) {
 	defer f.inFlight.Add(-1)
 	f.mu.Lock()
 	i := len(f.sends)
-	f.sends = append(f.sends, upSend{to: nonDigits.ReplaceAllString(b.To, ""), at: at, body: body})
+	f.sends = append(f.sends, upSend{to: nonDigits.ReplaceAllString(b.To, ""), at: at, body: body, instance: instance})
 	f.mu.Unlock()
 	if d := time.Duration(f.hold.Load()); d > 0 {
 		t := time.NewTimer(d)
@@ -129,12 +142,12 @@ func (f *sendFront) byRecipient() map[string][]upSend {
 }
 
 // broadcastCaddy starts a Caddy process on e's database with the upstream at upstream (a base
-// URL), serving the relay (its per-channel limit relayLimit calls a minute), the management API
+// URL), serving the relay (its per-channel limit rateLimit: "<requests> <window>"), the management API
 // (/v1, its per-key limit raised for the tests' polling), the inbound endpoint
 // (/webhooks/upstream) and /metrics, and running the broadcast sender with the lines
 // broadcasts (the broadcasts block's body; "" for the defaults); redisURL shares the relay's
 // limit with other instances (none when ""). It returns the origin.
-func (e *relayEnv) broadcastCaddy(upstream, redisURL string, relayLimit int, broadcasts string) string {
+func (e *relayEnv) broadcastCaddy(upstream, redisURL, rateLimit, broadcasts string) string {
 	e.t.Helper()
 	app := fmt.Sprintf("meta {\n\t\t\tapp_secret %s\n\t\t\tverify_token %s\n\t\t}\n\t\tmanagement_rate_limit 1000000 1m", testAppSecret, testVerifyToken)
 	if broadcasts != "" {
@@ -145,7 +158,7 @@ func (e *relayEnv) broadcastCaddy(upstream, redisURL string, relayLimit int, bro
 	}
 	site := fmt.Sprintf(`handle_path %s/* {
 		wabarelay_proxy {
-			rate_limit %d 1m
+			rate_limit %s
 		}
 	}
 	handle_path /v1/* {
@@ -156,7 +169,7 @@ func (e *relayEnv) broadcastCaddy(upstream, redisURL string, relayLimit int, bro
 	}
 	handle /metrics {
 		metrics
-	}`, proxyPrefix, relayLimit)
+	}`, proxyPrefix, rateLimit)
 	return e.caddySite("", app, upstream, site, "WBR_TEST_REDIS="+redisURL)
 }
 

@@ -30,7 +30,7 @@ func TestBroadcastThroughCaddy(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
 	e.fake.AddTemplates(wabaID, greeting)
-	origin := e.broadcastCaddy(e.fake.URL(), "", 6000, "")
+	origin := e.broadcastCaddy(e.fake.URL(), "", "6000 1m", "")
 	ch := e.channel(true)
 	_, key := e.fix.APIKey(t, e.org)
 	otherOrg := e.fix.Org(t).ID
