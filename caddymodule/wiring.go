@@ -101,6 +101,8 @@ func (a *App) managementOptions() managementapi.Options {
 		MaxAPIKeysPerOrg:  limits.APIKeysPerOrg,
 		Retention:         a.retentionPolicy().Retention,
 		RateCard:          a.rateCard,
+		// the most a broadcast's rate_per_minute may be, and twice its default
+		RelayLimitPerMinute: a.relayLimitPerMinute,
 	}
 }
 

@@ -193,7 +193,8 @@ func (s *Service) CreateBroadcast(ctx context.Context, p Principal, channelID st
 }
 
 // createBroadcast is CreateBroadcast with the problems reading a JSON body found in its fields
-// (pending, by field: "name", "template", "recipients", "rate_per_minute", "start_at"), each
+// (pending, by field: "name", "recipients", "rate_per_minute", "start_at"; the template is read
+// raw), each
 // reported in its field's turn. A recipients problem stands after the recipients that were read.
 func (s *Service) createBroadcast(ctx context.Context, p Principal, channelID string, in BroadcastInput, pending map[string]*Error) (Broadcast, error) {
 	cid, err := id(channelID, MsgChannelNotFound)
@@ -229,9 +230,6 @@ func (s *Service) parseBroadcast(in BroadcastInput, pending map[string]*Error, n
 		return nb, e
 	}
 	if nb.Name, e = requiredName(fields{"name": in.Name}); e != nil {
-		return nb, e
-	}
-	if e = pending["template"]; e != nil {
 		return nb, e
 	}
 	if nb.Template, e = parseTemplate(in.Template); e != nil {
