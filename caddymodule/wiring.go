@@ -76,15 +76,12 @@ func (a *App) managementOptions() managementapi.Options {
 	}
 	logger := a.logger.Named("management")
 	return managementapi.Options{
-		Store:   a.store,
-		Limiter: a.mgmtLimiter.Limiter,
-		// The broadcasts' rate_per_minute is bounded by (and defaults to half of) the relay's
-		// per-channel limit, which the relay handler registers when it is provisioned.
-		RelayLimitPerMinute: a.relayLimitPerMinute,
-		Health:              a.Health,
-		ConnectBase:         a.ConnectBase,
-		ConnectLinkTTL:      time.Duration(a.ConnectLinkTTL),
-		Logger:              logger,
+		Store:          a.store,
+		Limiter:        a.mgmtLimiter.Limiter,
+		Health:         a.Health,
+		ConnectBase:    a.ConnectBase,
+		ConnectLinkTTL: time.Duration(a.ConnectLinkTTL),
+		Logger:         logger,
 		OnReplayBacklog: func() {
 			if a.metrics != nil {
 				a.metrics.replayBacklog.Inc()
