@@ -22,7 +22,8 @@ var greeting = fakegraph.Template{ID: "t-greet", Name: "greeting", Status: "APPR
 // scripted 130429 for one recipient is retried (4 s later) and then accepted, a scripted 131047
 // fails another with its {code, title}. The status webhooks posted back through the inbound
 // endpoint move the counts to delivered and read; each accepted send's timeline and the
-// channel's message list carry broadcast_id and its relay call; the recipients list filters by
+// channel's message list carry broadcast_id and its relay call, and the relay log has every
+// upstream send with its error code; the recipients list filters by
 // status and pages with Link. Another org's key gets 404 on every route; pause, resume, cancel
 // and their 409s; a broadcast on an inactive channel is refused 409; deleting a channel while
 // its broadcast runs cancels the broadcast, which stays readable; a body over 16 MiB is 413.
@@ -167,6 +168,25 @@ func TestBroadcastThroughCaddy(t *testing.T) {
 			t.Fatalf("timeline of %s: %+v broadcast_id %v", to, tl.timelineJSON, tl.BroadcastID)
 		}
 	}
+	// The relay log has each of the six upstream sends, with the upstream's error codes.
+	logged := func() []string {
+		var codes []string
+		rows, err := e.pool.Query(t.Context(), `SELECT status || ' ' || coalesce(error_code::text, '-') FROM relay_log WHERE channel_id = $1 ORDER BY 1`, ch.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var c string
+			if err := rows.Scan(&c); err != nil {
+				t.Fatal(err)
+			}
+			codes = append(codes, c)
+		}
+		return codes
+	}
+	wantLog := []string{"200 -", "200 -", "200 -", "200 -", "400 131047", "429 130429"}
+	testenv.Eventually(t, 30*time.Second, func() bool { return slices.Equal(logged(), wantLog) }, "the relay log to show the six sends %v", wantLog)
 	r := apiCall(t, "GET", origin+"/v1/channels/"+ch.ID.String()+"/messages", key, "")
 	var list []map[string]any
 	if r.status != 200 || json.Unmarshal(r.body, &list) != nil {
