@@ -10,7 +10,8 @@
 // org) whose caddy, caddyWith, caddySite, caddyFile and repoCaddy start Caddy processes on it
 // (kit_test.go); call, apiCall, signedPost and runCLI are a client, the upstream and an
 // operator (calls_kit_test.go); startDemo runs the repo's Caddyfile as `make run` runs the demo
-// (demo_kit_test.go).
+// (demo_kit_test.go); broadcastCaddy runs the broadcast sender, and sendFront stands before the
+// fake upstream recording each send's arrival, answer and instance (broadcast_kit_test.go).
 //
 // Every test owns its database, ports, fake upstream and Caddy processes, and runs in parallel
 // with the others; go test runs at most -parallel of them at once (GOMAXPROCS by default):
