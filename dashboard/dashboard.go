@@ -177,6 +177,12 @@ func (h *Handler) routes() {
 	handle(post, "/channels/{id}/reconnect", h.reconnectChannel)
 	handle(post, "/channels/{id}/delete", h.deleteChannel)
 	handle(get, "/channels/{id}", h.channel)
+	handle(get, "/channels/{id}/broadcasts", h.broadcasts) // broadcasts.go
+	handle(post, "/channels/{id}/broadcasts", h.createBroadcast)
+	handle(get, "/broadcasts/{id}", h.broadcast)
+	handle(post, "/broadcasts/{id}/pause", h.changeBroadcast("broadcast-paused", (*managementapi.Service).PauseBroadcast))
+	handle(post, "/broadcasts/{id}/resume", h.changeBroadcast("broadcast-resumed", (*managementapi.Service).ResumeBroadcast))
+	handle(post, "/broadcasts/{id}/cancel", h.changeBroadcast("broadcast-cancelled", (*managementapi.Service).CancelBroadcast))
 	handle(get, "/messages/{wamid...}", h.message)
 	handle(get, "/webhooks", h.webhooks)
 	handle(post, "/webhooks", h.createWebhook)
@@ -201,6 +207,7 @@ func (h *Handler) routes() {
 		handle(post, "/demo/send", h.demoSend)
 		handle(post, "/demo/quality", h.demoQuality) // demohealth.go
 		handle(post, "/demo/window", h.demoWindow)
+		handle(post, "/demo/broadcast", h.demoBroadcast) // demobroadcast.go
 	}
 }
 
@@ -246,11 +253,15 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			Error: "The request was refused: it did not come from this dashboard's own pages. Reload the page and try again."})
 		return
 	}
-	if r.Method == http.MethodPost {
-		// Forms are small; a larger body fails to parse.
-		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
-	}
 	path := strings.Trim(rest, "/")
+	if r.Method == http.MethodPost {
+		// Forms are small, but for the new-broadcast form's CSV; a larger body fails to parse.
+		limit := int64(maxFormBytes)
+		if uploadPath(r.Method, path) {
+			limit = maxUploadBytes
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+	}
 	// Unauthenticated routes.
 	if path == "login" {
 		h.login(w, r)
@@ -441,17 +452,22 @@ func (h *Handler) redirect(w http.ResponseWriter, r *http.Request, path, notice 
 
 // notices are the messages a redirect may ask a page to show (never text from the request).
 var notices = map[string]string{
-	"channel-created": "Channel created. Send its connect link to the number's owner.",
-	"reconnected":     "The connect link is open again.",
-	"channel-deleted": "Channel deleted.",
-	"webhook-updated": "Webhook updated.",
-	"webhook-deleted": "Webhook deleted.",
-	"assigned":        "Channel assignment updated.",
-	"retried":         "Delivery queued for a fresh attempt.",
-	"key-revoked":     "API key revoked.",
-	"emitted":         "The fake upstream sent an incoming message. It appears below once delivered.",
-	"signed-out":      "Signed out.",
-	"quality-lowered": "The fake upstream lowered the number's quality to YELLOW and posted phone_number_quality_update to the service, which reads the number's health after it (30 s later, so that repeated webhooks join one read): within a minute the Channels page shows the badge.",
+	"channel-created":     "Channel created. Send its connect link to the number's owner.",
+	"reconnected":         "The connect link is open again.",
+	"channel-deleted":     "Channel deleted.",
+	"webhook-updated":     "Webhook updated.",
+	"webhook-deleted":     "Webhook deleted.",
+	"assigned":            "Channel assignment updated.",
+	"retried":             "Delivery queued for a fresh attempt.",
+	"key-revoked":         "API key revoked.",
+	"emitted":             "The fake upstream sent an incoming message. It appears below once delivered.",
+	"signed-out":          "Signed out.",
+	"broadcast-created":   "Broadcast created. It sends at its pace from its start time; this page follows its progress.",
+	"broadcast-paused":    "Broadcast paused: nothing more is sent until it is resumed.",
+	"broadcast-resumed":   "Broadcast resumed.",
+	"broadcast-cancelled": "Broadcast cancelled: its recipients not sent yet will not be.",
+	"demo-broadcast":      "Demo broadcast created. The fake upstream answers one recipient 130429 (rate limit hit) once, so it is retried a few seconds later and accepted, and another 131047 (re-engagement message), so it fails; the rest are accepted and reported sent, delivered and read.",
+	"quality-lowered":     "The fake upstream lowered the number's quality to YELLOW and posted phone_number_quality_update to the service, which reads the number's health after it (30 s later, so that repeated webhooks join one read): within a minute the Channels page shows the badge.",
 }
 
 // act makes one change as the session's key through the management API's Service: the call is

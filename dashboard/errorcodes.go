@@ -1,8 +1,8 @@
 package dashboard
 
 // upstreamErrors explains the upstream (WhatsApp Cloud API) error codes operators meet most, in
-// one line each, keyed by error code. The channel and message pages show the line beside the
-// code; other codes show the upstream's own title alone.
+// one line each, keyed by error code. The channel, message and broadcast pages show the line
+// beside the code; other codes show the upstream's own title alone.
 var upstreamErrors = map[int]string{
 	131047: "Outside the 24-hour window: the customer has not written in the last 24 hours, so only a template message can be sent.",
 	131026: "Undeliverable: the number is not on WhatsApp, has not accepted the latest terms, or runs an app too old to receive it.",

@@ -1,13 +1,16 @@
 package managementapi
 
 import (
+	"encoding/json"
 	"flag"
 	"maps"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -22,6 +25,9 @@ func FuzzRequestBody(f *testing.F) {
 		`{"name":"x","url":"https://x.example/\u0000","events":["messages"],"channel_ids":["\u0000"]}`,
 		`{"status":"paused"}`, `{"status":"\u0000"}`, `{"name":"k","expires_in":"720h"}`, `{"expires_in":"-1h\u0000"}`, `{"since":"2026-11-25T00:00:00Z"}`,
 		`{"name":"\ud800"}`, `{"name":null,"events":[null]}`, `[]`, `{`, ``, `{"name":1}{}`,
+		`{"name":"b","template":{"name":"t","language":{"code":"en"},"components":[{"type":"body","x":1.5e3}]},"recipients":[{"to":"+1 (555) 010-0100","components":[]},{"to":"15550100100"}],"start_at":"2030-01-01T00:00:00Z","rate_per_minute":10}`,
+		`{"name":"b","template":{"name":"t","language":{"code":"en"},"components":["\ud800","\u0000"]},"recipients":[{"to":"15550100","components":[{"\u0000":1}]}]}`,
+		`{"name":"b","template":{"name":"t","language":{"code":"en"}},"recipients":[{"to":"15550100"},{"to":7}],"rate_per_minute":1e999}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -76,8 +82,31 @@ func FuzzRequestBody(f *testing.F) {
 		if s, _, e := o.str("since"); check(e) {
 			text("since", s)
 		}
+		in, pending := broadcastInput(o)
+		if nb, e := new(Service).parseBroadcast(in, pending, time.Now()); check(e) {
+			text("name", nb.Name)
+			jsonb := func(what string, raw []byte) {
+				if raw != nil && (!json.Valid(raw) || !utf8.Valid(raw) || jsonbRefuses.Match(raw)) {
+					t.Fatalf("%s %s accepted from %q", what, raw, body)
+				}
+			}
+			jsonb("template", nb.Template)
+			for _, r := range nb.Recipients {
+				if _, ok := phoneNumber(r.To); !ok || strings.Trim(r.To, "0123456789") != "" {
+					t.Fatalf("recipient %q accepted from %q", r.To, body)
+				}
+				jsonb("components", r.Components)
+			}
+			if nb.RatePerMinute < 1 || nb.RatePerMinute > DefaultRelayLimitPerMinute || len(nb.Recipients) == 0 {
+				t.Fatalf("%+v accepted from %q", nb, body)
+			}
+		}
 	})
 }
+
+// jsonbRefuses matches the escapes Postgres's jsonb refuses in a JSON text: NUL and a surrogate
+// (an escaped backslash before them excepted).
+var jsonbRefuses = regexp.MustCompile(`(?:^|[^\\])(?:\\\\)*\\u(?:0000|[dD][89a-fA-F])`)
 
 // hugeFields are the body fields the API reads, with a valid value each.
 var hugeFields = map[string]string{

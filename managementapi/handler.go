@@ -87,6 +87,10 @@ type Options struct {
 	// RateCard prices the usage's billable messages (GET /usage, the wabarelay option
 	// rate_card). Nil means no costs: every cost is null.
 	RateCard *usage.RateCard
+	// RelayLimitPerMinute, if set, returns the relay's per-channel limit per minute: the most a
+	// broadcast's rate_per_minute may be, and twice its default (callers keep the other half).
+	// Nil, or a result of 0 (no relay handler), means DefaultRelayLimitPerMinute.
+	RelayLimitPerMinute func() int
 }
 
 // Default per-org caps (Options.MaxWebhooksPerOrg, Options.MaxAPIKeysPerOrg).
@@ -144,6 +148,13 @@ var routes = []route{
 	{http.MethodPost, "/api_keys", (*Handler).createAPIKey},
 	{http.MethodDelete, "/api_keys/{id}", (*Handler).revokeAPIKey},
 	{http.MethodGet, "/usage", (*Handler).usage},
+	{http.MethodPost, "/channels/{id}/broadcasts", (*Handler).createBroadcast},
+	{http.MethodGet, "/channels/{id}/broadcasts", (*Handler).listBroadcasts},
+	{http.MethodGet, "/broadcasts/{id}", (*Handler).getBroadcast},
+	{http.MethodGet, "/broadcasts/{id}/recipients", (*Handler).broadcastRecipients},
+	{http.MethodPost, "/broadcasts/{id}/pause", (*Handler).pauseBroadcast},
+	{http.MethodPost, "/broadcasts/{id}/resume", (*Handler).resumeBroadcast},
+	{http.MethodPost, "/broadcasts/{id}/cancel", (*Handler).cancelBroadcast},
 }
 
 // Routes returns the pattern ("METHOD /path/{param}") of every operation the handler serves,
@@ -360,9 +371,13 @@ func noContent(q *call, err error) {
 
 func (q *call) fail(err error) { q.h.fail(q.w, q.r, err) }
 
-// body reads the request's JSON object; a refusal is answered and nil returned.
-func (q *call) body() object {
-	obj, e := readObject(q.w, q.r)
+// body reads the request's JSON object of at most MaxBodyBytes; a refusal is answered and nil
+// returned.
+func (q *call) body() object { return q.bodyUpTo(MaxBodyBytes) }
+
+// bodyUpTo is body for a route whose body may be longer than MaxBodyBytes: at most limit bytes.
+func (q *call) bodyUpTo(limit int64) object {
+	obj, e := readObjectMax(q.w, q.r, limit)
 	if e != nil {
 		q.fail(e)
 	}

@@ -20,8 +20,13 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-// MaxBodyBytes is the largest request body the API reads.
+// MaxBodyBytes is the largest request body the API reads, but for the routes that set their
+// own (MaxBroadcastBodyBytes).
 const MaxBodyBytes = 1 << 20
+
+// MaxBroadcastBodyBytes is the largest body of POST /channels/{id}/broadcasts: up to 100,000
+// recipients with their template components (DESIGN §5c "Broadcasts").
+const MaxBroadcastBodyBytes = 16 << 20
 
 // Limits on field values.
 const (
@@ -84,13 +89,18 @@ type object map[string]json.RawMessage
 
 // readObject reads a JSON object body of at most MaxBodyBytes.
 func readObject(w http.ResponseWriter, r *http.Request) (object, *Error) {
+	return readObjectMax(w, r, MaxBodyBytes)
+}
+
+// readObjectMax reads a JSON object body of at most limit bytes; a longer one is errTooLarge.
+func readObjectMax(w http.ResponseWriter, r *http.Request, limit int64) (object, *Error) {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
 		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
 			return nil, errContentType
 		}
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooLarge *http.MaxBytesError
 		if errors.As(err, &tooLarge) {
@@ -116,7 +126,11 @@ func isNull(raw json.RawMessage) bool { return raw == nil || string(raw) == "nul
 // refused here, the one place caller strings enter: encoding/json would quietly turn invalid
 // UTF-8 into U+FFFD, so the raw bytes are checked before decoding.
 func (o object) str(name string) (val string, ok bool, e *Error) {
-	raw := o[name]
+	return rawString(o[name], name)
+}
+
+// rawString is object.str of a JSON value raw, reported as field name.
+func rawString(raw json.RawMessage, name string) (val string, ok bool, e *Error) {
 	if isNull(raw) {
 		return "", false, nil
 	}

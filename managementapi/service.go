@@ -162,6 +162,9 @@ func unavailable(err error) bool {
 
 // storeError maps the store's errors to the interface's refusals; other errors pass unchanged.
 func (s *Service) storeError(err error) error {
+	if e, ok := broadcastStoreError(err); ok {
+		return e
+	}
 	switch {
 	case errors.Is(err, store.ErrChannelNotFound):
 		return &Error{http.StatusNotFound, MsgChannelNotFound}

@@ -54,6 +54,8 @@ type Message struct {
 	// Error is the upstream's error of a failed message; null otherwise.
 	Error          *MessageError `json:"error"`
 	IdempotencyKey *string       `json:"idempotency_key"`
+	// BroadcastID is the broadcast that sent the message; null for any other send.
+	BroadcastID *uuid.UUID `json:"broadcast_id"`
 }
 
 // MessageError is the JSON form of the upstream's error of a message or status.
@@ -73,11 +75,13 @@ type Timeline struct {
 	To   *string `json:"to"`
 	From *string `json:"from"`
 	// Status is the latest upstream status of an outgoing message, "received" for an incoming one.
-	Status     string             `json:"status"`
-	Error      *MessageError      `json:"error"`
-	RelayCall  *RelayCall         `json:"relay_call"`
-	Statuses   []StatusUpdate     `json:"statuses"`
-	Deliveries []TimelineDelivery `json:"deliveries"`
+	Status string        `json:"status"`
+	Error  *MessageError `json:"error"`
+	// BroadcastID is the broadcast that sent an outgoing message; null for any other message.
+	BroadcastID *uuid.UUID         `json:"broadcast_id"`
+	RelayCall   *RelayCall         `json:"relay_call"`
+	Statuses    []StatusUpdate     `json:"statuses"`
+	Deliveries  []TimelineDelivery `json:"deliveries"`
 }
 
 // RelayCall is the JSON form of the relay call that sent a message.
@@ -118,7 +122,7 @@ func newMessageError(e *store.MessageError) *MessageError {
 // NewTimeline converts a stored timeline.
 func NewTimeline(t *store.Timeline) Timeline {
 	out := Timeline{WAMID: t.WAMID, ChannelID: t.ChannelID, Direction: t.Direction, To: t.To, From: t.From, Status: t.Status,
-		Error: newMessageError(t.Error), Statuses: make([]StatusUpdate, len(t.Statuses)), Deliveries: make([]TimelineDelivery, len(t.Deliveries))}
+		Error: newMessageError(t.Error), BroadcastID: t.BroadcastID, Statuses: make([]StatusUpdate, len(t.Statuses)), Deliveries: make([]TimelineDelivery, len(t.Deliveries))}
 	if r := t.Relay; r != nil {
 		out.RelayCall = &RelayCall{At: Time(r.At), Status: r.Status, LatencyMS: float64(r.LatencyUS) / 1000,
 			IdempotencyKey: r.IdempotencyKey, Replayed: r.Replayed}
@@ -186,7 +190,7 @@ func (s *Service) ListMessages(ctx context.Context, p Principal, channelID strin
 	out := make([]Message, len(ms))
 	for i, m := range ms {
 		out[i] = Message{WAMID: m.WAMID, ChannelID: m.ChannelID, CreatedAt: Time(m.CreatedAt), Status: m.Status,
-			Error: newMessageError(m.Error), IdempotencyKey: m.IdempotencyKey}
+			Error: newMessageError(m.Error), IdempotencyKey: m.IdempotencyKey, BroadcastID: m.BroadcastID}
 		if m.To != "" {
 			to := m.To
 			out[i].To = &to

@@ -72,6 +72,9 @@ type MessageSummary struct {
 	// Error is the upstream's error of a failed message, nil otherwise.
 	Error          *MessageError
 	IdempotencyKey *string
+	// BroadcastID is the broadcast that sent the message (messages.broadcast_id, migration 027),
+	// nil for any other send.
+	BroadcastID *uuid.UUID
 }
 
 // Timeline is the whole timeline of one message.
@@ -87,6 +90,9 @@ type Timeline struct {
 	// one.
 	Status string
 	Error  *MessageError
+	// BroadcastID is the broadcast that sent an outgoing message (messages.broadcast_id), nil
+	// for any other message.
+	BroadcastID *uuid.UUID
 	// CreatedAt is when the relay sent the message (or first heard of it), or when an incoming
 	// one was stored.
 	CreatedAt time.Time
@@ -250,7 +256,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 	// key, and the recipient it is through the channel's recipient index, in order up to the
 	// page's limit.
 	sql := `
-		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
+		SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.broadcast_id
 		FROM messages m
 		WHERE m.channel_id = $1 AND m.org_id = $2
 		  AND ($3 = '' OR m.status = $3)
@@ -263,14 +269,14 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		args = []any{channelID, orgID, f.Status, to, append([]string{f.Search}, keyed...), search, before, f.After, f.Limit}
 		sql = `
 		SELECT * FROM (
-			SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
+			SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.broadcast_id
 			FROM messages m
 			WHERE m.wamid = ANY($5::text[]) AND m.channel_id = $1 AND m.org_id = $2
 			  AND ($3 = '' OR m.status = $3)
 			  AND ($4 = '' OR m.recipient = $4)
 			  AND ($7::timestamptz IS NULL OR (m.created_at, m.wamid) < ($7, $8) AND m.created_at <= $7)
 			UNION
-			(SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title
+			(SELECT m.wamid, m.recipient, m.created_at, m.status, m.error_code, m.error_title, m.broadcast_id
 			 FROM messages m
 			 WHERE m.channel_id = $1 AND m.recipient = $6 AND m.org_id = $2
 			   AND ($3 = '' OR m.status = $3)
@@ -291,7 +297,7 @@ func (s *Store) ListMessages(ctx context.Context, orgID, channelID uuid.UUID, f 
 		m := MessageSummary{ChannelID: channelID}
 		var code *int32
 		var title *string
-		err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.Status, &code, &title)
+		err := r.Scan(&m.WAMID, &m.To, &m.CreatedAt, &m.Status, &code, &title, &m.BroadcastID)
 		m.Error = messageError(code, title)
 		return m, err
 	})
@@ -524,13 +530,13 @@ func (s *Store) MessageTimeline(ctx context.Context, orgID uuid.UUID, wamid stri
 	t := &Timeline{WAMID: wamid}
 	var found bool
 	b.Queue(`
-		SELECT m.channel_id, m.recipient, c.display_phone_number, m.created_at, m.status, m.error_code, m.error_title
+		SELECT m.channel_id, m.recipient, c.display_phone_number, m.created_at, m.status, m.error_code, m.error_title, m.broadcast_id
 		FROM messages m LEFT JOIN channels c ON c.id = m.channel_id
 		WHERE m.wamid = $1 AND m.org_id = $2`, wamid, orgID).QueryRow(func(row pgx.Row) error {
 		var to string
 		var code *int32
 		var title *string
-		err := row.Scan(&t.ChannelID, &to, &t.From, &t.CreatedAt, &t.Status, &code, &title)
+		err := row.Scan(&t.ChannelID, &to, &t.From, &t.CreatedAt, &t.Status, &code, &title, &t.BroadcastID)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}

@@ -78,6 +78,12 @@
 //     curl -s http://127.0.0.1:8090/_fake/account_webhook -d '{"event":"FLAGGED"}'
 //     curl -s http://127.0.0.1:8090/_fake/account_webhook -d '{"quality_rating":"RED"}'
 //
+//     POST /_fake/script makes the next sends to a recipient answer upstream errors, one per
+//     send and in order, each in the upstream's envelope for its code; the sends after them
+//     succeed again (the demo broadcast's retried and failed recipients):
+//
+//     curl -s http://127.0.0.1:8090/_fake/script -d '{"to":"16505550101","errors":[130429,131047]}'
+//
 //   - A webhook receiver (-receiver 127.0.0.1:8091): HTTPS, any path, with a certificate from a
 //     CA made up at start and written to -receiver-ca (give that file to Caddy's `delivery {
 //     root_ca }`, and `allow_private_targets`). It logs every delivery to stderr, answers 204,
@@ -202,6 +208,7 @@ func main() {
 	if *callback != "" {
 		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/inbound sends an incoming message to %s\n", base, *callback)
 		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/account_webhook sends an account webhook (health) to %s\n", base, *callback)
+		fmt.Fprintf(os.Stderr, "fakegraph: POST %s/_fake/script scripts upstream errors for a recipient's next sends\n", base)
 		fmt.Fprintf(os.Stderr, "fakegraph: sent messages are reported sent, delivered, read (every %s); to +999... failed (131026)\n", *statusDelay)
 	}
 	if recvURL != "" {

@@ -4,7 +4,10 @@
  * inline script.
  *  - [data-copy=ID] buttons copy the value of the input with that id;
  *  - forms with [data-confirm] ask before submitting;
- *  - a page restored from the back/forward cache is fetched again.
+ *  - a page restored from the back/forward cache is fetched again;
+ *  - an element with [data-live=N] (a running broadcast's progress) is fetched
+ *    again every N seconds and replaced in place, until the page served no
+ *    longer marks it live (without script, its page has a Refresh link).
  */
 (function () {
   'use strict';
@@ -34,6 +37,34 @@
     var msg = form.getAttribute && form.getAttribute('data-confirm');
     if (msg && !window.confirm(msg)) ev.preventDefault();
   });
+  function live(el) {
+    var secs = parseInt(el.getAttribute('data-live'), 10);
+    if (!(secs > 0) || !el.id || !window.fetch || !window.DOMParser) return;
+    setTimeout(function poll() {
+      // a tab in the background asks nothing (each fetch counts against the key's rate limit)
+      if (document.hidden) { setTimeout(poll, secs * 1000); return; }
+      fetch(location.href, { credentials: 'same-origin', headers: { 'Accept': 'text/html' } })
+        .then(function (res) { return res.ok ? res.text() : null; })
+        .then(function (html) {
+          if (html === null) { setTimeout(poll, secs * 4000); return; }
+          var doc = new DOMParser().parseFromString(html, 'text/html');
+          var fresh = doc.getElementById(el.id);
+          if (!fresh) return;
+          var cur = document.getElementById(el.id);
+          if (!cur) return;
+          // keep the focus on a control that is still there (e.g. the Pause button)
+          var active = document.activeElement, sel = null;
+          if (active && cur.contains(active) && active.closest('form')) sel = active.closest('form').getAttribute('action');
+          cur.replaceWith(fresh);
+          if (sel) {
+            var f = fresh.querySelector('form[action="' + sel + '"] button');
+            if (f) f.focus();
+          }
+          if (fresh.hasAttribute('data-live')) setTimeout(poll, secs * 1000);
+        }, function () { setTimeout(poll, secs * 4000); });
+    }, secs * 1000);
+  }
+  document.querySelectorAll('[data-live]').forEach(live);
   // Pages are no-store, yet Chrome restores them from its back/forward cache when
   // no cookie changed while they were cached, and signing out changes the cookie
   // just before: Back would show the ended session's pages (connect links, a

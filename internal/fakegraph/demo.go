@@ -31,6 +31,8 @@ import (
 //	POST /_fake/inbound   (WithCallback) an incoming message, sent signed to the callback (Emit)
 //	POST /_fake/account_webhook (WithCallback) an account webhook that changes a number's
 //	                      health, sent signed to the callback (EmitAccountUpdate)
+//	POST /_fake/script    (WithDemoSDK or WithCallback) upstream errors for the next sends to a
+//	                      recipient (Script, script.go)
 //
 // With WithCallback the fake also reports the statuses of every message sent through it to the
 // callback, as the upstream does (statuses.go).
@@ -157,6 +159,12 @@ func (s *Server) serveDemo(w http.ResponseWriter, r *http.Request) bool {
 			return true
 		}
 		s.handleAccountWebhook(w, r) // accountwebhooks.go
+	case p == "/_fake/script":
+		if r.Method != http.MethodPost {
+			demoError(w, http.StatusMethodNotAllowed, "use POST")
+			return true
+		}
+		s.handleScript(w, r) // script.go
 	default:
 		return false
 	}

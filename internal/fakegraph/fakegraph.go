@@ -60,7 +60,8 @@
 // (WithDemoSDK: a stand-in for Meta's JS SDK whose Embedded Signup connects a number made up for
 // it), POST /_fake/inbound (WithCallback: an incoming message sent signed to the app's callback,
 // also Emit and EmitMessage), POST /_fake/account_webhook (WithCallback: one of the four account
-// webhooks that change a number's health, accountwebhooks.go, also EmitAccountUpdate); with
+// webhooks that change a number's health, accountwebhooks.go, also EmitAccountUpdate), POST
+// /_fake/script (upstream errors for the next sends to a recipient, script.go, also Script); with
 // WithCallback every accepted message is followed by its "sent",
 // "delivered" and "read" status webhooks, or by a "failed" one (131026) for an undeliverable
 // recipient (statuses.go: WithStatusOrder, WithUndeliverable, WithStatusDelay).
@@ -214,6 +215,8 @@ type Server struct {
 	failMu sync.Mutex
 	fails  []*failRule
 	nfails atomic.Int32
+	// scripts: upstream error codes still to answer, per recipient wa_id (script.go)
+	scripts map[string][]int
 
 	latency atomic.Int64
 
@@ -622,10 +625,11 @@ func (s *Server) FailNext(match string, n int, status int, body any) {
 	s.failMu.Unlock()
 }
 
-// ClearFailures drops all pending FailNext rules.
+// ClearFailures drops all pending FailNext rules and scripted errors (Script).
 func (s *Server) ClearFailures() {
 	s.failMu.Lock()
 	s.fails = nil
+	s.scripts = nil
 	s.nfails.Store(0)
 	s.failMu.Unlock()
 }

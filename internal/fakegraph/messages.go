@@ -127,6 +127,13 @@ func (s *Server) handleMessages(rc *reqCtx, pnid string) {
 		return
 	}
 
+	if waID != "" {
+		if e := s.takeScripted(waID); e != nil { // script.go
+			s.fail(rc, e)
+			return
+		}
+	}
+
 	b := make([]byte, 0, 256)
 	b = append(b, `{"messaging_product":"whatsapp","contacts":[{"input":`...)
 	b = appendJSONString(b, to)
