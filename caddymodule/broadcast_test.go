@@ -142,7 +142,7 @@ func TestBroadcastsUpstream(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := l.Addr().String()
-	l.Close() // nothing listens: refused
+	_ = l.Close() // nothing listens: refused
 	a.upstream, _ = url.Parse("http://" + addr + "/v26.0")
 	var op *net.OpError
 	if err := up(httptest.NewRecorder(), httptest.NewRequest("POST", "/v26.0/1001/messages", nil)); !errors.As(err, &op) || op.Op != "dial" {

@@ -109,7 +109,7 @@ func (h *Handler) createBroadcast(w http.ResponseWriter, r *http.Request, s *ses
 		h.broadcastsPage(w, r, page{Session: s, Error: msg}, status, f)
 		return
 	}
-	defer r.MultipartForm.RemoveAll()
+	defer func() { _ = r.MultipartForm.RemoveAll() }() // (temporary files of a large upload; nothing to tell the operator)
 	f = broadcastForm{Name: r.PostFormValue("name"), Template: r.PostFormValue("template"), Language: r.PostFormValue("language"),
 		Rate: strings.TrimSpace(r.PostFormValue("rate_per_minute")), StartAt: strings.TrimSpace(r.PostFormValue("start_at"))}
 	fail := func(status int, msg string) {
@@ -140,7 +140,7 @@ func (h *Handler) createBroadcast(w http.ResponseWriter, r *http.Request, s *ses
 		fail(http.StatusUnprocessableEntity, "Choose a CSV file of recipients.")
 		return
 	}
-	defer file.Close()
+	defer func() { _ = file.Close() }() // (read-only: nothing lost on an error)
 	recipients, lines, err := parseRecipientsCSV(file)
 	if err != nil {
 		fail(http.StatusUnprocessableEntity, err.Error())
