@@ -68,6 +68,7 @@ func TestNumberHealth(t *testing.T) {
 			t.Fatalf("inbound: %d %s", status, body)
 		}
 	}
+	testenv.DueHealthReads(t, e.fix.Pool) // (the two webhooks joined one read, due 30 s after the first)
 	testenv.Eventually(t, testenv.Patience, func() bool { return quality() == "YELLOW" }, "the read after the webhooks")
 	if h := health(); h["quality_rating"] == nil || *h["quality_rating"] != "YELLOW" {
 		t.Fatalf("GET /v1/channels/{id} health %v", h)

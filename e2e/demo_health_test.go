@@ -53,6 +53,7 @@ func TestDemoHealthAndWindow(t *testing.T) {
 	if st != 200 || !strings.Contains(page, "lowered the number&#39;s quality to YELLOW") {
 		t.Fatalf("quality: %d %.3000s", st, page)
 	}
+	testenv.DueHealthReads(t, w.store.Pool()) // (due 30 s after the webhook)
 	testenv.Eventually(t, testenv.Patience, func() bool { return quality() == "YELLOW" }, "the health read after the webhook")
 	if st, page = c.do("GET", "/dashboard/channels", nil); st != 200 || !strings.Contains(page, "quality YELLOW") {
 		t.Fatalf("channels page: %d %.3000s", st, page)

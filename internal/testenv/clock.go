@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -48,5 +49,18 @@ func (f *Fixture) AgeQueue(t testing.TB, d time.Duration) {
 	})
 	if err != nil {
 		t.Fatalf("testenv: ageing the delivery queue by %v: %v", d, err)
+	}
+}
+
+// DueHealthReads makes the number health reads that account webhooks asked for fall due now
+// (channel_health.prompt_due_at, store.HealthPromptDelay after the first webhook), on the
+// database of pool: for tests of a Caddy child, whose health worker then reads within its poll
+// (health.DefaultPoll) instead of after the delay. Only the due time moves: the webhooks that
+// came before still join the one read.
+func DueHealthReads(t testing.TB, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(),
+		`UPDATE channel_health SET prompt_due_at = now() WHERE prompt_due_at > now()`); err != nil {
+		t.Fatalf("testenv: health reads due now: %v", err)
 	}
 }
