@@ -37,6 +37,10 @@ const broadcastLiveSeconds = 3
 // failedPageSize is how many failed recipients the broadcast page lists at a time.
 const failedPageSize = 50
 
+// recipientsShown is how many of a broadcast's recipients its page lists, in list order (the
+// API pages through all of them).
+const recipientsShown = 20
+
 // uploadPath reports the form posts that carry a file (the new-broadcast form), whose body may
 // be up to maxUploadBytes; path is BasePath's rest without its outer slashes.
 func uploadPath(method, path string) bool {
@@ -284,6 +288,11 @@ type broadcastData struct {
 	Segments    []barSegment
 	Failed      []failedRow
 	NextURL     string
+	// Recipients are the first recipientsShown in list order, whatever their status: a
+	// retried one shows its attempts.
+	Recipients []recipientRow
+	// MoreRecipients: the broadcast has more than Recipients.
+	MoreRecipients bool
 	// Live: the page reloads its progress every LiveSeconds (a running broadcast).
 	Live        bool
 	LiveSeconds int
@@ -296,6 +305,12 @@ type broadcastData struct {
 type barSegment struct {
 	Class, Label string
 	N            int
+}
+
+// recipientRow is a recipient and its status (the API's).
+type recipientRow struct {
+	failedRow
+	Status string
 }
 
 // failedRow is a failed recipient.
@@ -370,6 +385,19 @@ func (h *Handler) broadcastPage(w http.ResponseWriter, r *http.Request, p page, 
 	if next != "" {
 		d.NextURL = h.opt.BasePath + "/broadcasts/" + bid.String() + "?" + url.Values{"after": {next}}.Encode()
 	}
+	first, more, err := h.opt.API.BroadcastRecipients(r.Context(), pr, bid.String(), "", "", recipientsShown)
+	if err != nil {
+		h.readError(w, r, p.Session, err)
+		return
+	}
+	for _, f := range first {
+		row := failedRow{To: f.To, Attempts: f.Attempts}
+		if f.WAMID != nil {
+			row.WAMID = *f.WAMID
+		}
+		d.Recipients = append(d.Recipients, recipientRow{row, f.Status})
+	}
+	d.MoreRecipients = more != ""
 	p.Title, p.Nav, p.Data = "Broadcast "+b.Name, "channels", d
 	h.render(w, r, status, "broadcast", p)
 }

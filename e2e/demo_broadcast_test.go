@@ -75,7 +75,8 @@ func TestDemoBroadcast(t *testing.T) {
 	}
 	st, page = c.do("GET", "/dashboard/broadcasts/"+bid.String(), nil)
 	if st != 200 || !strings.Contains(page, `<span class="badge completed">completed</span>`) ||
-		!strings.Contains(page, "<code>"+rs[6].To+"</code>") || !strings.Contains(page, "Outside the 24-hour window") {
+		!strings.Contains(page, "<code>"+rs[6].To+"</code>") || !strings.Contains(page, "Outside the 24-hour window") ||
+		!regexp.MustCompile(`<code>`+rs[2].To+`</code></td>\s*<td>[a-z]+</td>\s*<td>2 \(retried\)</td>`).MatchString(page) {
 		t.Fatalf("the broadcast's page: %d %.4000s", st, page)
 	}
 }

@@ -83,7 +83,7 @@ if [ -z "$DEMO" ]; then
 
   Try, in another terminal:
     curl -s -X POST http://localhost:8080/v1/channels \\
-      -H 'x-api-key: $DEMO_API_KEY' -H 'Content-Type: application/json' \\
+      -H 'x-api-key: $K' -H 'Content-Type: application/json' \\
       -d '{"name":"Support line"}'
     curl -s http://localhost:8080/v1/channels -H 'x-api-key: $DEMO_API_KEY'
 
@@ -190,6 +190,16 @@ cat <<MSG
      16505550125) shows the window closed on its message page and in
      GET /v1/channels/{id}/contacts/16505550125:
        curl -s http://$FAKE_ADDR/_fake/inbound -d '{"from":"16505550125","text":"Hi","age":"25h"}'
+
+  8. A broadcast: the Demo page's "Send a demo broadcast" sends the hello_world template to ten
+     made-up customers at 60 a minute; the fake answers one of them 130429 once (retried, then
+     accepted) and another 131047 (failed); its page shows the progress, the counts moving with
+     the statuses, the retried and the failed recipient. Through the API (docs/broadcasts.md):
+       curl -s http://localhost:8080/v1/channels/\$CHANNEL_ID/broadcasts -H 'x-api-key: $K' \\
+         -H 'Content-Type: application/json' -d '{"name":"Hello","template":{"name":"hello_world",
+         "language":{"code":"en_US"}},"recipients":[{"to":"16505551234"},{"to":"16505551235"}]}'
+     The fake can be told to refuse a recipient's next sends with upstream errors:
+       curl -s http://$FAKE_ADDR/_fake/script -d '{"to":"16505551235","errors":[131056]}'
 
   The fake upstream keeps its numbers in memory only: after a restart of \`make run\`, channels
   connected before it are unknown upstream (their tokens are refused, so the relay answers 503
