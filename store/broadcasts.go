@@ -510,10 +510,17 @@ func (s *Store) claimBroadcastSend(ctx context.Context, tx pgx.Tx, lease time.Du
 	return send, false, nil
 }
 
+// inFlightRecheck is how soon a due broadcast whose only unsettled recipients are being sent is
+// looked at again: their outcomes (usually within a second) may complete it. Its gate used to
+// wait for their leases to end (2 min): a broadcast whose last send had landed stayed "sending"
+// that long (seen in a loaded CI run).
+const inFlightRecheck = time.Second
+
 // deferBroadcast handles a due broadcast (locked) with no due recipient: its expired leases
 // end (unknown, as ExpireBroadcastLeases would), then it is completed when none of its
 // recipients is queued or sending, else its gate waits for the first of its queued recipients
-// to be due or of its leases to end (an outcome's retry brings it back sooner: finishRequeued).
+// to be due or of its leases to end, and at most inFlightRecheck while a send is in flight (an
+// outcome's retry brings it back sooner: finishRequeued).
 func (s *Store) deferBroadcast(ctx context.Context, tx pgx.Tx, id uuid.UUID) error {
 	_, err := tx.Exec(ctx, `
 		WITH x AS (
@@ -527,8 +534,9 @@ func (s *Store) deferBroadcast(ctx context.Context, tx pgx.Tx, id uuid.UUID) err
 		UPDATE broadcasts b SET
 			status = CASE WHEN w.q IS NULL AND w.l IS NULL THEN 'completed' ELSE b.status END,
 			finished_at = CASE WHEN w.q IS NULL AND w.l IS NULL THEN `+nowSQL(2)+` END,
-			next_send_at = greatest(b.next_send_at, least(w.q, w.l))
-		FROM w WHERE b.id = $1`, id, s.nowArg())
+			next_send_at = greatest(b.next_send_at, least(w.q, w.l,
+				CASE WHEN w.l IS NOT NULL THEN `+nowSQL(2)+` + $3 * interval '1 microsecond' END))
+		FROM w WHERE b.id = $1`, id, s.nowArg(), inFlightRecheck.Microseconds())
 	return err
 }
 

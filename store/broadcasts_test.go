@@ -632,3 +632,26 @@ func TestBroadcastStatusesMoveCounts(t *testing.T) {
 		t.Fatalf("%d messages of the broadcast", n)
 	}
 }
+
+// TestBroadcastCompletesSoonAfterItsLastSend: a claim that finds the broadcast's last recipient
+// still being sent looks again within a second, not when that send's lease ends: once its
+// outcome lands the broadcast completes at the next claim (it stayed "sending" for the whole
+// lease before).
+func TestBroadcastCompletesSoonAfterItsLastSend(t *testing.T) {
+	e := newBroadcastEnv(t)
+	b := e.create(t, 1, 600, e.clk.Now())
+	s1 := e.claim(t)
+	e.clk.Set(s1.NextSendAt) // the gate lets a claim through while the send is in flight
+	send, wake, err := e.s.ClaimBroadcastSend(context.Background(), broadcastLease)
+	if err != nil || send != nil || wake.IsZero() || wake.After(e.clk.Now().Add(time.Second)) {
+		t.Fatalf("a claim during the last send: %+v wake %v (now %v) %v, want wake within 1 s", send, wake, e.clk.Now(), err)
+	}
+	e.finish(t, s1, store.BroadcastOutcome{Kind: store.OutcomeAccepted, WAMID: "wamid.L1"})
+	e.clk.Set(wake)
+	if send, wake, err = e.s.ClaimBroadcastSend(context.Background(), broadcastLease); err != nil || send != nil || !wake.IsZero() {
+		t.Fatalf("after the last outcome: %+v %v %v", send, wake, err)
+	}
+	if got := e.get(t, b.ID); got.Status != store.BroadcastCompleted {
+		t.Fatalf("not completed a second after its last send: %+v", got)
+	}
+}
