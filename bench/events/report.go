@@ -259,13 +259,22 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, ord []
 	fmt.Print(sb.String())
 	// One machine-readable line per -rate step (bench/smoke reads them): deliveries/s during the
 	// load ÷ offered deliveries/s.
+	// And, per such step, the CPU its events cost the product's processes — Caddy and the bench
+	// database's Postgres backends — as the goal's 200 µs per event ÷ that (above 1: within
+	// the goal; issue 35), so that, like every RATIO, higher is better.
 	for _, r := range rs {
 		if _, err := strconv.Atoi(r.name); err == nil && r.kind == kindRate { // not the ordering steps
 			fmt.Printf("RATIO events-%d %.3f\n", r.rate, r.runRate()/float64(max(r.rate*r.webhooks, 1)))
+			product := float64((r.cpu["caddy"] + r.cpu[benchkit.PGBackends]).Microseconds()) / max(float64(r.offered), 1)
+			fmt.Printf("RATIO events-%d-cpu %.3f\n", r.rate, cpuGoalPerEvent/max(product, 1))
 		}
 	}
 	return ok
 }
+
+// cpuGoalPerEvent is issue 35's goal for the CPU an event costs Caddy and Postgres together at
+// 2,000 events/s (µs): the events-<rate>-cpu ratio is it ÷ the measured.
+const cpuGoalPerEvent = 200.0
 
 // reportOverload prints the overload step's targets.
 func reportOverload(p func(string, ...any), r *stepResult) {

@@ -40,7 +40,7 @@ type fakeConfig struct {
 // fakeReport is what the fake upstream saw, read by the bench after the load.
 type fakeReport struct {
 	CountsA, CountsB []byte   // sends per sequence number, saturated at 255
-	Other            int64    // requests without a bench sequence number
+	Other            int64    // sends (POSTs) without a bench sequence number
 	Conns            [2]int64 // connections opened by Caddy (a), (b)
 	ForwardedB       int      // (b)'s sends among the last recorded requests
 	ForwardedBadB    int      // … of which not with the upstream token, the right path, without idempotency_key
@@ -131,7 +131,9 @@ func serveFake(port int, fake *fakegraph.Server, counts map[byte][]atomic.Uint32
 				}
 			}
 		}
-		if !counted {
+		// (the number health reads each channel's connect makes — GET /<pnid>?fields=… — are
+		// the service's own, not sends)
+		if !counted && r.Method == http.MethodPost {
 			other.Add(1)
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))

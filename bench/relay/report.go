@@ -70,7 +70,7 @@ func verify(ta, tb *target, fr *fakeReport) checkResult {
 		}
 	}
 	res.add(tb.replayed.Load() == 0 && ta.replayed.Load() == 0, "(b) idempotent replays: %d", tb.replayed.Load())
-	res.add(fr.Other == 0, "requests at the fake without a bench sequence number: %d", fr.Other)
+	res.add(fr.Other == 0, "sends at the fake without a bench sequence number: %d", fr.Other)
 	res.add(fr.ForwardedB > 0 && fr.ForwardedBadB == 0, "(b) last %d forwarded sends carry the upstream token, path /v26.0/<pnid>/messages, no idempotency_key (%d wrong)",
 		fr.ForwardedB, fr.ForwardedBadB)
 	return res

@@ -4,14 +4,17 @@ import (
 	"flag"
 )
 
-// benches are the short runs, in order: the package under bench/ and its arguments.
+// benches are the short runs, in order: the package under bench/, its arguments, and the
+// ratios of its output that the baseline guards.
 var benches = []struct {
-	name string
-	args []string
+	name   string
+	args   []string
+	ratios []string
 }{
-	{"relay", []string{"-no-idempotency-key", "-channels", "2000", "-warmup", "2s", "-slices", "2", "-slice", "4s"}},
-	{"events", []string{"-rate", "2000", "-duration", "5s", "-drain", "20s", "-history-days", "0"}},
-	{"media", []string{"-ops", "download", "-rounds", "3"}},
+	{"relay", []string{"-no-idempotency-key", "-channels", "2000", "-warmup", "2s", "-slices", "2", "-slice", "4s"}, []string{"relay-nokey"}},
+	{"relay", []string{"-channels", "2000", "-warmup", "2s", "-slices", "2", "-slice", "4s"}, []string{"relay-key"}},
+	{"events", []string{"-rate", "2000", "-duration", "5s", "-drain", "20s", "-history-days", "0"}, []string{"events-2000", "events-2000-cpu"}},
+	{"media", []string{"-ops", "download", "-rounds", "3"}, []string{"media"}},
 }
 
 // baseline is the file's content.

@@ -33,7 +33,7 @@ func runAll(c config, base baseline, dir string) map[string]float64 {
 				benchkit.Logf("%s failed: %v", b.name, err)
 			}
 			best = better(best, ratios)
-			if c.record || pass(b.name, best, base.Ratios, c.tolerance) {
+			if c.record || pass(b.ratios, best, base.Ratios, c.tolerance) {
 				break
 			}
 			if try < c.retries {
@@ -84,11 +84,12 @@ func better(a, b map[string]float64) map[string]float64 {
 	return out
 }
 
-// pass reports whether every ratio of base that belongs to bench (named "<bench>-…") is in got
-// and within tol of its baseline.
-func pass(bench string, got, base map[string]float64, tol float64) bool {
-	for k, bv := range base {
-		if !strings.HasPrefix(k, bench+"-") {
+// pass reports whether every ratio of names that base has is in got and within tol of its
+// baseline.
+func pass(names []string, got, base map[string]float64, tol float64) bool {
+	for _, k := range names {
+		bv, ok := base[k]
+		if !ok {
 			continue
 		}
 		if v, ok := got[k]; !ok || v < bv*(1-tol) {

@@ -1,5 +1,6 @@
-// Command smoke is the benchmarks' regression guard: short runs of bench/relay (wrk,
-// no key), bench/events (one short rate) and bench/media (downloads), each printing its ratios
+// Command smoke is the benchmarks' regression guard: short runs of bench/relay (wrk, without
+// and with an idempotency key per send), bench/events (one short rate, its deliveries and its
+// CPU per event) and bench/media (downloads), each printing its ratios
 // as "RATIO <name> <value>" lines, compared with the baseline recorded in
 // bench/smoke-baseline.json. It fails when a ratio of the baseline is missing or more than
 // -tolerance (10%) below its recorded value.

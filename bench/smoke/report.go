@@ -45,17 +45,19 @@ func report(c config, base baseline, got map[string]float64, took time.Duration,
 	return ok
 }
 
-// record writes this run's ratios into the baseline file: those of the names it lists, all of
-// them when it lists none.
+// record writes this run's ratios into the baseline file: those the benches guard (their
+// ratios lists).
 func record(c config, base baseline, got map[string]float64, load string) {
 	nb := baseline{Comment: base.Comment, Ratios: map[string]float64{},
 		Recorded: fmt.Sprintf("%s, load average %s at start", time.Now().Format("2006-01-02"), load)}
 	if nb.Comment == "" {
 		nb.Comment = "bench/smoke's baseline: go run ./bench/smoke -record (see bench/README.md, Smoke)"
 	}
-	for k, v := range got {
-		if _, listed := base.Ratios[k]; listed || base.Ratios == nil {
-			nb.Ratios[k] = v
+	for _, b := range benches {
+		for _, k := range b.ratios {
+			if v, ok := got[k]; ok {
+				nb.Ratios[k] = v
+			}
 		}
 	}
 	b, _ := json.MarshalIndent(nb, "", "  ")
