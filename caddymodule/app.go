@@ -219,6 +219,14 @@ type DeliveryConfig struct {
 	// tenant (any number of receivers that never answer) cannot hold every worker. Default:
 	// half of Workers (dispatcher.Config.PerOrg explains the choice).
 	PerOrg int `json:"per_org,omitempty"`
+	// HandOffWaitPerWebhook is how many deliveries of one webhook, handed off by the inbound
+	// handler over a per_webhook or per_org cap, may wait in memory (still claimed) for a slot
+	// per instance; beyond it they go back to the queue. Default: per_webhook (64;
+	// dispatcher.Config.HandOffWaitPerWebhook explains the choice).
+	HandOffWaitPerWebhook int `json:"handoff_wait_per_webhook,omitempty"`
+	// HandOffWait is how many such deliveries of all webhooks may wait in memory per instance.
+	// Default: workers (256; dispatcher.Config.HandOffWaitPerWebhook explains the choice).
+	HandOffWait int `json:"handoff_wait,omitempty"`
 	// Lease is how long a claimed delivery stays reserved; it must exceed Timeout. Default: 60s.
 	Lease caddy.Duration `json:"lease,omitempty"`
 	// Retention is how long events, their deliveries and attempts are kept: whole days are

@@ -60,6 +60,9 @@ func parseGlobalOption(d *caddyfile.Dispenser, existing any) (any, error) {
 //			timeout      <duration>
 //			workers      <n>              # 0: this instance runs no dispatcher
 //			per_webhook  <n>
+//			per_org      <n>
+//			handoff_wait_per_webhook <n>  # over-cap hand-offs waiting in memory, per webhook
+//			handoff_wait <n>              # … and in all
 //			lease        <duration>
 //			retention    <duration>
 //			max_hold     <duration>       # held deliveries of paused webhooks fail after this
@@ -262,6 +265,10 @@ func (c *DeliveryConfig) unmarshal(d *caddyfile.Dispenser) error {
 			err = intArg(d, &c.PerWebhook)
 		case "per_org":
 			err = intArg(d, &c.PerOrg)
+		case "handoff_wait_per_webhook":
+			err = intArg(d, &c.HandOffWaitPerWebhook)
+		case "handoff_wait":
+			err = intArg(d, &c.HandOffWait)
 		case "root_ca":
 			err = oneArg(d, &c.RootCA)
 		case "allow_private_targets":

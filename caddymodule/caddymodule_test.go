@@ -118,6 +118,8 @@ func TestAdaptAllOptions(t *testing.T) {
 			workers       8
 			per_webhook   2
 			per_org       4
+			handoff_wait_per_webhook 3
+			handoff_wait  6
 			lease         30s
 			retention     48h
 			max_hold      24h
@@ -163,6 +165,7 @@ example.com {
 		`"meta":{"app_id":"{env.META_APP_ID}","app_secret":"{env.META_APP_SECRET}","config_id":"cfg1","verify_token":"{env.VT}",` +
 		`"sdk_url":"https://connect.facebook.net/en_US/sdk.js"},"register_pin":"123456",` +
 		`"delivery":{"retry_delays":[1000000000,2000000000],"timeout":5000000000,"workers":8,"per_webhook":2,"per_org":4,` +
+		`"handoff_wait_per_webhook":3,"handoff_wait":6,` +
 		`"lease":30000000000,"retention":172800000000000,"max_hold":86400000000000,` +
 		`"failure_threshold":5,"disable_after":172800000000000,"probe_interval":[10000000000,60000000000],"root_ca":"/tmp/ca.pem","allow_private_targets":true},` +
 		`"broadcasts":{"workers":2,"lease":180000000000},` +

@@ -155,6 +155,7 @@ func (a *App) dispatcherConfig() (dispatcher.Config, dispatcher.Secrets) {
 		}
 		cfg.PerOrg = d.PerOrg
 		cfg.PerWebhook = d.PerWebhook
+		cfg.HandOffWaitPerWebhook, cfg.HandOffWait = d.HandOffWaitPerWebhook, d.HandOffWait
 		cfg.FailureThreshold, cfg.DisableAfter = d.FailureThreshold, time.Duration(d.DisableAfter)
 		if len(d.ProbeInterval) > 0 {
 			cfg.ProbeInterval = time.Duration(d.ProbeInterval[0])

@@ -106,6 +106,17 @@ type Config struct {
 	// bench/events -fairness) at the default sizes, and most deployments serve few orgs. Each
 	// further never-answering tenant takes at most its equal share of what is left.
 	PerOrg int
+	// HandOffWaitPerWebhook is how many of one webhook's handed-off deliveries (Deliver) may wait
+	// in memory for a slot when the webhook or its org is at its cap, and HandOffWait how many of
+	// all webhooks' may; beyond either, a delivery goes back to the queue as before. Defaults:
+	// PerWebhook (64: one more round of the receiver's connections, ready the moment one frees,
+	// without a hand-back and a claim) and Workers (256: one more round of every worker, so the
+	// payloads held beside the attempts' own at most double them). A waiting delivery stays
+	// claimed in the queue under its hand-off's lease, so a crash loses none (the lease brings it
+	// back); it is handed back if no slot frees within a quarter of what the lease leaves beyond
+	// Timeout (maxHandOffWait). Issue 35, decision 3.
+	HandOffWaitPerWebhook int
+	HandOffWait           int
 	// PollInterval is the backstop poll when no notification arrives. Default 1s.
 	PollInterval time.Duration
 	// BatchSize is the most rows one claim takes. Default 100.
@@ -189,8 +200,14 @@ type Dispatcher struct {
 	attemptCtx context.Context   // the context of attempts, set by Run
 	perHook    map[uuid.UUID]int // attempts running per webhook
 	perOrg     map[uuid.UUID]int // attempts running per org
-	secretTTL  time.Duration
-	cache      map[uuid.UUID]cachedSecret
+	// waiting holds the handed-off deliveries over their webhook's or org's cap, by webhook,
+	// oldest first (Config.HandOffWait); waitingN counts them all. Each is still claimed in the
+	// queue for this instance.
+	waiting  map[uuid.UUID][]job
+	waitingN int
+
+	secretTTL time.Duration
+	cache     map[uuid.UUID]cachedSecret
 	// secretFails counts, per delivery, the attempts that found the webhook's secret unusable
 	// (see maxSecretFailures).
 	secretFails map[uuid.UUID]int
@@ -272,6 +289,12 @@ func (cfg Config) withDefaults() (Config, error) {
 	if cfg.PerOrg <= 0 {
 		cfg.PerOrg = max(cfg.Workers/2, 1)
 	}
+	if cfg.HandOffWaitPerWebhook <= 0 {
+		cfg.HandOffWaitPerWebhook = cfg.PerWebhook
+	}
+	if cfg.HandOffWait <= 0 {
+		cfg.HandOffWait = cfg.Workers
+	}
 	if cfg.PollInterval <= 0 {
 		cfg.PollInterval = time.Second
 	}
@@ -318,6 +341,7 @@ func New(pool *pgxpool.Pool, secrets Secrets, cfg Config, logger *zap.Logger) (*
 		results:   make(chan result, cfg.Workers+cfg.BatchSize),
 		perHook:   map[uuid.UUID]int{},
 		perOrg:    map[uuid.UUID]int{},
+		waiting:   map[uuid.UUID][]job{},
 		cursors:   map[uuid.UUID]uuid.UUID{},
 		secretTTL: time.Minute,
 		cache:     map[uuid.UUID]cachedSecret{},
@@ -378,8 +402,12 @@ func (d *Dispatcher) Reserve(n int) int {
 }
 
 // Deliver starts jobs (at most reserved) on the slots taken by Reserve(reserved) and frees
-// the rest. A job over its webhook's or its org's per-instance cap is handed back to the queue
-// (due at once: a claim takes it when its webhook and org have room, fairly among the others).
+// the rest. A job over its webhook's or its org's per-instance cap, or behind older ones of its
+// webhook already waiting, waits in memory for a slot, still claimed (Config.HandOffWait; the
+// claiming loop starts it once the claim that follows a freed slot has taken its share, see
+// startWaiting), within the bounds per webhook and in all; beyond them, or while its webhook is
+// held here, it is handed back to the queue (due at once: a claim takes it when its webhook and
+// org have room, fairly among the others). A waiting job holds no worker slot.
 // queued reports that the inbound transaction also queued due deliveries it did not hand over:
 // a claim is started for them.
 func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
@@ -400,23 +428,32 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	d.mu.Lock()
 	ctx := d.attemptCtx
 	var run, back []job
+	behind := false // a job waits behind older ones of its webhook that have room now
 	now := d.now()
 	for _, j := range jobs { // (StoreEvents made them attempt 1 under claim 0)
-		if d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg && d.heldLocally(j, now) == 0 {
+		if d.heldLocally(j, now) > 0 {
+			back = append(back, j)
+			continue
+		}
+		if len(d.waiting[j.WebhookID]) == 0 && d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg {
 			d.perHook[j.WebhookID]++
 			d.perOrg[j.OrgID]++
 			run = append(run, j)
-		} else {
-			back = append(back, j)
+			continue
 		}
+		if d.running && len(d.waiting[j.WebhookID]) < d.cfg.HandOffWaitPerWebhook && d.waitingN < d.cfg.HandOffWait {
+			behind = behind || d.perHook[j.WebhookID] < d.cfg.PerWebhook && d.perOrg[j.OrgID] < d.cfg.PerOrg
+			d.waiting[j.WebhookID] = append(d.waiting[j.WebhookID], j)
+			d.waitingN++
+			continue
+		}
+		back = append(back, j)
 	}
 	unused := reserved - len(run)
 	wasFull := d.active >= d.cfg.Workers
 	d.active -= unused
 	d.mu.Unlock()
-	for _, j := range back {
-		d.results <- result{job: j, release: true}
-	}
+	d.handBack(back)
 	for _, j := range run {
 		d.launch(ctx, j, j.CreatedAt) // (claimed by the inbound transaction, at its time)
 	}
@@ -426,6 +463,75 @@ func (d *Dispatcher) Deliver(reserved int, jobs []Job, queued bool) {
 	if unused > 0 && wasFull {
 		signal(d.slotFree) // the loop may be waiting for a slot
 	}
+	if behind {
+		signal(d.wake) // the loop starts them (startWaiting)
+	}
+}
+
+// maxHandOffWait is how long a handed-off delivery may wait in memory for a slot (Deliver),
+// counted from its hand-off's claim: a quarter of what the lease leaves beyond the attempt's
+// timeout (12.5 s at the defaults). The secret look-up may take up to half of that margin and
+// the attempt its timeout, which leaves the outcome a quarter to be recorded before the lease
+// ends; a claim that outlives its lease would be reclaimed and its delivery sent twice.
+func (d *Dispatcher) maxHandOffWait() time.Duration { return (d.cfg.Lease - d.cfg.Timeout) / 4 }
+
+// startWaiting starts the waiting hand-offs (Deliver) that have a slot now, oldest first per
+// webhook, and hands back those that waited maxHandOffWait. It is called by the claiming loop
+// after each claim has started its deliveries: the queue's due rows (retries, older work, other
+// webhooks' and orgs' shares) take the freed slots first, so waiting hand-offs never take
+// workers the fair claim would give to others, and they take no more than the caps allow, nor,
+// while the queue has a backlog, more than the three quarters of the workers that Reserve
+// allows the hand-off.
+func (d *Dispatcher) startWaiting(ctx context.Context) {
+	now := d.now()
+	d.mu.Lock()
+	limit := d.cfg.Workers
+	if !d.caughtUp {
+		limit -= d.cfg.Workers / 4
+	}
+	var run, back []job
+	for hook, js := range d.waiting {
+		k := 0
+		for ; k < len(js); k++ {
+			j := js[k]
+			if held := d.heldLocally(j, now); held > 0 || !now.Before(j.CreatedAt.Add(d.maxHandOffWait())) {
+				back = append(back, j)
+				continue
+			}
+			if d.active >= limit || d.perHook[hook] >= d.cfg.PerWebhook || d.perOrg[j.OrgID] >= d.cfg.PerOrg {
+				break
+			}
+			d.perHook[hook]++
+			d.perOrg[j.OrgID]++
+			d.active++
+			run = append(run, j)
+		}
+		d.waitingN -= k
+		if k == len(js) {
+			delete(d.waiting, hook)
+		} else {
+			d.waiting[hook] = js[k:]
+		}
+	}
+	d.mu.Unlock()
+	d.handBack(back)
+	d.attempts.Add(len(run))
+	for _, j := range run {
+		d.launch(ctx, j, j.CreatedAt)
+	}
+}
+
+// dropWaiting hands every waiting hand-off back to the queue (at shutdown).
+func (d *Dispatcher) dropWaiting() {
+	d.mu.Lock()
+	var back []job
+	for hook, js := range d.waiting {
+		back = append(back, js...)
+		delete(d.waiting, hook)
+	}
+	d.waitingN = 0
+	d.mu.Unlock()
+	d.handBack(back)
 }
 
 // newClient builds the delivery HTTP client: no proxy (the SSRF check must see the target's

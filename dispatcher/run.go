@@ -87,8 +87,9 @@ func (d *Dispatcher) Run(ctx context.Context, dsn string) {
 
 	d.loop(ctx, attemptCtx)
 	d.mu.Lock()
-	d.running = false // no more reservations; those taken are waited for below
+	d.running = false // no more reservations (nor waiting hand-offs); those taken are waited for below
 	d.mu.Unlock()
+	d.dropWaiting() // due again at once, for the next instance
 
 	waited := make(chan struct{})
 	go func() { d.attempts.Wait(); close(waited) }()
@@ -145,6 +146,8 @@ func (d *Dispatcher) loop(ctx, attemptCtx context.Context) {
 			// than its limit may still leave due rows: claim again until it drains the queue.
 			more = !drained
 		}
+		// Waiting hand-offs take the room the claim left (and those that waited too long go back).
+		d.startWaiting(attemptCtx)
 		if more {
 			if d.free() > 0 {
 				continue // there may be more due rows right now

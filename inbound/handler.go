@@ -58,12 +58,14 @@ type Store interface {
 //  1. n := Reserve(want) takes up to want free worker slots (0 while the dispatcher is not
 //     running, or when it has no free worker to spare);
 //  2. the post stores its events with store.Claim{Instance: InstanceID(), Lease: Lease(),
-//     Max: n}, which inserts at most n deliveries claimed (only for webhooks with nothing due
-//     waiting in the queue, so that a new event never overtakes an older due delivery);
+//     Max: n}, which inserts at most n deliveries claimed (only for unordered webhooks with no
+//     due first attempt waiting in the queue, so that a new event never overtakes an older due
+//     first attempt; it may overtake due retries, which are out of order by nature);
 //  3. Deliver(n, claimed, queued) follows every Reserve(n) exactly once, whatever happened to
 //     the transaction (failed: no jobs): it starts the claimed deliveries on the reserved slots
-//     and frees the rest; queued reports that the post also queued due deliveries, for which
-//     the dispatcher claims again.
+//     (those over a per-webhook or per-org cap may wait in its memory, still claimed, bounded,
+//     or go back to the queue) and frees the rest; queued reports that the post also queued due
+//     deliveries, for which the dispatcher claims again.
 //
 // Reserved slots idle until Deliver, so a dispatcher may refuse reservations under a backlog.
 type HandOff interface {

@@ -40,8 +40,9 @@
 // # Why deliveries are handed off
 //
 // A delivery for a webhook with a free dispatcher slot is inserted already claimed and started
-// after the commit (HandOff): no claim query and no wake-up round trip per event. Only webhooks
-// with nothing due waiting take them, so a new event never overtakes an older one.
+// after the commit (HandOff): no claim query and no wake-up round trip per event. Only unordered
+// webhooks with no due first attempt waiting take them, so a new event never overtakes an older
+// one's first attempt (it may overtake due retries, which are out of order by nature).
 package inbound
 
 import (

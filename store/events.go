@@ -114,9 +114,11 @@ func dedupeKey(k string) string {
 // Claim asks StoreEvents to insert up to Max of the new deliveries to active webhooks already
 // claimed by Instance for Lease (in flight, claim 0, no attempt recorded yet — attempts are
 // counted when their outcome is recorded —) and to return them, so that the inbound handler's
-// own dispatcher can start them at once (inbound.HandOff). Only webhooks with no due delivery waiting in the queue
-// take them, so that a new event never overtakes an older due delivery of its webhook. The zero
-// Claim claims nothing.
+// own dispatcher can start them at once (inbound.HandOff). Only webhooks with no due first
+// attempt waiting in the queue take them, so that a new event never overtakes an older due
+// first attempt of its webhook; it may overtake the webhook's due retries (only unordered
+// webhooks take hand-offs, and their retries are out of order by nature: issue 35, decision 2).
+// The zero Claim claims nothing.
 type Claim struct {
 	Instance string
 	Lease    time.Duration
@@ -558,12 +560,15 @@ var storeDeliveriesSQL = `
 		JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 		WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
 	), h AS (
-		-- a webhook may take a hand-off only when nothing of its own is waiting, due, in the
-		-- queue (one probe of delivery_queue_due): new events never overtake its older due
-		-- deliveries, while other webhooks' and other orgs' backlogs do not matter
-		-- (nor a failing one: only its probe goes out, migration 017)
+		-- a webhook may take a hand-off only when no first attempt of its own is waiting, due,
+		-- in the queue (a probe of delivery_queue_due): new events never overtake its older due
+		-- first attempts, while other webhooks' and other orgs' backlogs do not matter (nor a
+		-- failing one: only its probe goes out, migration 017). Its due retries do not stop it:
+		-- only unordered webhooks (conv NULL) take hand-offs, and their retries are out of order
+		-- by nature (issue 35, decision 2; the probe reads the webhook's due rows oldest first
+		-- until one is a first attempt)
 		SELECT m.*, m.active AND ($6::int[])[m.post] > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
-			SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5
+			SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5 AND q.attempts = 0
 		) AS free
 		FROM m
 	), n AS (

@@ -455,9 +455,11 @@ func TestStoreEventsHugeIdentifiers(t *testing.T) {
 }
 
 // TestHandOffOnlyWithoutOwnBacklog: StoreEvents hands a new delivery to its instance (Claim) only
-// when its webhook has nothing due waiting in the queue, so a new event never overtakes an older
-// due delivery of its webhook; another webhook's backlog does not keep a webhook from the
-// hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
+// when its webhook has no due first attempt waiting in the queue, so a new event never overtakes
+// an older due first attempt of its webhook; another webhook's backlog does not keep a webhook
+// from the hand-off (before, one queued delivery anywhere turned the hand-off off for everyone).
+// A due retry does not keep it either (issue 35, decision 2: only unordered webhooks take
+// hand-offs, and their retries are out of order by nature; before, any due row did).
 func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 	f, org := storeWithChannel(t)
 	s := f.Store
@@ -478,6 +480,17 @@ func TestHandOffOnlyWithoutOwnBacklog(t *testing.T) {
 	}
 	if len(res.Claimed) != 1 || res.Claimed[0].WebhookID != idle.ID || res.Queued != 1 {
 		t.Fatalf("hand-off %+v: want only the idle webhook's delivery claimed, the busy one's queued behind its backlog", res)
+	}
+	// The busy webhook's queued deliveries become due retries (their first attempts failed): the
+	// next new delivery of the webhook is handed off beside them.
+	if _, err := s.Pool().Exec(ctx, `UPDATE delivery_queue SET attempts = 1 WHERE webhook_id = $1`, busy.ID); err != nil {
+		t.Fatal(err)
+	}
+	if res, err = s.StoreEvents(ctx, item("beside a retry"), claim); err != nil || len(res.Claimed) != 2 || res.Queued != 0 {
+		t.Fatalf("hand-off beside a due retry: %+v, %v; want both webhooks' deliveries claimed", res, err)
+	}
+	if n := testenv.QueryValue[int](t, f, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'pending' AND attempts = 1`, busy.ID); n != 2 {
+		t.Fatalf("%d due retries left in the queue, want 2 (untouched)", n)
 	}
 	// Once the busy webhook's backlog is gone (its deliveries taken), it takes hand-offs again.
 	if _, err := s.Pool().Exec(ctx, `DELETE FROM delivery_queue WHERE webhook_id = $1`, busy.ID); err != nil {
