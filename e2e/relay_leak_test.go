@@ -76,7 +76,8 @@ func leakUpstream(bodies map[int][]byte) http.Handler {
 // TestRelayTokenNeverLeaks: through Caddy, answers of 1 KiB, 9 MiB and 50 MiB — plain and
 // gzip-encoded by the upstream on its own, chunked, the token across chunk boundaries and in
 // the paging link — reach the caller decoded, without a byte sequence of the upstream token,
-// with the relay's memory bounded (a 50 MiB answer is never held whole).
+// their paging link pointing at the relay, with the relay's memory bounded (a 50 MiB answer is
+// never held whole).
 func TestRelayTokenNeverLeaks(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
@@ -119,6 +120,11 @@ func TestRelayTokenNeverLeaks(t *testing.T) {
 		}
 		if cl := resp.Header.Get("Content-Length"); cl != "" && cl != strconv.Itoa(len(got)) {
 			t.Fatalf("%s %d %s: Content-Length %s, %d bytes", method, size, enc, cl, len(got))
+		}
+		// The paging link points at the relay, at any size (over the inspection cap, rewritten
+		// as the answer streams).
+		if !bytes.HasSuffix(got, []byte(`"next":"`+base+`/`+wabaID+`/message_templates?limit=2&after=QVFI"}}`)) {
+			t.Fatalf("%s %d %s: paging link not the relay's: %q", method, size, enc, got[max(0, len(got)-160):])
 		}
 		if len(got) < len(bodies[size])-400 {
 			t.Fatalf("%s %d %s: %d bytes of %d", method, size, enc, len(got), len(bodies[size]))

@@ -15,8 +15,9 @@ import (
 
 // answer is the http.ResponseWriter the upstream writes its answer to. It decides, when the
 // status and headers arrive, whether the relay must see the body (inspect) before the caller
-// does: if so, the body is buffered up to a cap (beyond it, the answer is passed on as it is,
-// uninspected); if not, it streams straight through. The upstream's headers are kept apart
+// does: if so, the body is buffered up to a cap (beyond it, the answer is passed on as it
+// comes, uninspected but for its paging links, rewritten as they stream by a
+// [pagingRewriter]); if not, it streams straight through. The upstream's headers are kept apart
 // from the caller's until then, so that an answer the relay substitutes carries only the
 // relay's own headers. A send with an idempotency key also keeps a copy of what was passed
 // through (capture), up to a cap, to store it for replays.
@@ -32,10 +33,16 @@ type answer struct {
 	// What is asked, for mustInspect.
 	method, upath string
 	ch            *store.RelayChannel
-	status        int
-	state         answerState
-	buf           bytes.Buffer // the buffered body (inspecting)
-	limit         int          // cap of buf
+	// Where paging links point ({proxy_url}): base, worked out from the relay, the request and
+	// its relay path when the answer is to be inspected. "" (no relay): links are not rewritten.
+	relay     *Relay
+	req       *http.Request
+	relayPath string
+	base      string
+	status    int
+	state     answerState
+	buf       bytes.Buffer // the buffered body (inspecting)
+	limit     int          // cap of buf
 
 	capture    bool         // keep a copy of what is passed through
 	peek       bool         // keep a copy too, for the call log only (a send without a key)
@@ -44,10 +51,12 @@ type answer struct {
 	copyFailed bool // the copy outgrew copyLimit and was dropped
 	passErr    error
 
-	red         redactor // what goes to the caller passes it
-	dec         *decoder // decodes an encoded answer, in a goroutine of its own; nil if none
-	refused     bool     // an encoding the relay cannot decode: nothing is passed
-	undecodable bool     // the encoded body could not be decoded (found before anything was passed)
+	red         redactor       // what goes to the caller passes it
+	pg          pagingRewriter // an answer too large to inspect passes it first (rewriting)
+	rewriting   bool           // pg is on
+	dec         *decoder       // decodes an encoded answer, in a goroutine of its own; nil if none
+	refused     bool           // an encoding the relay cannot decode: nothing is passed
+	undecodable bool           // the encoded body could not be decoded (found before anything was passed)
 }
 
 // errRefusedEncoding stops the upstream's copy of an answer the relay refused.
@@ -87,6 +96,9 @@ func (a *answer) WriteHeader(status int) {
 	}
 	if a.mustInspect() {
 		a.state = inspecting
+		if a.relay != nil {
+			a.base = a.relay.proxyBase(a.req, a.relayPath)
+		}
 		return
 	}
 	a.pass()
@@ -128,18 +140,67 @@ func (a *answer) Write(p []byte) (int, error) {
 // caller.
 func (a *answer) sink(p []byte) (int, error) {
 	if a.state == inspecting {
-		if a.buf.Len()+len(p) <= a.limit {
+		if need := a.buf.Len() + len(p); need <= a.limit {
+			if need > a.buf.Cap() && 2*a.buf.Cap()+len(p) > a.limit/2 {
+				// bytes.Buffer would grow to twice its size and more, past half the cap, then
+				// maybe past the cap (an answer that turns out too large cost up to 48 MiB of
+				// allocations for the 8 MiB held): grow to the cap instead, once.
+				grown := make([]byte, a.buf.Len(), a.limit)
+				copy(grown, a.buf.Bytes())
+				a.buf = *bytes.NewBuffer(grown)
+			}
 			return a.buf.Write(p)
 		}
 		// Too large to inspect: what came so far and the rest go to the caller as they come,
-		// the token masked (paging links are not rewritten).
+		// the paging links rewritten and the token masked on the way.
+		a.streamLinks(p)
 		a.pass()
-		if _, err := a.red.Write(a.buf.Bytes()); err != nil {
+		if _, err := a.out(a.buf.Bytes()); err != nil {
 			return 0, err
 		}
 		a.buf.Reset()
 	}
+	return a.out(p)
+}
+
+// out passes body bytes on to the caller: through the paging rewriter when it is on, then
+// through the redactor, the last guard.
+func (a *answer) out(p []byte) (int, error) {
+	if a.rewriting {
+		return a.pg.Write(p)
+	}
 	return a.red.Write(p)
+}
+
+// streamLinks turns the paging rewriter on for an answer that was being inspected and turns
+// out too large (a.buf, then p, are its first bytes), before its headers pass: its links are
+// rewritten as it streams, as [RewriteLinks] would have done had it been buffered. Its length
+// may then change, so the upstream's Content-Length and ETag (which describe its bytes) are
+// dropped: the caller gets it chunked. Not so for an answer whose first byte is not '{' (no
+// top-level paging object, nothing rewritten) or a partial one (Content-Range counts the
+// upstream's bytes).
+func (a *answer) streamLinks(p []byte) {
+	first := firstByte(a.buf.Bytes())
+	if first == 0 {
+		first = firstByte(p)
+	}
+	if a.base == "" || first != '{' && first != 0 || a.hdr.Get("Content-Range") != "" {
+		return
+	}
+	a.hdr.Del("Content-Length")
+	a.hdr.Del("Etag")
+	a.pg.reset(&a.red, a.base)
+	a.rewriting = true
+}
+
+// firstByte returns the first byte of b that is not JSON white space, or 0 if none.
+func firstByte(b []byte) byte {
+	for _, c := range b {
+		if !ws(c) {
+			return c
+		}
+	}
+	return 0
 }
 
 // finish ends the answer once the upstream call has returned (upErr is its error, or
@@ -163,7 +224,11 @@ func (a *answer) finish(upErr error) error {
 		}
 	}
 	if a.state == passing {
-		_ = a.red.flush() // a failed write is the caller's hang-up, seen as such already
+		// A failed write is the caller's hang-up, seen as such already.
+		if a.rewriting {
+			_ = a.pg.flush()
+		}
+		_ = a.red.flush()
 	}
 	return err
 }
@@ -269,10 +334,13 @@ func (a *answer) free() {
 	if a.dec != nil { // an answer left unfinished: its decoder must not outlive it
 		_ = a.finish(errRefusedEncoding) // abandoned: no one is left to answer
 	}
-	buf, cp, red := a.buf, a.copy, a.red
+	buf, cp, red, pg := a.buf, a.copy, a.red, a.pg
 	*a = answer{}
 	if cap(red.held)+cap(red.work) <= keep {
 		a.red.held, a.red.work = red.held[:0], red.work[:0]
+	}
+	if cap(pg.held) <= keep {
+		a.pg.key, a.pg.held = pg.key[:0], pg.held[:0]
 	}
 	if buf.Cap() <= keep {
 		buf.Reset()

@@ -438,6 +438,7 @@ func (relay *Relay) forward(w http.ResponseWriter, r *http.Request, ch *store.Re
 	relayPath, upath := r.URL.Path, UpstreamPath(r.URL.Path)
 	relay.prepare(r, ch, upath)
 	a := newAnswer(w, r.Method, upath, ch, capture)
+	a.relay, a.req, a.relayPath = relay, r, relayPath
 	if facts && !capture {
 		a.peek, a.copyLimit = true, maxPeek
 	}
@@ -576,11 +577,11 @@ func (relay *Relay) inspected(w http.ResponseWriter, r *http.Request, ch *store.
 		}
 	}
 	hdr := a.hdr
-	out := RewriteLinks(body, relay.proxyBase(r, relayPath), ch.UpstreamToken)
+	out := RewriteLinks(body, a.base, ch.UpstreamToken)
 	if r.Method == http.MethodGet && status/100 == 2 && !strings.Contains(strings.Trim(upath, "/"), "/") {
 		// A media object: its url (on the media host, usable only with the upstream token)
 		// becomes the relay's download URL of the medium.
-		out = rewriteMediaURL(out, relay.proxyBase(r, relayPath)+"/"+FirstSegment(upath)+"/"+mediaDownload)
+		out = rewriteMediaURL(out, a.base+"/"+FirstSegment(upath)+"/"+mediaDownload)
 	}
 	if len(out) != len(body) || !bytes.Equal(out, body) {
 		// A rewritten body is the relay's answer: the upstream's validators and authentication

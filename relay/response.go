@@ -81,7 +81,8 @@ func RewriteLinks(body []byte, proxyBase, secret string) []byte {
 }
 
 // rewritePaging replaces the string values of the top-level paging object's next and previous
-// members of the valid JSON body with their [ProxyLink]s.
+// members of the valid JSON body with their [pagingLink]s. An answer too large to buffer gets
+// the same rewrite as it streams, from a [pagingRewriter].
 func rewritePaging(body []byte, proxyBase string) []byte {
 	type span struct {
 		start, end int
@@ -94,9 +95,8 @@ func rewritePaging(body []byte, proxyBase string) []byte {
 		}
 		eachMember(body, vs, func(key []byte, vs, ve int) bool {
 			if (keyIs(key, "next") || keyIs(key, "previous")) && body[vs] == '"' {
-				var link string
-				if json.Unmarshal(body[vs:ve], &link) == nil && link != "" {
-					spans = append(spans, span{vs, ve, jsonString(ProxyLink(link, proxyBase))})
+				if repl, ok := pagingLink(body[vs:ve], proxyBase); ok {
+					spans = append(spans, span{vs, ve, repl})
 				}
 			}
 			return true
