@@ -313,6 +313,18 @@ type recipientRow struct {
 	Status string
 }
 
+// newFailedRow is the row of a recipient as the API gives it.
+func newFailedRow(f managementapi.BroadcastRecipient) failedRow {
+	row := failedRow{To: f.To, Attempts: f.Attempts}
+	if f.WAMID != nil {
+		row.WAMID = *f.WAMID
+	}
+	if f.Error != nil {
+		row.Error = newUpstreamError(f.Error.Code, f.Error.Title)
+	}
+	return row
+}
+
 // failedRow is a failed recipient.
 type failedRow struct {
 	To       string
@@ -373,14 +385,7 @@ func (h *Handler) broadcastPage(w http.ResponseWriter, r *http.Request, p page, 
 		return
 	}
 	for _, f := range failed {
-		row := failedRow{To: f.To, Attempts: f.Attempts}
-		if f.WAMID != nil {
-			row.WAMID = *f.WAMID
-		}
-		if f.Error != nil {
-			row.Error = newUpstreamError(f.Error.Code, f.Error.Title)
-		}
-		d.Failed = append(d.Failed, row)
+		d.Failed = append(d.Failed, newFailedRow(f))
 	}
 	if next != "" {
 		d.NextURL = h.opt.BasePath + "/broadcasts/" + bid.String() + "?" + url.Values{"after": {next}}.Encode()
@@ -391,11 +396,7 @@ func (h *Handler) broadcastPage(w http.ResponseWriter, r *http.Request, p page, 
 		return
 	}
 	for _, f := range first {
-		row := failedRow{To: f.To, Attempts: f.Attempts}
-		if f.WAMID != nil {
-			row.WAMID = *f.WAMID
-		}
-		d.Recipients = append(d.Recipients, recipientRow{row, f.Status})
+		d.Recipients = append(d.Recipients, recipientRow{newFailedRow(f), f.Status})
 	}
 	d.MoreRecipients = more != ""
 	p.Title, p.Nav, p.Data = "Broadcast "+b.Name, "channels", d
