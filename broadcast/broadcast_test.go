@@ -125,20 +125,15 @@ func (e *workerEnv) run(t *testing.T, cfg Config) (stop func()) {
 // waitFor polls the broadcast until cond holds (10 s at most).
 func (e *workerEnv) waitFor(t *testing.T, id uuid.UUID, what string, cond func(store.Broadcast) bool) store.Broadcast {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := e.st.GetBroadcast(context.Background(), e.org, id)
-		if err != nil {
+	var b store.Broadcast
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		var err error
+		if b, err = e.st.GetBroadcast(context.Background(), e.org, id); err != nil {
 			t.Fatal(err)
 		}
-		if cond(b) {
-			return b
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not reached; broadcast %+v", what, b)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return cond(b)
+	}, "%s: not reached; broadcast %+v", what, &b)
+	return b
 }
 
 func (e *workerEnv) recipients(t *testing.T, id uuid.UUID) map[string]store.BroadcastRecipient {
@@ -252,7 +247,7 @@ func TestBroadcastWorkerDisconnectedAndInactive(t *testing.T) {
 	if r := e.recipients(t, b.ID)["15550001"]; r.Status != "queued" || r.Attempts != 0 {
 		t.Fatalf("recipient %+v", r)
 	}
-	time.Sleep(300 * time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // (an absence: a paused broadcast sends nothing meanwhile)
 	if n := e.sender.total(); n != 1 {
 		t.Fatalf("%d sends of a paused broadcast", n)
 	}

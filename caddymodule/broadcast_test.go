@@ -220,7 +220,7 @@ http://127.0.0.1:%d {
 		return b
 	}
 	b := create("15550001", "15550002", "15550003")
-	time.Sleep(1500 * time.Millisecond)
+	time.Sleep(1500 * time.Millisecond) // (an absence: nothing would tell of a send that does not happen)
 	if n := len(fake.RequestsTo("POST", "/messages")); n != 0 {
 		t.Fatalf("workers 0: %d sends", n)
 	}
@@ -228,43 +228,31 @@ http://127.0.0.1:%d {
 	if err := caddy.Load(adapt(t, config(2)), true); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		got, err := f.Store.GetBroadcast(context.Background(), org.ID, b.ID)
-		if err != nil {
+	var got store.Broadcast
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		var err error
+		if got, err = f.Store.GetBroadcast(context.Background(), org.ID, b.ID); err != nil {
 			t.Fatal(err)
 		}
-		if got.Status == store.BroadcastCompleted {
-			if got.Counts.Accepted != 3 {
-				t.Fatalf("counts %+v", got.Counts)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			rs, _ := f.Store.BroadcastRecipients(context.Background(), org.ID, b.ID, "", 0, 10)
-			t.Fatalf("broadcast not completed: %+v; recipients %+v; %d sends upstream", got, rs, len(fake.RequestsTo("POST", "/messages")))
-		}
-		time.Sleep(50 * time.Millisecond)
+		return got.Status == store.BroadcastCompleted
+	}, "broadcast not completed (%d sends upstream)", len(fake.RequestsTo("POST", "/messages")))
+	if got.Counts.Accepted != 3 {
+		t.Fatalf("counts %+v", got.Counts)
 	}
 	// An upstream error fails its recipient with the error's code and title (the answer inspected
 	// on the app's relay).
 	fake.FailNext("POST /"+conn.PhoneNumberID+"/messages", 1, 0, fakegraph.ErrReengagement())
 	c := create("15550009")
-	for {
-		rs, err := f.Store.BroadcastRecipients(context.Background(), org.ID, c.ID, "", 0, 10)
-		if err != nil {
+	var rs []store.BroadcastRecipient
+	testenv.Eventually(t, 15*time.Second, func() bool {
+		var err error
+		if rs, err = f.Store.BroadcastRecipients(context.Background(), org.ID, c.ID, "", 0, 10); err != nil {
 			t.Fatal(err)
 		}
-		if len(rs) == 1 && rs[0].Status == "failed" {
-			if rs[0].ErrorCode != 131047 || rs[0].ErrorTitle != "Re-engagement message" {
-				t.Fatalf("failed recipient %+v", rs[0])
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("recipient not failed: %+v", rs)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return len(rs) == 1 && rs[0].Status == "failed"
+	}, "recipient not failed")
+	if rs[0].ErrorCode != 131047 || rs[0].ErrorTitle != "Re-engagement message" {
+		t.Fatalf("failed recipient %+v", rs[0])
 	}
 	sends := fake.RequestsTo("POST", "/"+conn.PhoneNumberID+"/messages")
 	sends = sends[:len(sends)-1] // the failed one's
@@ -276,19 +264,13 @@ http://127.0.0.1:%d {
 			t.Fatalf("upstream send %s with Authorization %q", s.Path, s.Header.Get("Authorization"))
 		}
 	}
-	for {
+	testenv.Eventually(t, 15*time.Second, func() bool {
 		var logged int
 		err := f.Pool.QueryRow(context.Background(), `SELECT count(*) FROM relay_log
 			WHERE channel_id = $1 AND status = 200 AND wamid IS NOT NULL AND recipient LIKE '1555000%'`, ch.ID).Scan(&logged)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if logged == 3 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d sends in the relay log, want 3", logged)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return logged == 3
+	}, "3 sends in the relay log")
 }
