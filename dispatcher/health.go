@@ -85,7 +85,12 @@ func (d *Dispatcher) noteAttempt(r result) {
 func localHold(cfg Config) time.Duration { return min(cfg.ProbeInterval, time.Second) }
 
 // heldLocally returns how much longer j's webhook is held on this instance (0: not held; a
-// probe never is). Called with d.mu held.
+// probe never is), at most localHold. Called with d.mu held.
+//
+// now may have been read before the hold was set (start reads it once per claim, before the
+// lock): by a clock that jumps meanwhile (a Stub set ahead, or a clock set back), until - now
+// would then be the jump and not what is left of the hold, and the delivery handed back with it
+// would be due that long after the hand-back instead of within localHold.
 func (d *Dispatcher) heldLocally(j job, now time.Time) time.Duration {
 	until, ok := d.holdUntil[j.WebhookID]
 	if !ok || j.Probe {
@@ -95,7 +100,7 @@ func (d *Dispatcher) heldLocally(j job, now time.Time) time.Duration {
 		delete(d.holdUntil, j.WebhookID)
 		return 0
 	}
-	return until.Sub(now)
+	return min(until.Sub(now), localHold(d.cfg))
 }
 
 // healthPolicy is the store's form of the health settings.

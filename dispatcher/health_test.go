@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/wabarelay/wabarelay/internal/clock"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
@@ -189,13 +190,62 @@ func TestFailingWebhookPausedAfterDisableAfter(t *testing.T) {
 	testenv.Eventually(t, patience, func() bool {
 		return testenv.QueryValue[int](t, e.fix, `SELECT count(*) FROM delivery_queue WHERE status = 'in_flight'`) == 0
 	}, "no attempt in flight")
+	// This instance's own short hold of the webhook, from its last failure, passes while it is
+	// paused (the hold is noted before the failure's outcome is recorded, and no attempt follows
+	// while paused), and nothing is due after the clock then. Passed after the resume instead,
+	// it raced the resume's claim: a claim within the hold hands the deliveries back due the rest
+	// of the hold after the hand-back is written, and one written after the clock moved on was
+	// due after a clock that stands still from then on.
+	clk.Advance(localHold(cfg))
+	if n := testenv.QueryValue[int](t, e.fix, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND next_attempt_at > $2`,
+		wid, clk.Now()); n != 0 {
+		t.Fatalf("%d deliveries of the paused webhook due only after %v (its last failure and this instance's hold passed)", n, clk.Now())
+	}
 	rc.SetDown(false)
 	w, err := e.st.SetWebhookStatus(context.Background(), e.org, wid, store.WebhookActive)
 	if err != nil || w.PausedReason != nil || w.Health.State() != store.HealthOK {
 		t.Fatalf("resumed: %+v %v", w, err)
 	}
-	clk.Advance(localHold(cfg)) // (this instance's own short hold of the webhook, from its last failure, passes)
 	for _, id := range ids {
 		testenv.Eventually(t, patience, e.statusIs(id, "delivered"), "event %s delivered", id)
+	}
+}
+
+// TestLocalHoldAtMostLocalHold: what is left of the local hold of a webhook (heldLocally) is
+// never more than localHold, even by a time read before the clock jumped ahead and the hold was
+// set (start reads the time once per claim, before taking the lock per delivery): a delivery
+// handed back with it would otherwise be due the jump later (here DisableAfter), not within the
+// hold.
+func TestLocalHoldAtMostLocalHold(t *testing.T) {
+	clk := clock.NewStub(time.Now())
+	cfg := Config{FailureThreshold: 2, ProbeInterval: DefaultProbeInterval, Clock: clk}
+	d := &Dispatcher{cfg: cfg, localFails: map[uuid.UUID]int{}, holdUntil: map[uuid.UUID]time.Time{}}
+	j := job{ID: uuid.New(), WebhookID: uuid.New()}
+	before := clk.Now() // (a claim's start reads the time)
+	clk.Advance(DefaultDisableAfter)
+	for range cfg.FailureThreshold {
+		d.noteAttempt(result{job: j}) // failed attempts, the last at the threshold: held from now on
+	}
+	hold := localHold(cfg)
+	for _, c := range []struct {
+		what string
+		now  time.Time
+		want time.Duration
+	}{
+		{"by the time read before the jump", before, hold},
+		{"at once", clk.Now(), hold},
+		{"half the hold later", clk.Now().Add(hold / 2), hold / 2},
+	} {
+		if got := d.heldLocally(j, c.now); got != c.want {
+			t.Errorf("held %s: %v, want %v", c.what, got, c.want)
+		}
+	}
+	probe := j
+	probe.Probe = true
+	if got := d.heldLocally(probe, clk.Now()); got != 0 {
+		t.Errorf("probe held %v", got)
+	}
+	if got := d.heldLocally(j, clk.Now().Add(hold)); got != 0 {
+		t.Errorf("held %v once the hold has passed", got)
 	}
 }
