@@ -160,7 +160,7 @@ var requeueTail = `
 	INSERT INTO delivery_queue (delivery_id, created_at, event_id, webhook_id, status, next_attempt_at, conversation)
 	SELECT f.id, f.created_at, f.event_id, f.webhook_id,
 	       ` + queueStatusSQL("f.webhook_id", "f.conversation", "f.conv_rank",
-	`CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = f.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END`) + `,
+	heldWhenPausedSQL("f.webhook_id")) + `,
 	       coalesce($3::timestamptz, now()), f.conversation
 	FROM (SELECT f.*, row_number() OVER (PARTITION BY f.conversation ORDER BY f.created_at, f.event_id, f.id) AS conv_rank FROM f) f
 	ON CONFLICT (delivery_id) DO NOTHING`

@@ -582,7 +582,7 @@ var storeDeliveriesSQL = `
 	), q AS (
 		` + insertDeliveryQueue + `
 		SELECT n.id, $5, n.event_id, n.webhook_id,
-		       ` + queueStatusSQL("n.webhook_id", "n.conv", "n.conv_rank", `CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE 'held' END`) + `,
+		       ` + queueStatusSQL("n.webhook_id", "n.conv", "n.conv_rank", `CASE WHEN n.claimed THEN 'in_flight' WHEN n.active THEN 'pending' ELSE `+heldWhenPausedSQL("n.webhook_id")+` END`) + `,
 		       $5, CASE WHEN n.claimed THEN $7 END,
 		       CASE WHEN n.claimed THEN coalesce($11::timestamptz, now()) + $8 * interval '1 millisecond' END, n.conv
 		FROM n ORDER BY n.event_id, n.webhook_id

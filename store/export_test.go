@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
 )
@@ -44,3 +45,9 @@ var GenericStatements = map[string]string{
 
 // QueryGeneric is queryGeneric.
 var QueryGeneric = queryGeneric
+
+// SetWebhookStatusIn is SetWebhookStatus in tx, which the caller commits (tests of queue writers
+// racing a resume).
+func (s *Store) SetWebhookStatusIn(ctx context.Context, tx pgx.Tx, orgID, id uuid.UUID, status string) (Webhook, error) {
+	return s.setWebhookStatus(ctx, tx, orgID, id, status)
+}

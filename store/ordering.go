@@ -87,14 +87,14 @@ const conversationLockSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT
 // ($1 webhook ids, $2 conversations) that has no live row left: to pending, or held if its
 // webhook is paused. It returns how many became pending. It must run in the transaction that
 // deleted the conversation's rows, after their statement and under conversationLockSQL.
-const promoteSQL = `
+var promoteSQL = `
 WITH c AS (
 	SELECT DISTINCT c.webhook_id, c.conversation FROM unnest($1::uuid[], $2::bigint[]) AS c(webhook_id, conversation)
 	WHERE NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation
 	                  AND o.status <> 'waiting')
 ), p AS (
 	UPDATE delivery_queue q
-	SET status = CASE WHEN w.status = 'paused' THEN 'held' ELSE 'pending' END
+	SET status = ` + heldWhenPausedSQL("c.webhook_id") + `
 	FROM c JOIN webhooks w ON w.id = c.webhook_id
 	WHERE q.delivery_id = (SELECT o.delivery_id FROM delivery_queue o
 	                       WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation AND o.status = 'waiting'

@@ -338,7 +338,7 @@ type Outcome struct {
 // outcome lost to a database crash leaves the delivery claimed until its lease ends, and it is
 // then attempted again, which at-least-once delivery allows. Events and deliveries themselves
 // are always committed synchronously.
-const recordSQL = `
+var recordSQL = `
 WITH async AS (SELECT set_config('synchronous_commit', 'off', true)),
 r AS (
 	SELECT * FROM unnest($1::uuid[], $2::timestamptz[], $3::int[], $4::int[], $5::timestamptz[], $6::bool[], $7::int[],
@@ -351,7 +351,7 @@ r AS (
 	RETURNING q.delivery_id
 ), again AS (
 	UPDATE delivery_queue q SET
-		status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
+		status = ` + heldWhenPausedSQL("q.webhook_id") + `,
 		attempts = r.attempt, next_attempt_at = coalesce($16::timestamptz, now()) + r.retry_in * interval '1 millisecond',
 		locked_by = NULL, locked_until = NULL
 	FROM r
@@ -495,7 +495,7 @@ func (q *Queue) Release(ctx context.Context, instance string, hs []Handback) err
 	}
 	_, err := q.pool.Exec(ctx, `
 		UPDATE delivery_queue q SET
-			status = CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = q.webhook_id AND w.status = 'paused') THEN 'held' ELSE 'pending' END,
+			status = `+heldWhenPausedSQL("q.webhook_id")+`,
 			locked_by = NULL, locked_until = NULL,
 			next_attempt_at = CASE WHEN r.after > 0
 				THEN greatest(q.next_attempt_at, coalesce($5::timestamptz, now()) + r.after * interval '1 millisecond')
@@ -583,4 +583,16 @@ func notifyDeliveries(ctx context.Context, db interface {
 }) error {
 	_, err := db.Exec(ctx, `SELECT pg_notify($1, '')`, DeliveriesNotifyChannel)
 	return err
+}
+
+// heldWhenPausedSQL is the SQL expression of the status of a queue row of webhook (an SQL
+// expression) that goes back to waiting its turn: 'held' while the webhook is paused, else
+// 'pending'. A paused webhook's row is locked FOR KEY SHARE, which waits for a SetWebhookStatus
+// in progress (it locks the row FOR UPDATE first) and then reads the status it committed: a row
+// written while its webhook is being resumed is never left held on an active webhook, where
+// nothing would release it. An active webhook's row is not locked (the hot path pays nothing);
+// a row written while its webhook is being paused may stay pending, which claims skip until the
+// resume.
+func heldWhenPausedSQL(webhook string) string {
+	return `CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = ` + webhook + ` AND w.status = 'paused' FOR KEY SHARE) THEN 'held' ELSE 'pending' END`
 }

@@ -242,21 +242,7 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 	var w Webhook
 	err := s.inTx(ctx, func(tx pgx.Tx) error {
 		var err error
-		w, err = scanWebhook(tx.QueryRow(ctx, `
-			WITH u AS (UPDATE webhooks SET status = $3, updated_at = now(), paused_reason = NULL,`+resetHealth+`
-			           WHERE id = $1 AND org_id = $2 RETURNING *)
-			SELECT `+webhookColumns(4)+` FROM u w`, id, orgID, status, s.nowArg()))
-		if err != nil {
-			return err
-		}
-		from, to := "pending", "held"
-		if status == WebhookActive {
-			from, to = to, from
-		}
-		tag, err := tx.Exec(ctx, `UPDATE delivery_queue SET status = $3 WHERE webhook_id = $1 AND status = $2`, id, from, to)
-		if err == nil && to == "pending" && tag.RowsAffected() > 0 {
-			err = notifyDeliveries(ctx, tx)
-		}
+		w, err = s.setWebhookStatus(ctx, tx, orgID, id, status)
 		return err
 	})
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -266,6 +252,33 @@ func (s *Store) SetWebhookStatus(ctx context.Context, orgID, id uuid.UUID, statu
 		return Webhook{}, fmt.Errorf("set webhook status: %w", err)
 	}
 	return w, nil
+}
+
+// setWebhookStatus is SetWebhookStatus in tx. The webhook's row is locked FOR UPDATE before it
+// changes, so that a queue writer deciding between held and pending meanwhile waits for the
+// commit and reads the new status (heldWhenPausedSQL); the queue rows waiting their turn then
+// follow it: pending ones held on a pause, held ones pending (and the dispatchers notified) on a
+// resume.
+func (s *Store) setWebhookStatus(ctx context.Context, tx pgx.Tx, orgID, id uuid.UUID, status string) (Webhook, error) {
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM webhooks WHERE id = $1 AND org_id = $2 FOR UPDATE`, id, orgID); err != nil {
+		return Webhook{}, err
+	}
+	w, err := scanWebhook(tx.QueryRow(ctx, `
+		WITH u AS (UPDATE webhooks SET status = $3, updated_at = now(), paused_reason = NULL,`+resetHealth+`
+		           WHERE id = $1 AND org_id = $2 RETURNING *)
+		SELECT `+webhookColumns(4)+` FROM u w`, id, orgID, status, s.nowArg()))
+	if err != nil {
+		return Webhook{}, err
+	}
+	from, to := "pending", "held"
+	if status == WebhookActive {
+		from, to = to, from
+	}
+	tag, err := tx.Exec(ctx, `UPDATE delivery_queue SET status = $3 WHERE webhook_id = $1 AND status = $2`, id, from, to)
+	if err == nil && to == "pending" && tag.RowsAffected() > 0 {
+		err = notifyDeliveries(ctx, tx)
+	}
+	return w, err
 }
 
 // DeleteWebhook deletes one of the org's webhooks with its assignments. Its deliveries, queued

@@ -1,0 +1,101 @@
+package store_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/wabarelay/wabarelay/internal/testenv"
+	"github.com/wabarelay/wabarelay/store"
+)
+
+// TestResumeRacingQueueWritersLeavesNothingHeld: a queue writer that decides between held and
+// pending while its webhook is being resumed — an attempt's outcome recorded, a claim handed
+// back, a new event's delivery stored — waits for the resume's commit and writes pending. Before
+// heldWhenPausedSQL such a writer read the webhook paused in its statement's snapshot and wrote
+// held after the resume had released the held rows: the delivery stayed held on an active
+// webhook, which nothing releases (and the maintenance fails held rows after max_hold).
+func TestResumeRacingQueueWritersLeavesNothingHeld(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	// The plain webhook's deliveries of x1 and x2 are in flight (handed off) when it is paused.
+	if got := e.store(10, "x1", "x2"); len(got) != 2 {
+		t.Fatalf("handed off %v, want plain:x1 and plain:x2", got)
+	}
+	statusOf := func(name string) string {
+		return testenv.QueryValue[string](t, e.f, `SELECT q.status FROM delivery_queue q JOIN events ev ON ev.id = q.event_id
+			WHERE q.webhook_id = $1 AND convert_from(ev.payload, 'UTF8')::json->'data'->'message'->>'id' = $2`, e.plain, name)
+	}
+	// race pauses the plain webhook, resumes it in a transaction left open while write runs, and
+	// commits the resume once write waits on a lock (or has finished: the bug).
+	race := func(what string, write func() error) {
+		t.Helper()
+		if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.plain, store.WebhookPaused); err != nil {
+			t.Fatal(err)
+		}
+		tx, err := e.f.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx) //nolint:errcheck // after the commit: a no-op
+		if _, err := e.f.Store.SetWebhookStatusIn(ctx, tx, e.org, e.plain, store.WebhookActive); err != nil {
+			t.Fatal(err)
+		}
+		done, werr := make(chan struct{}), error(nil)
+		go func() { defer close(done); werr = write() }()
+		testenv.Eventually(t, 10*time.Second, func() bool {
+			select {
+			case <-done:
+				return true
+			default:
+			}
+			return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+		}, "%s waiting on the resume or done", what)
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		<-done
+		if werr != nil {
+			t.Fatalf("%s: %v", what, werr)
+		}
+	}
+	plainClaim := func(name string) store.ClaimedDelivery {
+		t.Helper()
+		for _, d := range e.claimed {
+			if d.WebhookID == e.plain && e.names[d.EventID] == name {
+				return d
+			}
+		}
+		t.Fatalf("plain:%s is not claimed", name)
+		return store.ClaimedDelivery{}
+	}
+
+	x1 := plainClaim("x1")
+	race("an outcome recorded", func() error {
+		_, err := e.q.Record(ctx, "i1", []store.Outcome{{Delivery: x1, Started: time.Now(), RetryIn: 0}})
+		return err
+	})
+	if st := statusOf("x1"); st != "pending" {
+		t.Fatalf("x1's retry recorded during the resume is %s, want pending", st)
+	}
+	x2 := plainClaim("x2")
+	race("a claim handed back", func() error {
+		return e.q.Release(ctx, "i1", []store.Handback{{ID: x2.ID, Claim: x2.Claim}})
+	})
+	if st := statusOf("x2"); st != "pending" {
+		t.Fatalf("x2 handed back during the resume is %s, want pending", st)
+	}
+	race("an event stored", func() error {
+		_, err := e.f.Store.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: "111", Customer: "y",
+			DedupeKey: "m:y1", Data: json.RawMessage(`{"message":{"id":"y1","from":"y"}}`)}}, store.Claim{})
+		return err
+	})
+	if st := statusOf("y1"); st != "pending" {
+		t.Fatalf("y1 stored during the resume is %s, want pending", st)
+	}
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'held'`, e.plain); n != 0 {
+		t.Fatalf("%d deliveries held on the resumed webhook", n)
+	}
+}
