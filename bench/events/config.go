@@ -41,6 +41,7 @@ type config struct {
 	held          int           // held deliveries of the fairness step's paused webhook
 	ordering      string        // "conversation": the ordering step (none, then conversation, at -rate's first rate); "": off
 	conversations int           // customers (wa_ids) the messages are spread over, one conversation each per channel
+	pgstat        int           // statements per step read from pg_stat_statements (-pgstat); 0: off
 }
 
 // deliveryTimeout is the delivery timeout the bench configures (the product's default); the
@@ -66,6 +67,8 @@ func parseFlags() config {
 	flag.IntVar(&c.webhooks, "webhooks", 1, "org-scoped webhooks (each on its own receiver path); every event fans out into this many deliveries (at most 64)")
 	flag.BoolVar(&c.receiverH2, "receiver-h2", false, "the receiver offers HTTP/2 (default HTTP/1.1)")
 	flag.BoolVar(&c.showLogs, "v", false, "print Caddy's log at the end")
+	flag.IntVar(&c.pgstat, "pgstat", 0, "report the bench database's N costliest statements of each step's offered load, per offered event, "+
+		"from pg_stat_statements (the server must load it: shared_preload_libraries; the extension is created in the bench database); 0: off")
 	flag.IntVar(&c.historyDays, "history-days", 30, "daily history partitions created back from today before the run (0: only the migration's), as a database in use for that long has them (the default retention is 30 days)")
 	flag.IntVar(&c.overload, "overload", 0, "overload step after the others: offer 2 × this many events/s, then drain (0: off)")
 	flag.DurationVar(&c.overloadDur, "overload-duration", 30*time.Second, "offered-load time of the overload step (at most 60s)")

@@ -35,6 +35,7 @@ type loader struct {
 	q      *queue
 	procs  benchkit.Procs
 	dbName string
+	pgstat *pgStat // nil: -pgstat off
 }
 
 // stepKind tells the steps apart in the report.
@@ -191,6 +192,9 @@ func (l *loader) step(ctx context.Context, sp stepSpec) *stepResult {
 	}()
 
 	// offered load
+	if err := l.pgstat.reset(ctx); err != nil {
+		res.fail("pgstat: " + err.Error())
+	}
 	cpuBefore := benchkit.SampleCPU(procs, dbName)
 	sem := make(chan struct{}, l.c.maxInflight)
 	var wg sync.WaitGroup
@@ -251,6 +255,11 @@ func (l *loader) step(ctx context.Context, sp stepSpec) *stepResult {
 	res.runDelivered = st.distinct.Load()
 	res.pendingEnd = pendingNow()
 	res.cpu = benchkit.DiffCPU(cpuBefore, benchkit.SampleCPU(procs, dbName))
+	if stats, err := l.pgstat.read(ctx); err != nil {
+		res.fail("pgstat: " + err.Error())
+	} else {
+		res.statements = stats
+	}
 	wg.Wait()
 
 	// drain

@@ -187,6 +187,11 @@ func run(ctx context.Context, c config) (err error) {
 	ld := newLoader(fmt.Sprintf("http://127.0.0.1:%d%s", port, inboundPath), pnids, runID, c)
 	ld.rc, ld.q, ld.dbName = rcv, q, dbName
 	ld.procs = benchkit.Procs{pidBench: {os.Getpid()}, "caddy": {cd.PID()}}
+	if c.pgstat > 0 {
+		if ld.pgstat, err = newPGStat(ctx, pool, c.pgstat); err != nil {
+			return err
+		}
+	}
 
 	// ---- warm-up: connections and caches, not measured ----
 	benchkit.Logf("warm-up: 100 events at 200 events/s (× %d %s)", c.webhooks, plural(c.webhooks, "webhook", "webhooks"))

@@ -40,6 +40,7 @@ type stepResult struct {
 	unacked              int64   // (webhook, event) pairs received from posts that did not get a 200
 	samples              []sample
 	cpu                  map[string]time.Duration
+	statements           []statementStat // -pgstat: the bench database's costliest statements of the offered load
 	errs                 benchkit.Errors
 }
 
@@ -215,6 +216,7 @@ func report(c config, rs []*stepResult, over *stepResult, fair *fairness, ord []
 	if fair != nil {
 		p("\n(Fairness (c): per offered event, whose deliveries also go to the slow webhook and, held, to the paused one.)\n")
 	}
+	reportStatements(p, rs)
 	p("\nChecks:\n")
 	for _, r := range rs {
 		mark := func(b bool) string {
