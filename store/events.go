@@ -408,18 +408,25 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	}
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
 	// days before (from the lookback day: none for items sent today) is looked up in their
-	// partitions (pruned to them by created_at when the statement is planned).
+	// partitions (pruned to them by created_at when the statement is planned). The same
+	// statement locks the conversations that an ordered webhook may take a hand-off of
+	// (lockConversationsSQL; rows with a NULL id).
+	handOff := slices.ContainsFunc(in.maxes, func(m int32) bool { return m > 0 }) || in.maxes == nil && in.claim.Max > 0
 	rows, err := tx.Query(ctx, `
-		INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation, wamid, traceparent)
-		SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv, u.wamid, u.trace
-		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[], $11::text[], $12::text[])
-		     AS u(id, org, ch, typ, key, payload, conv, wamid, trace)
-		WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
-		                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
-		ON CONFLICT DO NOTHING
-		RETURNING id, org_id, channel_id, type`,
+		WITH `+lockConversationsSQL("$2", "$10", "$13")+`, ins AS (
+			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation, wamid, traceparent)
+			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv, u.wamid, u.trace
+			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[], $11::text[], $12::text[])
+			     AS u(id, org, ch, typ, key, payload, conv, wamid, trace)
+			WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
+			                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
+			ON CONFLICT DO NOTHING
+			RETURNING id, org_id, channel_id, type
+		)
+		SELECT id, org_id, channel_id, type, NULL::bigint FROM ins
+		UNION ALL SELECT NULL, NULL, NULL, NULL, k FROM locked`,
 		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
-		in.lookback, day(in.now), in.convs, in.wamids, in.traces)
+		in.lookback, day(in.now), in.convs, in.wamids, in.traces, handOff)
 	if err != nil {
 		return err
 	}
@@ -430,17 +437,23 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	var stored, storedOrg, storedCh []uuid.UUID
 	var storedType []string
 	var storedPost []int32 // 1-based, for the SQL arrays
+	var locked []int64 // the conversations locked for hand-offs to ordered webhooks
 	for rows.Next() {
-		var id, org, ch uuid.UUID
-		var typ string
-		if err := rows.Scan(&id, &org, &ch, &typ); err != nil {
+		var id, org, ch *uuid.UUID
+		var typ *string
+		var conv *int64
+		if err := rows.Scan(&id, &org, &ch, &typ, &conv); err != nil {
 			rows.Close()
 			return err
 		}
-		stored, storedOrg, storedCh, storedType = append(stored, id), append(storedOrg, org), append(storedCh, ch), append(storedType, typ)
-		p := in.post(index[id])
+		if id == nil {
+			locked = append(locked, *conv)
+			continue
+		}
+		stored, storedOrg, storedCh, storedType = append(stored, *id), append(storedOrg, *org), append(storedCh, *ch), append(storedType, *typ)
+		p := in.post(index[*id])
 		storedPost = append(storedPost, int32(p+1))
-		res[p].ByType[typ]++
+		res[p].ByType[*typ]++
 		res[p].Events++
 	}
 	rows.Close()
@@ -507,7 +520,7 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 		maxes = []int32{int32(max(in.claim.Max, 0))}
 	}
 	rows, err = queryGeneric(ctx, tx, storeDeliveriesSQL, stored, storedOrg, storedCh, storedType, in.now, maxes, in.claim.Instance,
-		in.claim.Lease.Milliseconds(), storedConv, storedPost, in.leaseFrom)
+		in.claim.Lease.Milliseconds(), storedConv, storedPost, in.leaseFrom, locked)
 	if err != nil {
 		return err
 	}
@@ -515,7 +528,7 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	for rows.Next() {
 		d := ClaimedDelivery{CreatedAt: in.now, Attempt: 1}
 		var claimed, active bool
-		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL, &d.PreviousSecretExpiresAt); err != nil {
+		if err := rows.Scan(&d.ID, &d.EventID, &d.WebhookID, &d.OrgID, &claimed, &active, &d.URL, &d.PreviousSecretExpiresAt, &d.Conversation); err != nil {
 			rows.Close()
 			return err
 		}
@@ -559,22 +572,33 @@ var storeDeliveriesSQL = `
 		FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $9::bigint[], $10::int[]) AS e(id, org_id, channel_id, type, conv, post)
 		JOIN webhooks w ON w.org_id = e.org_id AND e.type = ANY (w.events)
 		WHERE w.scope = 'org' OR EXISTS (SELECT 1 FROM webhook_channels wc WHERE wc.webhook_id = w.id AND wc.channel_id = e.channel_id)
-	), h AS (
-		-- a webhook may take a hand-off only when no first attempt of its own is waiting, due,
-		-- in the queue (a probe of delivery_queue_due): new events never overtake its older due
-		-- first attempts, while other webhooks' and other orgs' backlogs do not matter (nor a
-		-- failing one: only its probe goes out, migration 017). Its due retries do not stop it:
-		-- only unordered webhooks (conv NULL) take hand-offs, and their retries are out of order
-		-- by nature (issue 35, decision 2; the probe reads the webhook's due rows oldest first
-		-- until one is a first attempt)
-		SELECT m.*, m.active AND ($6::int[])[m.post] > 0 AND m.conv IS NULL AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = m.webhook_id AND f.failing_since IS NOT NULL) AND NOT EXISTS (
-			SELECT 1 FROM delivery_queue q WHERE q.webhook_id = m.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5 AND q.attempts = 0
-		) AS free
+	), r AS (
+		SELECT m.*, CASE WHEN m.conv IS NOT NULL THEN row_number() OVER (PARTITION BY m.webhook_id, m.conv ORDER BY m.event_id) END AS conv_rank
 		FROM m
+	), h AS (
+		-- a hand-off goes to an active webhook that is not failing (only its probe goes out,
+		-- migration 017). An unordered webhook (conv NULL) takes it only when no first attempt
+		-- of its own is waiting, due, in the queue (a probe of delivery_queue_due): new events
+		-- never overtake its older due first attempts, while other webhooks' and other orgs'
+		-- backlogs do not matter. Its due retries do not stop it: its retries are out of order
+		-- by nature (issue 35, decision 2; the probe reads the webhook's due rows oldest first
+		-- until one is a first attempt). An ordered webhook takes it for the first delivery of a
+		-- conversation (in this statement) that has no live row queued — the row that the claim
+		-- would take next — and only under the conversation's lock ($12: the conversations the
+		-- events insert locked, see lockConversationsSQL), taken before this statement's
+		-- snapshot, so that no other writer of the conversation is between its look and its
+		-- commit
+		SELECT r.*, r.active AND ($6::int[])[r.post] > 0
+		       AND NOT EXISTS (SELECT 1 FROM webhooks f WHERE f.id = r.webhook_id AND f.failing_since IS NOT NULL)
+		       AND CASE WHEN r.conv IS NULL THEN NOT EXISTS (
+		           SELECT 1 FROM delivery_queue q WHERE q.webhook_id = r.webhook_id AND q.status = 'pending' AND q.next_attempt_at <= $5 AND q.attempts = 0)
+		       ELSE r.conv = ANY ($12::bigint[]) AND r.conv_rank = 1 AND NOT EXISTS (
+		           SELECT 1 FROM delivery_queue o WHERE o.webhook_id = r.webhook_id AND o.conversation = r.conv AND o.status <> 'waiting') END AS free
+		FROM r
 	), n AS (
 		SELECT h.event_id, h.webhook_id, h.org_id, h.active, h.url, h.conv, h.previous_secret_expires_at, ` + newDeliveryIDSQL("$5") + ` AS id,
 		       h.free AND row_number() OVER (PARTITION BY h.free, h.post ORDER BY h.event_id, h.webhook_id) <= ($6::int[])[h.post] AS claimed,
-		       CASE WHEN h.conv IS NOT NULL THEN row_number() OVER (PARTITION BY h.webhook_id, h.conv ORDER BY h.event_id) END AS conv_rank
+		       h.conv_rank
 		FROM h
 	), log AS (
 		` + insertDeliveryLog + `
@@ -587,7 +611,7 @@ var storeDeliveriesSQL = `
 		       CASE WHEN n.claimed THEN coalesce($11::timestamptz, now()) + $8 * interval '1 millisecond' END, n.conv
 		FROM n ORDER BY n.event_id, n.webhook_id
 	)
-	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at FROM n`
+	SELECT n.id, n.event_id, n.webhook_id, n.org_id, n.claimed, n.active, n.url, n.previous_secret_expires_at, n.conv FROM n`
 
 // applyStatuses moves the latest status of the outgoing messages that the stored events (ids in
 // stored) report, in one statement (see messagesUpsertSQL, messagesUpsertPricedSQL). Statuses that rank no message status,

@@ -142,14 +142,18 @@ func (e *orderingEnv) want(got []string, want ...string) {
 // TestClaimOrderedConversation: a webhook with ordering "conversation" gets one delivery of a
 // conversation at a time, in inbound order, while its other conversations and a plain webhook
 // go on; a retry holds its conversation until it is due by the clock, and then goes first; the
-// hand-off never takes an ordered delivery.
+// hand-off takes an ordered delivery only when it is the first of a conversation with nothing
+// queued (issue 35: it took none before, and every ordered delivery went through a claim; the
+// rule is the same, and the conversation's lock keeps concurrent writers out, see
+// TestOrderedHandOffUnderConcurrentIntake).
 func TestClaimOrderedConversation(t *testing.T) {
 	e := newOrderingEnv(t)
 	clk := e.useClock()
-	// the hand-off takes the plain webhook's deliveries only
-	e.want(e.store(10, "x1", "y1", "x2"), "plain:x1", "plain:x2", "plain:y1")
+	// the hand-off takes the plain webhook's deliveries and x1 and y1, the first of their
+	// conversations; x2 waits behind x1
+	e.want(e.store(10, "x1", "y1", "x2"), "ordered:x1", "ordered:y1", "plain:x1", "plain:x2", "plain:y1")
 	e.store(0, "x3", "y2")
-	e.want(e.claim(), "ordered:x1", "ordered:y1", "plain:x3", "plain:y2")
+	e.want(e.claim(), "plain:x3", "plain:y2")
 	e.want(e.claim()) // x and y each have one in flight
 
 	e.record("ordered:x1", false, time.Hour) // x1 waits an hour for its retry: x2, x3 wait with it
@@ -526,4 +530,64 @@ func (e *orderingEnv) claimedID(which string) uuid.UUID {
 	}
 	e.t.Fatalf("%s is not claimed", which)
 	return uuid.Nil
+}
+
+// TestOrderedHandOffUnderConcurrentIntake: an ordered webhook's delivery is handed off only
+// when it is its conversation's first with nothing queued (a later one of the same post, or
+// one stored while the head is in flight, waits), and two intakes storing a new conversation's
+// first messages at once hand off at most one of them: the events insert takes the
+// conversation's lock, and the intake that gets it second sees the first one's head.
+func TestOrderedHandOffUnderConcurrentIntake(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	e.want(e.store(10, "x1", "x2"), "ordered:x1", "plain:x1", "plain:x2")
+	e.want(e.store(10, "x3"), "plain:x3") // x1 in flight: x3 waits behind x2
+	if n := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = 'waiting'`, e.ordered); n != 2 {
+		t.Fatalf("%d of x's deliveries waiting, want 2 (x2, x3)", n)
+	}
+
+	// A test transaction holds conversation z's lock while two intakes store z1 and z2.
+	tx, err := e.f.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // rolled back below already: a no-op
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, store.ConversationKey("111", "z")); err != nil {
+		t.Fatal(err)
+	}
+	handed := make(chan []store.ClaimedDelivery, 2)
+	for _, n := range []string{"z1", "z2"} {
+		go func() {
+			res, err := e.f.Store.StoreEvents(ctx, []store.IncomingItem{{Type: "messages", PhoneNumberID: "111", Customer: "z",
+				DedupeKey: "m:" + n, Data: json.RawMessage(fmt.Sprintf(`{"message":{"id":%q,"from":"z"}}`, n))}},
+				store.Claim{Instance: "i1", Lease: 24 * time.Hour, Max: 10})
+			if err != nil {
+				t.Error(err)
+			}
+			handed <- res.Claimed
+		}()
+	}
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`) == 2
+	}, "both intakes waiting on z's lock")
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ordered := 0
+	for range 2 {
+		for _, d := range <-handed {
+			if d.WebhookID == e.ordered {
+				ordered++
+				if d.Conversation == nil || *d.Conversation != store.ConversationKey("111", "z") {
+					t.Fatalf("handed-off ordered delivery without its conversation: %+v", d)
+				}
+			}
+		}
+	}
+	live := testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND conversation = $2 AND status <> 'waiting'`,
+		e.ordered, store.ConversationKey("111", "z"))
+	if ordered != 1 || live != 1 {
+		t.Fatalf("z: %d ordered deliveries handed off, %d live rows; want 1 and 1 (the other waiting)", ordered, live)
+	}
 }

@@ -19,10 +19,9 @@ import (
 func TestResumeRacingQueueWritersLeavesNothingHeld(t *testing.T) {
 	e := newOrderingEnv(t)
 	ctx := context.Background()
-	// The plain webhook's deliveries of x1 and x2 are in flight (handed off) when it is paused.
-	if got := e.store(10, "x1", "x2"); len(got) != 2 {
-		t.Fatalf("handed off %v, want plain:x1 and plain:x2", got)
-	}
+	// The plain webhook's deliveries of x1 and x2 are in flight (handed off) when it is paused
+	// (and the ordered webhook's x1).
+	e.want(e.store(10, "x1", "x2"), "ordered:x1", "plain:x1", "plain:x2")
 	statusOf := func(name string) string {
 		return testenv.QueryValue[string](t, e.f, `SELECT q.status FROM delivery_queue q JOIN events ev ON ev.id = q.event_id
 			WHERE q.webhook_id = $1 AND convert_from(ev.payload, 'UTF8')::json->'data'->'message'->>'id' = $2`, e.plain, name)
