@@ -437,7 +437,7 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	var stored, storedOrg, storedCh []uuid.UUID
 	var storedType []string
 	var storedPost []int32 // 1-based, for the SQL arrays
-	var locked []int64 // the conversations locked for hand-offs to ordered webhooks
+	var locked []int64     // the conversations locked for hand-offs to ordered webhooks
 	for rows.Next() {
 		var id, org, ch *uuid.UUID
 		var typ *string
