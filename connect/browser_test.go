@@ -262,7 +262,7 @@ func newSite(t *testing.T) *site {
 	s.url = s.serve(opt)
 	opt.OriginSuffix = "" // facebook.com: the stub's messages are ignored
 	s.strictURL = s.serve(opt)
-	s.browser = browsertest.Start(t)
+	s.browser = browsertest.Shared(t)
 	return s
 }
 
@@ -346,11 +346,15 @@ func (s *site) expectNothingPosted(t *testing.T, c store.Channel) {
 }
 
 func TestBrowserConnectFlow(t *testing.T) {
-	s := newSite(t)
-	b := s.browser
+	t.Parallel()
+	// Each case has a site of its own (database, fake upstream, servers, recorded completions) in
+	// the shared browser, so the cases run in parallel.
 	// cancelled runs a flow the page ends without posting anything.
 	cancelled := func(fc flowCase, expect func(t *testing.T, res flowResult)) func(t *testing.T) {
 		return func(t *testing.T) {
+			t.Parallel()
+			s := newSite(t)
+			b := s.browser
 			link, c := s.link(s.url)
 			runConnectFlow(t, b, link, fc, func(t *testing.T, res flowResult) {
 				s.expectNothingPosted(t, c)
@@ -362,6 +366,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	}
 
 	t.Run("success/message-first", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, c := s.link(s.url)
 		code := s.signup("1001", "2001", "+1 555 0100", 0)
 		runConnectFlow(t, b, link, flowCase{
@@ -379,6 +386,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	})
 
 	t.Run("success/callback-first", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, c := s.link(s.url)
 		code := s.signup("1002", "2002", "", 0) // no display number: the page says "your number"
 		runConnectFlow(t, b, link, flowCase{
@@ -389,6 +399,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	})
 
 	t.Run("upstream-502-then-retry", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, c := s.link(s.url)
 		old := s.signup("1003", "2003", "+1 555 0103", time.Nanosecond) // expired when exchanged
 		p := openConnectPage(t, b, link, stubConfig{PhoneNumberID: "1003", WABAID: "2003", Code: old})
@@ -452,6 +465,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	}, nil))
 
 	t.Run("message-from-other-origin-ignored", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, c := s.link(s.strictURL) // the page accepts only *.facebook.com
 		p := openConnectPage(t, b, link, stubConfig{PhoneNumberID: "1009", WABAID: "2009", Code: s.signup("1009", "2009", "", 0)})
 		p.clickConnect(t)
@@ -470,6 +486,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	})
 
 	t.Run("mobile-layout", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, _ := s.link(s.url)
 		p := openConnectPage(t, b, link, stubConfig{})
 		p.Do(t, chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile))
@@ -481,6 +500,9 @@ func TestBrowserConnectFlow(t *testing.T) {
 	})
 
 	t.Run("dark-mode", func(t *testing.T) {
+		t.Parallel()
+		s := newSite(t)
+		b := s.browser
 		link, _ := s.link(s.url)
 		p := openConnectPage(t, b, link, stubConfig{Event: "CANCEL", Step: "WABA_SETUP"})
 		if _, err := chromedp.Call(p.Ctx, emulation.SetEmulatedMedia, emulation.SetEmulatedMediaParams{
@@ -497,6 +519,7 @@ func TestBrowserConnectFlow(t *testing.T) {
 
 // TestBrowserNoScript: without JavaScript the page says so and shows no dead button.
 func TestBrowserNoScript(t *testing.T) {
+	t.Parallel()
 	s := newSite(t)
 	link, _ := s.link(s.url)
 	p := s.browser.NewPage(t)
@@ -517,6 +540,7 @@ func TestBrowserNoScript(t *testing.T) {
 }
 
 func TestBrowserExpiredPage(t *testing.T) {
+	t.Parallel()
 	s := newSite(t)
 	s.channel() // a channel whose name must not show
 	checkExpiredPage(t, s.browser, s.url+"/connect/tok_unknown_0000", "connect-expired.png", "Support line", appID, configID)

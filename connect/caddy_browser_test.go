@@ -16,6 +16,7 @@ import (
 // upstream SDK that plays the FINISH event, the completion against the fake upstream; then the
 // channel is active. Screenshots: artifacts/caddy-connect-{page,success,expired}.png.
 func TestBrowserRealCaddy(t *testing.T) {
+	t.Parallel()
 	browsertest.ChromiumPath(t) // fails (or skips locally) before anything is started
 	const code, token = "es-code-1", "EAAGbusinessFromSignup"
 	w := newWorld(t, "")
@@ -52,7 +53,7 @@ func TestBrowserRealCaddy(t *testing.T) {
 	// The code's lifetime starts once Caddy runs, as a code handed to a browser would.
 	w.fake.AddCode(code, token, 5*time.Minute)
 
-	b := browsertest.Start(t)
+	b := browsertest.Shared(t)
 	runConnectFlow(t, b, base+"/connect/"+ch.ChannelToken, flowCase{
 		Stub:      stubConfig{PhoneNumberID: pnid, WABAID: waba, Code: code},
 		WantState: "success", WantText: []string{"WhatsApp is connected"},

@@ -19,14 +19,16 @@ import (
 
 	"github.com/wabarelay/wabarelay/connect"
 	"github.com/wabarelay/wabarelay/graph"
+	"github.com/wabarelay/wabarelay/internal/browsertest"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/store"
 )
 
 // TestMain runs the tests, or, started by testenv.StartCaddy, this test binary as the wabarelay
-// Caddy (TestBrowserRealCaddy): no separate build of ./cmd/caddy.
-func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main) }
+// Caddy (TestBrowserRealCaddy): no separate build of ./cmd/caddy. After the tests it stops the
+// browser the browser tests share.
+func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main, browsertest.StopShared) }
 
 const (
 	appID, appSecret = "1234567890", "app-secret-xyz"

@@ -20,9 +20,7 @@ import (
 // page fits the screen (checkLayout: the tables scroll in their own box at 375 px) and is saved
 // as a screenshot; no console errors or CSP violations.
 func TestBrowserBroadcast(t *testing.T) {
-	e, b := newBrowserEnv(t)
-	ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
-	makeActive(t, e, ch.ID)
+	t.Parallel()
 	csv := filepath.Join(t.TempDir(), "recipients.csv")
 	var rows strings.Builder
 	rows.WriteString("to,var1,var2\n")
@@ -32,9 +30,15 @@ func TestBrowserBroadcast(t *testing.T) {
 	if err := os.WriteFile(csv, []byte(rows.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	list := "/dashboard/channels/" + ch.ID.String() + "/broadcasts"
+	// Each screen has a dashboard and channel of its own, so the two run in parallel (and each
+	// starts from no broadcasts).
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			e, b := newBrowserEnv(t)
+			ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
+			makeActive(t, e, ch.ID)
+			list := "/dashboard/channels/" + ch.ID.String() + "/broadcasts"
 			p := v.page(t, b)
 			signIn(t, p, e, e.key)
 			p.Navigate(t, e.srv.URL+"/dashboard/channels/"+ch.ID.String())

@@ -3,8 +3,11 @@ package dashboard_test
 // Browser tests of the dashboard with headless Chromium (chromedp, through
 // internal/browsertest) over a real Postgres database (newEnv): every flow is
 // driven through the pages as an operator would, and checked in the page and
-// in the database. Each test starts one browser; each page is a tab with its
-// own cookies. Every test fails on console errors and CSP violations (apart
+// in the database. The tests run in parallel in the test binary's one browser
+// (browsertest.Shared); each page is a tab in a browser context of its own (its
+// own cookies, storage and permissions), and each test has its own database and
+// server. Only TestBrowserChannels uses the clipboard, which the browser's tabs
+// share. Every test fails on console errors and CSP violations (apart
 // from the log line of a page served with an expected error status), and
 // saves screenshots as artifacts/dashboard/<test>-<page>-<desktop|mobile>.png
 // (or under $WABARELAY_ARTIFACTS).
@@ -43,13 +46,13 @@ import (
 // Helpers
 // ---------------------------------------------------------------------------
 
-// newBrowserEnv is newEnv plus a browser. The browser is looked for first, so
-// that a skipped run does no database work.
+// newBrowserEnv is newEnv plus the shared browser. The browser is looked for
+// first, so that a skipped run does no database work.
 func newBrowserEnv(t *testing.T, opts ...envOption) (*env, *browsertest.Browser) {
 	t.Helper()
 	browsertest.ChromiumPath(t)
 	e := newEnv(t, opts...)
-	return e, browsertest.Start(t)
+	return e, browsertest.Shared(t)
 }
 
 // shot saves a full-page screenshot as <test>-<name>-<variant>.png.
@@ -154,6 +157,7 @@ func webhooks(t *testing.T, e *env) []store.Webhook {
 // and neither the browser's Back button nor a direct visit brings Channels
 // back.
 func TestBrowserSignInOut(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	p := b.NewPage(t)
 
@@ -212,6 +216,7 @@ func TestBrowserSignInOut(t *testing.T) {
 // asks for a confirmation ("Keep it" keeps it, "Delete it anyway" deletes
 // it); Reconnect opens a new link for a channel whose link expired.
 func TestBrowserChannels(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t, withConnectBase("https://relay.example.com"))
 	ctx := context.Background()
 	p := b.NewPage(t)
@@ -370,6 +375,7 @@ func TestBrowserChannels(t *testing.T) {
 // is assigned and removed; Delete asks first: Cancel deletes nothing, OK
 // deletes it.
 func TestBrowserWebhooks(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	ctx := context.Background()
 	support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
@@ -494,6 +500,7 @@ func TestBrowserWebhooks(t *testing.T) {
 // status and time filters narrow the list; Retry queues a failed delivery;
 // Recover queues every failed delivery since a time.
 func TestBrowserDeliveryLog(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	ch := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Line"})
 	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hook", &testenv.WebhookOpts{Name: "CRM"})
@@ -586,6 +593,7 @@ func TestBrowserDeliveryLog(t *testing.T) {
 // TestBrowserAPIKeys: a new key is shown once; revoking another key asks
 // first and revokes it; revoking the session's own key ends the session.
 func TestBrowserAPIKeys(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	ctx := context.Background()
 	p := b.NewPage(t)
@@ -671,6 +679,7 @@ func TestBrowserAPIKeys(t *testing.T) {
 // elsewhere, the next page is the sign-in page and a form sent from a page
 // still open is refused.
 func TestBrowserRevokedKeyEndsSession(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	ctx := context.Background()
 	p := b.NewPage(t)
@@ -710,6 +719,7 @@ func TestBrowserRevokedKeyEndsSession(t *testing.T) {
 // session) are refused with the 403 page and change nothing; the dashboard's
 // own forms, which carry no token, work.
 func TestBrowserCrossOriginRefused(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hook", &testenv.WebhookOpts{Name: "CRM"})
 	_, attackerKey := e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "attacker"})
@@ -867,6 +877,7 @@ func skipToContent(t *testing.T, p *browsertest.Page, back bool) {
 // with key presses only (Tab, Shift+Tab, Enter, Space, typing), starting from
 // "Skip to content"; every element reached shows a visible focus outline.
 func TestBrowserKeyboardOnly(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	ctx := context.Background()
 	p := b.NewPage(t)
@@ -1062,20 +1073,23 @@ func checkLayout(t *testing.T, p *browsertest.Page, name string, v viewport) {
 // scrolling, nothing out of its card, chart text neither distorted nor tiny;
 // screenshots of each.
 func TestBrowserLayout(t *testing.T) {
-	e, b := newBrowserEnv(t, withConnectBase("https://relay.example.com"))
-	support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
-	sales := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
-	makeActive(t, e, sales.ID)
-	wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hooks/whatsapp/inbound-messages-and-statuses",
-		&testenv.WebhookOpts{Name: "CRM", Events: []string{"messages", "message_status"}, ChannelIDs: []uuid.UUID{support.ID}})
-	seedDelivery(t, e, wh.ID, support.ID, "failed", 502, 1234,
-		`{"error":{"message":"upstream_connect_error_or_disconnect_reset_before_headers_reset_reason_connection_failure","code":"BAD_GATEWAY"}}`)
-	seedDelivery(t, e, wh.ID, support.ID, "delivered", 200, 35, `{"ok":true}`)
-	e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ci-deploy-pipeline-production"})
-	seedUsage(e, e.org.ID, sales.ID, 2, "authentication-international", "free_customer_service", "ZZ", 1234567, 1234567) // (dashboard/usage_test.go)
-
+	t.Parallel()
+	// Each screen has a dashboard and data of its own (the same), so the two run in parallel.
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			e, b := newBrowserEnv(t, withConnectBase("https://relay.example.com"))
+			support := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Support line"})
+			sales := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Sales and after-sales service, Europe"})
+			makeActive(t, e, sales.ID)
+			wh, _ := e.Webhook(t, e.org.ID, "https://crm.example.com/hooks/whatsapp/inbound-messages-and-statuses",
+				&testenv.WebhookOpts{Name: "CRM", Events: []string{"messages", "message_status"}, ChannelIDs: []uuid.UUID{support.ID}})
+			seedDelivery(t, e, wh.ID, support.ID, "failed", 502, 1234,
+				`{"error":{"message":"upstream_connect_error_or_disconnect_reset_before_headers_reset_reason_connection_failure","code":"BAD_GATEWAY"}}`)
+			seedDelivery(t, e, wh.ID, support.ID, "delivered", 200, 35, `{"ok":true}`)
+			e.APIKey(t, e.org.ID, &testenv.APIKeyOpts{Name: "ci-deploy-pipeline-production"})
+			seedUsage(e, e.org.ID, sales.ID, 2, "authentication-international", "free_customer_service", "ZZ", 1234567, 1234567) // (dashboard/usage_test.go)
+
 			p := v.page(t, b)
 			check := func(name string) {
 				t.Helper()

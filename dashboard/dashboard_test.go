@@ -21,6 +21,7 @@ import (
 	"github.com/wabarelay/wabarelay/dashboard"
 	"github.com/wabarelay/wabarelay/dispatcher"
 	"github.com/wabarelay/wabarelay/internal/authguard"
+	"github.com/wabarelay/wabarelay/internal/browsertest"
 	"github.com/wabarelay/wabarelay/internal/fakegraph"
 	"github.com/wabarelay/wabarelay/internal/testenv"
 	"github.com/wabarelay/wabarelay/managementapi"
@@ -28,7 +29,8 @@ import (
 	"github.com/wabarelay/wabarelay/store"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+// TestMain stops the browser the browser tests share after the tests.
+func TestMain(m *testing.M) { testenv.Main(m, browsertest.StopShared) }
 
 // env is a dashboard over a fresh database (the kit's fixture), served by an httptest server,
 // with one org and key.

@@ -18,11 +18,14 @@ import (
 // them, and its deliveries link to the webhook. Each page fits the screen (checkLayout) and is
 // saved as a screenshot; no console errors or CSP violations.
 func TestBrowserMessages(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	m := newMessagesEnv(t, e)
 	chPath := "/dashboard/channels/" + m.ch.ID.String()
+	// The screens only read the data: they run in parallel.
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
 			p := v.page(t, b)
 			signIn(t, p, e, e.key)
 			status, path := click(t, p, "#channel-"+m.ch.ID.String()+" h2 a")

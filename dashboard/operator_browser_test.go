@@ -24,6 +24,7 @@ import (
 // scrolls sideways (checkLayout); at 1280 px the line is not shown. No console errors or CSP
 // violations; screenshots of each page.
 func TestBrowserOperatorPages(t *testing.T) {
+	t.Parallel()
 	e, b := newBrowserEnv(t)
 	m := newMessagesEnv(t, e)
 	now := time.Now().UTC()
@@ -37,8 +38,10 @@ func TestBrowserOperatorPages(t *testing.T) {
 		VALUES (gen_random_uuid(), $1, 2, now(), 1234, 502, 'bad gateway', '{"error":{"message":"upstream_connect_error_or_disconnect_reset_before_headers"}}')`, newest)
 	chPath, whPath := "/dashboard/channels/"+m.ch.ID.String(), "/dashboard/webhooks/"+hook.ID.String()
 
+	// The screens only read the data: they run in parallel.
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
 			p := v.page(t, b)
 			signIn(t, p, e, e.key)
 			// tables: each in a scroll box; at 375 px the box says it scrolls and is narrower
@@ -122,23 +125,26 @@ func TestBrowserOperatorPages(t *testing.T) {
 // and code in a table that scrolls in its own box (saying so at 375 px), the page never
 // sideways; "Send an incoming message" for the forgotten number says the fake's reason.
 func TestBrowserDemoPage(t *testing.T) {
+	t.Parallel()
 	browsertest.ChromiumPath(t)
 	// the fake stands in for the relay too: it refuses the channels' tokens (190)
-	fake := fakegraph.New(fakegraph.WithCallback("http://127.0.0.1:1/webhooks/upstream"), fakegraph.WithAppSecret("demo-secret"))
-	fake.Start()
-	t.Cleanup(fake.Close)
-	e, b := newBrowserEnv(t, func(o *dashboard.Options) {
-		o.Demo = &dashboard.Demo{FakeUpstream: fake.URL(), Receiver: "https://127.0.0.1:1", Relay: fake.URL() + "/v26.0"}
-	})
-	old := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Before the restart", Connection: e.Connection()})
-	newest := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Since the restart", Connection: e.Connection()})
-	e.Exec(t, `UPDATE channels SET connected_at = now() - interval '2 hours' WHERE id = $1`, old.ID)
-	e.Exec(t, `UPDATE channels SET connected_at = now() - interval '1 hour' WHERE id = $1`, newest.ID)
-	pn := func(id uuid.UUID) string {
-		return testenv.QueryValue[string](t, e.Fixture, `SELECT phone_number_id FROM channels WHERE id = $1`, id)
-	}
+	// Each screen has a fake upstream and a dashboard of its own, so the two run in parallel.
 	for _, v := range viewports {
 		t.Run(v.name, func(t *testing.T) {
+			t.Parallel()
+			fake := fakegraph.New(fakegraph.WithCallback("http://127.0.0.1:1/webhooks/upstream"), fakegraph.WithAppSecret("demo-secret"))
+			fake.Start()
+			t.Cleanup(fake.Close)
+			e, b := newBrowserEnv(t, func(o *dashboard.Options) {
+				o.Demo = &dashboard.Demo{FakeUpstream: fake.URL(), Receiver: "https://127.0.0.1:1", Relay: fake.URL() + "/v26.0"}
+			})
+			old := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Before the restart", Connection: e.Connection()})
+			newest := e.Channel(t, e.org.ID, &testenv.ChannelOpts{Name: "Since the restart", Connection: e.Connection()})
+			e.Exec(t, `UPDATE channels SET connected_at = now() - interval '2 hours' WHERE id = $1`, old.ID)
+			e.Exec(t, `UPDATE channels SET connected_at = now() - interval '1 hour' WHERE id = $1`, newest.ID)
+			pn := func(id uuid.UUID) string {
+				return testenv.QueryValue[string](t, e.Fixture, `SELECT phone_number_id FROM channels WHERE id = $1`, id)
+			}
 			p := v.page(t, b)
 			signIn(t, p, e, e.key)
 			p.Navigate(t, e.srv.URL+"/dashboard/demo")

@@ -208,8 +208,10 @@ func TestReceiverGuideVerifiers(t *testing.T) {
 		"a rotated delivery, another secret (std)":   {"standard", another, dl.rotated.Body, std(dl.rotated)},
 	}
 
+	// The languages run in parallel: each has its own directory, the checks are only read.
 	for _, h := range verifierHarness {
 		t.Run(h.lang, func(t *testing.T) {
+			t.Parallel()
 			if _, err := exec.LookPath(h.tool); err != nil {
 				t.Skipf("%s not installed: the %s verifier is not run", h.tool, h.lang)
 			}

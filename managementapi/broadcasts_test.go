@@ -46,6 +46,7 @@ func broadcastBody(recipients, extra string) string {
 // field, in the documented order, and creates nothing; a channel of another org or none at all
 // still gets the 422 (the body is checked before anything is read).
 func TestBroadcastValidation(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cid := e.activeChannel(e.orgA)
 	deep := strings.Repeat(`[`, 40) + strings.Repeat(`]`, 40)
@@ -119,6 +120,7 @@ func TestBroadcastValidation(t *testing.T) {
 // TestBroadcastBodyLimit: this route reads up to 16 MiB (a body over 1 MiB is created), 413 past
 // it; every other body keeps the 1 MiB limit.
 func TestBroadcastBodyLimit(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cid := e.activeChannel(e.orgA)
 	path := "/channels/" + cid.String() + "/broadcasts"
@@ -486,6 +488,7 @@ func TestBroadcastCountsAndTimeline(t *testing.T) {
 // TestBroadcastLargest: the largest broadcast, 100,000 recipients each with its components (a
 // body of about 9 MiB), is created whole.
 func TestBroadcastLargest(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	cid := e.activeChannel(e.orgA)
 	var sb strings.Builder

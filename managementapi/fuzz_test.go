@@ -142,6 +142,7 @@ func hugeBodies() []string {
 // TestHugeBodies: the huge bodies are what they claim: the 1 MiB values are over the body limit
 // (413), the others are read and reach validation.
 func TestHugeBodies(t *testing.T) {
+	t.Parallel()
 	for i, body := range hugeBodies() {
 		r := httptest.NewRequest("POST", "/webhooks", strings.NewReader(body))
 		_, e := readObject(httptest.NewRecorder(), r)

@@ -20,6 +20,7 @@ import (
 // served over real connections: no 5xx, no dropped connection, every
 // refusal a JSON {"error": ...}, and what was stored before is intact afterwards.
 func TestMutatedRequests(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	srv := httptest.NewServer(e.handler)
 	defer srv.Close()

@@ -108,6 +108,7 @@ func TestReplayEndpoint(t *testing.T) {
 // TestReplayTooLarge: a window holding more than 100000 events is refused with the exact
 // message and queues nothing.
 func TestReplayTooLarge(t *testing.T) {
+	t.Parallel()
 	e := newEnv(t)
 	wh := e.deliveries("778", 1)
 	e.Exec(t, `INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at)

@@ -12,7 +12,10 @@
 //   - Screenshots go to <repo root>/artifacts/, or to $WABARELAY_ARTIFACTS.
 //
 // A test starts one Browser and opens as many Pages as it needs; each Page is
-// a tab in its own browser context, so pages share no cookies.
+// a tab in its own browser context, so pages share no cookies. Tests that run
+// in parallel may instead share the test binary's one browser (Shared), which
+// saves a Chromium start per test; the package's TestMain then stops it with
+// StopShared.
 package browsertest
 
 import (
@@ -145,6 +148,61 @@ func Start(t testing.TB) *Browser {
 		t.Fatalf("start %s: %v", execPath, err)
 	}
 	return &Browser{ctx: ctx}
+}
+
+// shared is the browser of Shared.
+var shared struct {
+	mu   sync.Mutex
+	b    *Browser
+	stop func()
+}
+
+// Shared returns the test binary's one browser, started by the first call
+// (with a fresh profile, as Start's) and stopped by StopShared, which the
+// package's TestMain must call after the tests:
+//
+//	func TestMain(m *testing.M) { testenv.Main(m, browsertest.StopShared) }
+//
+// Tests that use it may run in parallel: each Page is a tab in a browser
+// context of its own (no cookies, storage or permissions shared), and chromedp
+// drives the tabs of one browser independently.
+func Shared(t testing.TB) *Browser {
+	t.Helper()
+	execPath := ChromiumPath(t)
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.b != nil {
+		return shared.b
+	}
+	dir, err := os.MkdirTemp("", "browsertest-profile-")
+	if err != nil {
+		t.Fatalf("a profile directory: %v", err)
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), AllocatorOptions(execPath, dir)...)
+	ctx, cancel := chromedp.NewContext(allocCtx)
+	stop := func() {
+		cancel()
+		cancelAlloc()
+		_ = os.RemoveAll(dir)
+	}
+	// As in Start: the first Do starts the browser and binds it to ctx.
+	if err := chromedp.Do(ctx); err != nil {
+		stop()
+		t.Fatalf("start %s: %v", execPath, err)
+	}
+	shared.b, shared.stop = &Browser{ctx: ctx}, stop
+	return shared.b
+}
+
+// StopShared stops the browser of Shared, if it started, and removes its
+// profile.
+func StopShared() {
+	shared.mu.Lock()
+	defer shared.mu.Unlock()
+	if shared.stop != nil {
+		shared.stop()
+	}
+	shared.b, shared.stop = nil, nil
 }
 
 // Entry is one line of a page's console or browser log.

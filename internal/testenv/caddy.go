@@ -33,14 +33,16 @@ var built struct {
 // instead of the tests. Such a package's tests get a Caddy without a build:
 //
 //	func TestMain(m *testing.M) { testenv.MainCaddy(m, caddycmd.Main) }
-func MainCaddy(m *testing.M, caddyMain func()) {
+//
+// The functions after run after the tests, as Main's.
+func MainCaddy(m *testing.M, caddyMain func(), after ...func()) {
 	if args, ok := caddyproc.ChildArgs(caddyArgsEnv); ok {
 		os.Args = append([]string{"caddy"}, args...)
 		caddyMain()
 		return
 	}
 	selfCaddy = true
-	Main(m)
+	Main(m, after...)
 }
 
 // CaddyBinary returns how to run the wabarelay Caddy: this test binary when its TestMain is

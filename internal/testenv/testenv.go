@@ -139,13 +139,17 @@ func Postgres(t testing.TB) string {
 	return dsn
 }
 
-// Main runs the tests of a package, then stops the throwaway PostgreSQL server that Postgres
-// started (if any), and exits with the tests' status. Use it as
+// Main runs the tests of a package, then the functions after (in order; e.g.
+// browsertest.StopShared), then stops the throwaway PostgreSQL server that Postgres started (if
+// any), and exits with the tests' status. Use it as
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
-func Main(m *testing.M) {
+func Main(m *testing.M, after ...func()) {
 	mainCalled.Store(true)
 	code := m.Run()
+	for _, f := range after {
+		f()
+	}
 	removeBuiltCaddy()
 	if shared.pool != nil {
 		shared.pool.Close()
