@@ -253,11 +253,14 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 	type channelRef struct {
 		id, org uuid.UUID
 		pn      string
+		ordered bool // its org has a webhook with ordering "conversation"
 	}
 	channels := map[string]channelRef{}
 	byWaba := map[string][]channelRef{} // items routed by business account (PhoneNumberID empty)
 	rows, err := s.pool.Query(ctx, `
-		SELECT phone_number_id, id, org_id, waba_id FROM channels
+		SELECT phone_number_id, id, org_id, waba_id,
+		       EXISTS (SELECT 1 FROM webhooks w WHERE w.org_id = channels.org_id AND w.ordering = 'conversation')
+		FROM channels
 		WHERE phone_number_id = ANY($1) OR (waba_id = ANY($2) AND phone_number_id IS NOT NULL)
 		ORDER BY created_at, id`, numbers, wabas)
 	if err != nil {
@@ -266,7 +269,7 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 	for rows.Next() {
 		var c channelRef
 		var waba *string
-		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba); err != nil {
+		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba, &c.ordered); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("store events: channels: %w", err)
 		}
@@ -315,6 +318,9 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 				in.posts = append(in.posts, int32(pi))
 				in.types, in.keys = append(in.types, it.Type), append(in.keys, dedupeKey(it.DedupeKey))
 				in.convs = append(in.convs, ConversationKey(c.pn, it.Customer))
+				if c.ordered && claim.Max > 0 {
+					in.lockConvs = append(in.lockConvs, in.convs[len(in.convs)-1])
+				}
 				in.wamids, in.traces = append(in.wamids, nullText(it.WAMID)), append(in.traces, nullText(it.Traceparent))
 				if it.Status != nil && in.statuses == nil {
 					in.statuses = make([]*MessageStatus, len(in.ids)-1, cap(in.ids))
@@ -368,6 +374,10 @@ type inboundBatch struct {
 	ids, chIDs, orgIDs []uuid.UUID
 	types, keys        []string
 	convs              []int64 // ConversationKey of each item
+	// lockConvs are the conversations the events insert locks (lockConversationsSQL): those
+	// of the items whose org had an ordered webhook when their channel was looked up, when the
+	// batch hands deliveries off.
+	lockConvs []int64
 	wamids, traces     []*string
 	statuses           []*MessageStatus // each item's Status; nil when the batch holds none
 	payloads           [][]byte
@@ -408,25 +418,18 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	}
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
 	// days before (from the lookback day: none for items sent today) is looked up in their
-	// partitions (pruned to them by created_at when the statement is planned). The same
-	// statement locks the conversations that an ordered webhook may take a hand-off of
-	// (lockConversationsSQL; rows with a NULL id).
-	handOff := slices.ContainsFunc(in.maxes, func(m int32) bool { return m > 0 }) || in.maxes == nil && in.claim.Max > 0
-	rows, err := tx.Query(ctx, `
-		WITH `+lockConversationsSQL("$2", "$10", "$13")+`, ins AS (
-			INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation, wamid, traceparent)
-			SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv, u.wamid, u.trace
-			FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[], $11::text[], $12::text[])
-			     AS u(id, org, ch, typ, key, payload, conv, wamid, trace)
-			WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
-			                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
-			ON CONFLICT DO NOTHING
-			RETURNING id, org_id, channel_id, type
-		)
-		SELECT id, org_id, channel_id, type, NULL::bigint FROM ins
-		UNION ALL SELECT NULL, NULL, NULL, NULL, k FROM locked`,
-		pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
-		in.lookback, day(in.now), in.convs, in.wamids, in.traces, handOff)
+	// partitions (pruned to them by created_at when the statement is planned). When an ordered
+	// webhook may take a hand-off, the same statement locks the conversations first
+	// (lockConversationsSQL; their rows have a NULL id).
+	args := []any{pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
+		in.lookback, day(in.now), in.convs, in.wamids, in.traces}
+	insertSQL := eventsInsertSQL
+	if len(in.lockConvs) > 0 {
+		insertSQL = `WITH ` + lockConversationsSQL("$13") + `, ins AS (` + eventsInsertSQL + `)
+		SELECT * FROM ins UNION ALL SELECT NULL, NULL, NULL, NULL, k FROM locked`
+		args = append(args, in.lockConvs)
+	}
+	rows, err := tx.Query(ctx, insertSQL, args...)
 	if err != nil {
 		return err
 	}
@@ -552,6 +555,19 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	}
 	return nil
 }
+
+// eventsInsertSQL inserts a batch's events ($1–$12, see storeGroup), skipping duplicates, and
+// returns each stored one's id, org_id, channel_id and type, and a NULL (the key column of the
+// locks' rows, see storeGroup).
+const eventsInsertSQL = `
+	INSERT INTO events (id, org_id, channel_id, type, dedupe_key, payload, created_at, conversation, wamid, traceparent)
+	SELECT u.id, u.org, u.ch, u.typ, u.key, u.payload, $7::timestamptz, u.conv, u.wamid, u.trace
+	FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $4::text[], $5::text[], $6::bytea[], $10::bigint[], $11::text[], $12::text[])
+	     AS u(id, org, ch, typ, key, payload, conv, wamid, trace)
+	WHERE NOT EXISTS (SELECT 1 FROM events o WHERE o.channel_id = u.ch AND o.dedupe_key = u.key
+	                  AND o.created_at >= $8::timestamptz AND o.created_at < $9::timestamptz)
+	ON CONFLICT DO NOTHING
+	RETURNING id, org_id, channel_id, type, NULL::bigint`
 
 // storeDeliveriesSQL makes the deliveries of stored events (storeGroup), one per matching
 // webhook: a log row, and a queue row — claimed for this instance (up to its post's claim Max,

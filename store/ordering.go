@@ -84,20 +84,16 @@ func queueStatusSQL(webhook, conv, rank, live string) string {
 const conversationLockSQL = `SELECT count(pg_advisory_xact_lock(k)) FROM (SELECT DISTINCT k FROM unnest($1::bigint[]) AS k ORDER BY k) x`
 
 // lockConversationsSQL returns a CTE, "locked", that takes the conversation locks
-// (conversationLockSQL's) of the items (orgs and convs: SQL arrays of their orgs and
-// conversation keys) whose org has a webhook with ordering "conversation", in key order, when
-// on (an SQL boolean) holds, and yields the keys it locked. The intake takes them in its events
-// insert, so that its next statement, which hands the first delivery of a conversation with
-// nothing queued to an ordered webhook (storeDeliveriesSQL), looks at the conversation under
-// its lock: no other intake can queue a row of it, nor a completion promote one, between that
-// look and the intake's commit. The CTE is materialized (its function is volatile) and read to
-// its end by the statement.
-func lockConversationsSQL(orgs, convs, on string) string {
+// (conversationLockSQL's) of keys (an SQL bigint[]: the conversations of the items whose org has
+// a webhook with ordering "conversation"), in key order, and yields the keys it locked. The
+// intake takes them in its events insert, so that its next statement, which hands the first
+// delivery of a conversation with nothing queued to an ordered webhook (storeDeliveriesSQL),
+// looks at the conversation under its lock: no other intake can queue a row of it, nor a
+// completion promote one, between that look and the intake's commit. The CTE is materialized
+// (its function is volatile) and read to its end by the statement.
+func lockConversationsSQL(keys string) string {
 	return `locked AS MATERIALIZED (
-		SELECT x.k, pg_advisory_xact_lock(x.k) FROM (
-			SELECT DISTINCT u.conv AS k FROM unnest(` + orgs + `::uuid[], ` + convs + `::bigint[]) AS u(org, conv)
-			WHERE ` + on + `::bool AND EXISTS (SELECT 1 FROM webhooks w WHERE w.org_id = u.org AND w.ordering = 'conversation')
-			ORDER BY 1) x
+		SELECT x.k, pg_advisory_xact_lock(x.k) FROM (SELECT DISTINCT k FROM unnest(` + keys + `::bigint[]) AS k ORDER BY k) x
 	)`
 }
 
