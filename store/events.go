@@ -377,13 +377,13 @@ type inboundBatch struct {
 	// lockConvs are the conversations the events insert locks (lockConversationsSQL): those
 	// of the items whose org had an ordered webhook when their channel was looked up, when the
 	// batch hands deliveries off.
-	lockConvs []int64
-	wamids, traces     []*string
-	statuses           []*MessageStatus // each item's Status; nil when the batch holds none
-	payloads           [][]byte
-	objChannels        []uuid.UUID
-	objIDs             []string
-	now                time.Time
+	lockConvs      []int64
+	wamids, traces []*string
+	statuses       []*MessageStatus // each item's Status; nil when the batch holds none
+	payloads       [][]byte
+	objChannels    []uuid.UUID
+	objIDs         []string
+	now            time.Time
 	// leaseFrom is when the hand-off's leases start (nil: the database's now(); see package
 	// clock).
 	leaseFrom *time.Time
