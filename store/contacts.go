@@ -52,6 +52,16 @@ func (b *contactBatch) add(ch uuid.UUID, it *IncomingItem, now time.Time) {
 	b.chs, b.waIDs, b.ats = append(b.chs, ch), append(b.waIDs, it.Customer), append(b.ats, at)
 }
 
+// queue queues the upsert of the batch's contacts (contactsUpsertSQL) in pb and says whether it
+// did: nothing to do for a batch without incoming messages.
+func (b *contactBatch) queue(pb *pgx.Batch) bool {
+	if len(b.chs) == 0 {
+		return false
+	}
+	pb.Queue(contactsUpsertSQL, b.chs, b.waIDs, b.ats)
+	return true
+}
+
 // store upserts the batch's contacts in tx in one statement (contactsUpsertSQL): nothing to
 // do for a batch without incoming messages.
 func (b *contactBatch) store(ctx context.Context, tx pgx.Tx) error {

@@ -253,14 +253,11 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 	type channelRef struct {
 		id, org uuid.UUID
 		pn      string
-		ordered bool // its org has a webhook with ordering "conversation"
 	}
 	channels := map[string]channelRef{}
 	byWaba := map[string][]channelRef{} // items routed by business account (PhoneNumberID empty)
 	rows, err := s.pool.Query(ctx, `
-		SELECT phone_number_id, id, org_id, waba_id,
-		       EXISTS (SELECT 1 FROM webhooks w WHERE w.org_id = channels.org_id AND w.ordering = 'conversation')
-		FROM channels
+		SELECT phone_number_id, id, org_id, waba_id FROM channels
 		WHERE phone_number_id = ANY($1) OR (waba_id = ANY($2) AND phone_number_id IS NOT NULL)
 		ORDER BY created_at, id`, numbers, wabas)
 	if err != nil {
@@ -269,7 +266,7 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 	for rows.Next() {
 		var c channelRef
 		var waba *string
-		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba, &c.ordered); err != nil {
+		if err := rows.Scan(&c.pn, &c.id, &c.org, &waba); err != nil {
 			rows.Close()
 			return nil, fmt.Errorf("store events: channels: %w", err)
 		}
@@ -318,9 +315,6 @@ func (s *Store) StoreEventsGroup(ctx context.Context, posts []Post) ([]InboundRe
 				in.posts = append(in.posts, int32(pi))
 				in.types, in.keys = append(in.types, it.Type), append(in.keys, dedupeKey(it.DedupeKey))
 				in.convs = append(in.convs, ConversationKey(c.pn, it.Customer))
-				if c.ordered && claim.Max > 0 {
-					in.lockConvs = append(in.lockConvs, in.convs[len(in.convs)-1])
-				}
 				in.wamids, in.traces = append(in.wamids, nullText(it.WAMID)), append(in.traces, nullText(it.Traceparent))
 				if it.Status != nil && in.statuses == nil {
 					in.statuses = make([]*MessageStatus, len(in.ids)-1, cap(in.ids))
@@ -374,16 +368,12 @@ type inboundBatch struct {
 	ids, chIDs, orgIDs []uuid.UUID
 	types, keys        []string
 	convs              []int64 // ConversationKey of each item
-	// lockConvs are the conversations the events insert locks (lockConversationsSQL): those
-	// of the items whose org had an ordered webhook when their channel was looked up, when the
-	// batch hands deliveries off.
-	lockConvs      []int64
-	wamids, traces []*string
-	statuses       []*MessageStatus // each item's Status; nil when the batch holds none
-	payloads       [][]byte
-	objChannels    []uuid.UUID
-	objIDs         []string
-	now            time.Time
+	wamids, traces     []*string
+	statuses           []*MessageStatus // each item's Status; nil when the batch holds none
+	payloads           [][]byte
+	objChannels        []uuid.UUID
+	objIDs             []string
+	now                time.Time
 	// leaseFrom is when the hand-off's leases start (nil: the database's now(); see package
 	// clock).
 	leaseFrom *time.Time
@@ -413,7 +403,8 @@ func (in *inboundBatch) post(i int) int {
 // their channels, one delivery log row and one queue row per matching webhook; each post's
 // counts go to its own result (res, by post index).
 func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*InboundResult) error {
-	if err := in.contacts.store(ctx, tx); err != nil { // the customers' windows (store/contacts.go)
+	lockConvs, err := in.contactsAndOrdered(ctx, tx)
+	if err != nil {
 		return err
 	}
 	// A duplicate within today's partition meets its unique index (ON CONFLICT); one of the
@@ -424,10 +415,10 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 	args := []any{pgx.QueryExecModeCacheDescribe, in.ids, in.orgIDs, in.chIDs, in.types, in.keys, in.payloads, in.now,
 		in.lookback, day(in.now), in.convs, in.wamids, in.traces}
 	insertSQL := eventsInsertSQL
-	if len(in.lockConvs) > 0 {
+	if len(lockConvs) > 0 {
 		insertSQL = `WITH ` + lockConversationsSQL("$13") + `, ins AS (` + eventsInsertSQL + `)
 		SELECT * FROM ins UNION ALL SELECT NULL, NULL, NULL, NULL, k FROM locked`
-		args = append(args, in.lockConvs)
+		args = append(args, lockConvs)
 	}
 	rows, err := tx.Query(ctx, insertSQL, args...)
 	if err != nil {
@@ -554,6 +545,68 @@ func (in *inboundBatch) storeGroup(ctx context.Context, tx pgx.Tx, res []*Inboun
 		return notifyDeliveries(ctx, tx)
 	}
 	return nil
+}
+
+// orderedOrgsSQL returns which of the orgs $1 have a webhook with ordering "conversation".
+const orderedOrgsSQL = `SELECT DISTINCT org_id FROM webhooks WHERE org_id = ANY($1::uuid[]) AND ordering = 'conversation'`
+
+// contactsAndOrdered stores the batch's contacts (the customers' windows, store/contacts.go)
+// and, when the batch hands deliveries off, returns the conversations that its events insert
+// is to lock (lockConversationsSQL): those of the items whose org has an ordered webhook. Both
+// statements go in one round trip. A webhook made ordered after this look takes no hand-off in
+// this batch: its conversations are not locked, and storeDeliveriesSQL hands off only locked ones.
+func (in *inboundBatch) contactsAndOrdered(ctx context.Context, tx pgx.Tx) ([]int64, error) {
+	handOff := in.claim.Max > 0
+	if !handOff {
+		return nil, in.contacts.store(ctx, tx)
+	}
+	b := &pgx.Batch{}
+	in.contacts.queue(b)
+	b.Queue(orderedOrgsSQL, slices.Compact(slices.SortedFunc(slices.Values(in.orgIDs), func(a, b uuid.UUID) int {
+		return bytes.Compare(a[:], b[:])
+	})))
+	br := tx.SendBatch(ctx, b)
+	ordered, err := orderedOrgs(br, len(b.QueuedQueries) > 1)
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	var convs []int64
+	for i, org := range in.orgIDs {
+		if ordered[org] {
+			convs = append(convs, in.convs[i])
+		}
+	}
+	return convs, nil
+}
+
+// orderedOrgs reads the results of contactsAndOrdered's batch: the contacts' upsert when
+// withContacts, then orderedOrgsSQL's orgs.
+func orderedOrgs(br pgx.BatchResults, withContacts bool) (map[uuid.UUID]bool, error) {
+	if withContacts {
+		if _, err := br.Exec(); err != nil {
+			return nil, fmt.Errorf("contacts: %w", err)
+		}
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return nil, fmt.Errorf("ordered webhooks: %w", err)
+	}
+	defer rows.Close()
+	ordered := map[uuid.UUID]bool{}
+	for rows.Next() {
+		var org uuid.UUID
+		if err := rows.Scan(&org); err != nil {
+			return nil, fmt.Errorf("ordered webhooks: %w", err)
+		}
+		ordered[org] = true
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("ordered webhooks: %w", err)
+	}
+	return ordered, nil
 }
 
 // eventsInsertSQL inserts a batch's events ($1–$12, see storeGroup), skipping duplicates, and
