@@ -562,9 +562,7 @@ func (in *inboundBatch) contactsAndOrdered(ctx context.Context, tx pgx.Tx) ([]in
 	}
 	b := &pgx.Batch{}
 	in.contacts.queue(b)
-	b.Queue(orderedOrgsSQL, slices.Compact(slices.SortedFunc(slices.Values(in.orgIDs), func(a, b uuid.UUID) int {
-		return bytes.Compare(a[:], b[:])
-	})))
+	b.Queue(orderedOrgsSQL, in.orgIDs) // (one per item: the statement's DISTINCT makes them a set)
 	br := tx.SendBatch(ctx, b)
 	ordered, err := orderedOrgs(br, len(b.QueuedQueries) > 1)
 	if cerr := br.Close(); err == nil {
@@ -594,17 +592,13 @@ func orderedOrgs(br pgx.BatchResults, withContacts bool) (map[uuid.UUID]bool, er
 	if err != nil {
 		return nil, fmt.Errorf("ordered webhooks: %w", err)
 	}
-	defer rows.Close()
-	ordered := map[uuid.UUID]bool{}
-	for rows.Next() {
-		var org uuid.UUID
-		if err := rows.Scan(&org); err != nil {
-			return nil, fmt.Errorf("ordered webhooks: %w", err)
-		}
-		ordered[org] = true
-	}
-	if err := rows.Err(); err != nil {
+	orgs, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
 		return nil, fmt.Errorf("ordered webhooks: %w", err)
+	}
+	ordered := make(map[uuid.UUID]bool, len(orgs))
+	for _, org := range orgs {
+		ordered[org] = true
 	}
 	return ordered, nil
 }
