@@ -89,7 +89,8 @@ func testCompleteBatched(t *testing.T, client redis.UniversalClient, counted scr
 			defer wg.Done()
 			<-start
 			if i == n { // the impostor, on key 0
-				errs[i] = s.Complete(ctx, "{c}:"+itoa(0), "not-the-owner", sampleResponse("impostor"))
+				// In a token's form (owner, separator, fingerprint), so that it goes to Redis.
+				errs[i] = s.Complete(ctx, "{c}:"+itoa(0), "not-the-owner"+tokenSep+"fp", sampleResponse("impostor"))
 				return
 			}
 			errs[i] = s.Complete(ctx, "{c}:"+itoa(i), tokens[i], sampleResponse(itoa(i)))

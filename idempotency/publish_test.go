@@ -61,7 +61,7 @@ func TestRedisPublishOnlyWhenWaited(t *testing.T) {
 	}
 	var rec map[string]any
 	if !strings.HasSuffix(raw, `,"w":1}`) || json.Unmarshal([]byte(raw), &rec) != nil ||
-		rec["s"] != "p" || rec["f"] != fp || rec["o"] != r.Token {
+		rec["s"] != "p" || rec["f"] != fp || rec["o"] != ownerOf(t, r.Token) {
 		t.Fatalf("in-flight record with a waiter = %s", raw)
 	}
 	if pttl := c.PTTL(ctx, a.opt.Prefix+"chan-1:waited").Val(); pttl <= 0 || pttl > time.Minute {
@@ -86,7 +86,7 @@ func TestRedisPublishOnlyWhenWaited(t *testing.T) {
 
 // TestRedisUnusualRecords: a fingerprint that JSON escapes (its record is checked by decoding,
 // not by string operations) completes, replays, wakes a waiter and releases like any other; a
-// token that would fool a naive string match owns nothing.
+// token whose owner part would fool a naive string match owns nothing.
 func TestRedisUnusualRecords(t *testing.T) {
 	a, b := newRedisPair(t, testenv.Redis(t), Options{Wait: 4 * patience})
 	a.poll, b.poll = time.Hour, time.Hour
@@ -97,7 +97,9 @@ func TestRedisUnusualRecords(t *testing.T) {
 	mustBegin(t, b, "chan-1:warm", fp, Acquired)
 	waitSubscribed(t, b)
 	done := waitFor(t, b, "chan-1:odd", fp)
-	for _, token := range []string{"", r.Token + `"}`, `x","o":"` + r.Token, "not-the-owner"} {
+	owner := ownerOf(t, r.Token)
+	for _, token := range []string{"", owner + `"}` + tokenSep + fp, `x","o":"` + owner + tokenSep + fp, "not-the-owner",
+		owner, "other" + tokenSep + fp} {
 		if err := a.Complete(ctx, "chan-1:odd", token, sampleResponse("impostor")); !errors.Is(err, ErrNotOwner) {
 			t.Fatalf("Complete with token %q: %v, want ErrNotOwner", token, err)
 		}
@@ -117,11 +119,58 @@ func TestRedisUnusualRecords(t *testing.T) {
 	mustBegin(t, b, "chan-1:odd", fp+"x", Mismatch)
 
 	r = mustBegin(t, a, "chan-1:odd-rel", fp, Acquired)
-	if err := a.Release(ctx, "chan-1:odd-rel", `x","o":"`+r.Token); !errors.Is(err, ErrNotOwner) {
+	if err := a.Release(ctx, "chan-1:odd-rel", `x","o":"`+ownerOf(t, r.Token)+tokenSep+fp); !errors.Is(err, ErrNotOwner) {
 		t.Fatalf("Release by an impostor: %v, want ErrNotOwner", err)
 	}
 	if err := a.Release(ctx, "chan-1:odd-rel", r.Token); err != nil {
 		t.Fatal(err)
 	}
 	mustBegin(t, b, "chan-1:odd-rel", fp, Acquired)
+}
+
+// TestRedisCompleteKeepsTheKeysFingerprint: Complete checks ownership by the owner part of the
+// token only; a token whose fingerprint part was altered (so that the in-flight record it
+// rebuilds is not the key's) still completes its own claim, and the key keeps the fingerprint
+// it was claimed with: a repeat with it replays, one with the altered fingerprint is a Mismatch.
+// The same holds for a record a waiter marked.
+func TestRedisCompleteKeepsTheKeysFingerprint(t *testing.T) {
+	a, b := newRedisPair(t, testenv.Redis(t), Options{Wait: 4 * patience})
+	a.poll, b.poll = time.Hour, time.Hour
+	ctx := context.Background()
+	const fp = "fp-hex"
+
+	r := mustBegin(t, a, "chan-1:altered", fp, Acquired)
+	if err := a.Complete(ctx, "chan-1:altered", ownerOf(t, r.Token)+tokenSep+"other-fp", sampleResponse("own")); err != nil {
+		t.Fatal(err)
+	}
+	sameResponse(t, mustBegin(t, b, "chan-1:altered", fp, Replay).Response, sampleResponse("own"))
+	mustBegin(t, b, "chan-1:altered", "other-fp", Mismatch)
+
+	r = mustBegin(t, a, "chan-1:altered-waited", fp, Acquired)
+	mustBegin(t, b, "chan-1:warm", fp, Acquired)
+	waitSubscribed(t, b)
+	done := waitFor(t, b, "chan-1:altered-waited", fp)
+	if err := a.Complete(ctx, "chan-1:altered-waited", ownerOf(t, r.Token)+tokenSep+"other-fp", sampleResponse("waited")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case res := <-done:
+		if res.Outcome != Replay {
+			t.Fatalf("waiter got %v, want Replay", res.Outcome)
+		}
+		sameResponse(t, res.Response, sampleResponse("waited"))
+	case <-time.After(patience):
+		t.Fatalf("waiter not woken within %v", patience)
+	}
+	mustBegin(t, b, "chan-1:altered-waited", "other-fp", Mismatch)
+}
+
+// ownerOf is the owner part of a token of Redis.Begin: the record's "o".
+func ownerOf(t *testing.T, token string) string {
+	t.Helper()
+	owner, _, ok := strings.Cut(token, tokenSep)
+	if !ok {
+		t.Fatalf("token %q has no owner part", token)
+	}
+	return owner
 }

@@ -119,7 +119,7 @@ func TestRedisRecord(t *testing.T) {
 	if err := json.Unmarshal(raw, &pending); err != nil {
 		t.Fatal(err)
 	}
-	if pending["s"] != "p" || pending["f"] != fp || pending["o"] != r.Token {
+	if pending["s"] != "p" || pending["f"] != fp || pending["o"] != ownerOf(t, r.Token) {
 		t.Fatalf("in-flight record = %s", raw)
 	}
 	if pttl := c.PTTL(ctx, prefix+key).Val(); pttl > 90*time.Second || pttl < 85*time.Second {
@@ -327,5 +327,19 @@ func TestRedisClose(t *testing.T) {
 func TestEscapeGlob(t *testing.T) {
 	if got := escapeGlob(`a*b?c[d]e\f^g-h:`); got != `a\*b\?c\[d\]e\\f\^g\-h:` {
 		t.Fatalf("escapeGlob = %q", got)
+	}
+}
+
+// TestPendingRecordIsJSON: the in-flight record Begin writes (and Complete rebuilds) is exactly
+// encoding/json's encoding of the record, whatever the fingerprint holds.
+func TestPendingRecordIsJSON(t *testing.T) {
+	for _, fp := range []string{"", "0123abcd", `fp "quoted" \ back`, "<a&b>", "tab\there", "é ü", "\u2028", "\xff"} {
+		want, err := json.Marshal(record{State: statePending, FP: fp, Owner: "OWNER234567"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := pendingRecord(fp, "OWNER234567"); got != string(want) {
+			t.Errorf("pendingRecord(%q) = %s, want %s", fp, got, want)
+		}
 	}
 }
