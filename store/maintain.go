@@ -74,7 +74,8 @@ func (p RetentionPolicy) Check() error {
 }
 
 // Maintain runs one round of history and queue maintenance under policy: partitions created
-// ahead; held deliveries past the hold limit failed; ordered conversations left waiting behind
+// ahead; paused webhooks' deliveries written pending during the pause held; held deliveries
+// past the hold limit failed; ordered conversations left waiting behind
 // no head promoted; deliveries of deleted webhooks removed (in
 // batches) and queue rows of webhooks that raced their deletion too;
 // days past the retention dropped (the relay log's too) and messages and health changes created
@@ -93,6 +94,11 @@ func (s *Store) Maintain(ctx context.Context, policy RetentionPolicy, logger *za
 	now := s.now()
 	if err := s.EnsurePartitions(ctx, now.AddDate(0, 0, -1), now.AddDate(0, 0, PartitionsAhead)); err != nil {
 		logger.Error("creating history partitions failed; inbound webhooks fail once today's is missing", zap.Error(err))
+	}
+	if n, err := s.HoldPausedPending(ctx); err != nil {
+		logger.Warn("holding pending deliveries of paused webhooks failed", zap.Error(err))
+	} else if n > 0 {
+		logger.Info("held deliveries of paused webhooks written pending while they were being paused", zap.Int("deliveries", n))
 	}
 	reason := "held longer than " + strings.TrimSuffix(hold.String(), "0m0s") + " while the webhook was paused (delivery max_hold)"
 	if n, err := s.FailHeld(ctx, now.Add(-hold), reason); err != nil {

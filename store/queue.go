@@ -566,6 +566,23 @@ func (s *Store) FailHeld(ctx context.Context, cutoff time.Time, reason string) (
 	return n, nil
 }
 
+// HoldPausedPending holds the pending queue rows of paused webhooks and returns how many: a
+// retry, hand-back or new delivery written while its webhook was being paused (its writer read
+// the webhook active, so it took no lock, and committed after the pause had held the rows), which
+// claims skip but which would otherwise wait outside max_hold until a resume. The paused
+// webhooks' rows are locked FOR KEY SHARE, as heldWhenPausedSQL does: a resume in progress is
+// waited for, and a webhook it made active is left alone, so nothing is held on an active webhook.
+// The maintenance runs it (each paused webhook's pending rows through delivery_queue_due).
+func (s *Store) HoldPausedPending(ctx context.Context) (int, error) {
+	tag, err := s.pool.Exec(ctx, `
+		WITH p AS (SELECT w.id FROM webhooks w WHERE w.status = 'paused' ORDER BY w.id FOR KEY SHARE)
+		UPDATE delivery_queue q SET status = 'held' FROM p WHERE q.webhook_id = p.id AND q.status = 'pending'`)
+	if err != nil {
+		return 0, fmt.Errorf("hold pending deliveries of paused webhooks: %w", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // DropOrphanedQueue deletes queue rows whose webhook no longer exists (an inbound post that raced the
 // webhook's deletion) and returns how many. Their log rows go with their day's partition.
 func (s *Store) DropOrphanedQueue(ctx context.Context) (int, error) {
@@ -592,7 +609,7 @@ func notifyDeliveries(ctx context.Context, db interface {
 // written while its webhook is being resumed is never left held on an active webhook, where
 // nothing would release it. An active webhook's row is not locked (the hot path pays nothing);
 // a row written while its webhook is being paused may stay pending, which claims skip until the
-// resume.
+// resume, or until the maintenance holds it (HoldPausedPending).
 func heldWhenPausedSQL(webhook string) string {
 	return `CASE WHEN EXISTS (SELECT 1 FROM webhooks w WHERE w.id = ` + webhook + ` AND w.status = 'paused' FOR KEY SHARE) THEN 'held' ELSE 'pending' END`
 }

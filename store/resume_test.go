@@ -98,3 +98,83 @@ func TestResumeRacingQueueWritersLeavesNothingHeld(t *testing.T) {
 		t.Fatalf("%d deliveries held on the resumed webhook", n)
 	}
 }
+
+// TestHoldPausedPending: a delivery left pending on a paused webhook — what a retry, hand-back
+// or new delivery written while the webhook was being paused leaves (its writer read the webhook
+// active and took no lock; made here by hand, as the race would) — is held by the maintenance's
+// HoldPausedPending, and an active webhook's pending rows are not touched. Racing a resume, the
+// step waits for it and then leaves the resumed webhook's rows pending: nothing is held on an
+// active webhook.
+func TestHoldPausedPending(t *testing.T) {
+	e := newOrderingEnv(t)
+	ctx := context.Background()
+	e.want(e.store(10, "x1", "x2"), "ordered:x1", "plain:x1", "plain:x2")
+	// A pending row of the ordered (active) webhook, to be left alone.
+	e.store(0, "y1")
+	count := func(webhook any, status string) int {
+		return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM delivery_queue WHERE webhook_id = $1 AND status = $2`, webhook, status)
+	}
+	activePending := count(e.ordered, "pending")
+	if activePending == 0 {
+		t.Fatal("the ordered webhook has no pending delivery to leave alone")
+	}
+	straggle := func() {
+		t.Helper()
+		if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.plain, store.WebhookPaused); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.f.Pool.Exec(ctx, `UPDATE delivery_queue SET status = 'pending' WHERE webhook_id = $1 AND status IN ('held', 'in_flight')`, e.plain); err != nil {
+			t.Fatal(err)
+		}
+		if count(e.plain, "pending") == 0 {
+			t.Fatal("no pending straggler made")
+		}
+	}
+
+	straggle()
+	want := count(e.plain, "pending")
+	n, err := e.f.Store.HoldPausedPending(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != want || count(e.plain, "pending") != 0 || count(e.plain, "held") < want {
+		t.Fatalf("held %d (want %d); the paused webhook has %d pending, %d held", n, want, count(e.plain, "pending"), count(e.plain, "held"))
+	}
+	if got := count(e.ordered, "pending"); got != activePending {
+		t.Fatalf("the active webhook's pending rows went %d → %d", activePending, got)
+	}
+
+	// Racing a resume: the step waits for it, then holds nothing.
+	straggle()
+	tx, err := e.f.Pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck // after the commit: a no-op
+	if _, err := e.f.Store.SetWebhookStatusIn(ctx, tx, e.org, e.plain, store.WebhookActive); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var held int
+	var herr error
+	go func() { defer close(done); held, herr = e.f.Store.HoldPausedPending(ctx) }()
+	testenv.Eventually(t, 10*time.Second, func() bool {
+		select {
+		case <-done:
+			return true
+		default:
+		}
+		return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
+	}, "HoldPausedPending waiting on the resume or done")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if herr != nil {
+		t.Fatal(herr)
+	}
+	if held != 0 || count(e.plain, "held") != 0 {
+		t.Fatalf("racing the resume: held %d, and %d held on the resumed webhook", held, count(e.plain, "held"))
+	}
+}
