@@ -70,15 +70,7 @@ func TestRedisPublishOnlyWhenWaited(t *testing.T) {
 	if err := a.Complete(ctx, "chan-1:waited", r.Token, sampleResponse("waited")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case res := <-done:
-		if res.Outcome != Replay {
-			t.Fatalf("waiter got %v, want Replay", res.Outcome)
-		}
-		sameResponse(t, res.Response, sampleResponse("waited"))
-	case <-time.After(patience):
-		t.Fatalf("waiter not woken by pub/sub within %v", patience)
-	}
+	wantWokenReplay(t, done, sampleResponse("waited"))
 	if n := publishes(); n != 1 {
 		t.Fatalf("%d publishes, want 1 (the waited-for completion)", n)
 	}
@@ -107,15 +99,7 @@ func TestRedisUnusualRecords(t *testing.T) {
 	if err := a.Complete(ctx, "chan-1:odd", r.Token, sampleResponse("odd")); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case res := <-done:
-		if res.Outcome != Replay {
-			t.Fatalf("waiter got %v, want Replay", res.Outcome)
-		}
-		sameResponse(t, res.Response, sampleResponse("odd"))
-	case <-time.After(patience):
-		t.Fatalf("waiter not woken within %v", patience)
-	}
+	wantWokenReplay(t, done, sampleResponse("odd"))
 	mustBegin(t, b, "chan-1:odd", fp+"x", Mismatch)
 
 	r = mustBegin(t, a, "chan-1:odd-rel", fp, Acquired)
@@ -153,16 +137,23 @@ func TestRedisCompleteKeepsTheKeysFingerprint(t *testing.T) {
 	if err := a.Complete(ctx, "chan-1:altered-waited", ownerOf(t, r.Token)+tokenSep+"other-fp", sampleResponse("waited")); err != nil {
 		t.Fatal(err)
 	}
+	wantWokenReplay(t, done, sampleResponse("waited"))
+	mustBegin(t, b, "chan-1:altered-waited", "other-fp", Mismatch)
+}
+
+// wantWokenReplay waits up to patience for the waiter of done (waitFor) and wants it to replay
+// want.
+func wantWokenReplay(t *testing.T, done <-chan Result, want Response) {
+	t.Helper()
 	select {
 	case res := <-done:
 		if res.Outcome != Replay {
 			t.Fatalf("waiter got %v, want Replay", res.Outcome)
 		}
-		sameResponse(t, res.Response, sampleResponse("waited"))
+		sameResponse(t, res.Response, want)
 	case <-time.After(patience):
 		t.Fatalf("waiter not woken within %v", patience)
 	}
-	mustBegin(t, b, "chan-1:altered-waited", "other-fp", Mismatch)
 }
 
 // ownerOf is the owner part of a token of Redis.Begin: the record's "o".

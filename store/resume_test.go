@@ -26,39 +26,13 @@ func TestResumeRacingQueueWritersLeavesNothingHeld(t *testing.T) {
 		return testenv.QueryValue[string](t, e.f, `SELECT q.status FROM delivery_queue q JOIN events ev ON ev.id = q.event_id
 			WHERE q.webhook_id = $1 AND convert_from(ev.payload, 'UTF8')::json->'data'->'message'->>'id' = $2`, e.plain, name)
 	}
-	// race pauses the plain webhook, resumes it in a transaction left open while write runs, and
-	// commits the resume once write waits on a lock (or has finished: the bug).
+	// race pauses the plain webhook, then resumes it racing write (resumeRacing).
 	race := func(what string, write func() error) {
 		t.Helper()
 		if _, err := e.f.Store.SetWebhookStatus(ctx, e.org, e.plain, store.WebhookPaused); err != nil {
 			t.Fatal(err)
 		}
-		tx, err := e.f.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer tx.Rollback(ctx) //nolint:errcheck // after the commit: a no-op
-		if _, err := e.f.Store.SetWebhookStatusIn(ctx, tx, e.org, e.plain, store.WebhookActive); err != nil {
-			t.Fatal(err)
-		}
-		done, werr := make(chan struct{}), error(nil)
-		go func() { defer close(done); werr = write() }()
-		testenv.Eventually(t, 10*time.Second, func() bool {
-			select {
-			case <-done:
-				return true
-			default:
-			}
-			return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM pg_stat_activity
-				WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
-		}, "%s waiting on the resume or done", what)
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		<-done
-		if werr != nil {
-			t.Fatalf("%s: %v", what, werr)
-		}
+		e.resumeRacing(what, write)
 	}
 	plainClaim := func(name string) store.ClaimedDelivery {
 		t.Helper()
@@ -146,6 +120,23 @@ func TestHoldPausedPending(t *testing.T) {
 
 	// Racing a resume: the step waits for it, then holds nothing.
 	straggle()
+	var held int
+	e.resumeRacing("HoldPausedPending", func() (err error) {
+		held, err = e.f.Store.HoldPausedPending(ctx)
+		return err
+	})
+	if held != 0 || count(e.plain, "held") != 0 {
+		t.Fatalf("racing the resume: held %d, and %d held on the resumed webhook", held, count(e.plain, "held"))
+	}
+}
+
+// resumeRacing resumes the plain webhook in a transaction left open while write runs, and
+// commits the resume once write waits on a lock (or has finished: a writer that does not wait
+// for the resume).
+func (e *orderingEnv) resumeRacing(what string, write func() error) {
+	t := e.t
+	t.Helper()
+	ctx := context.Background()
 	tx, err := e.f.Pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -154,10 +145,8 @@ func TestHoldPausedPending(t *testing.T) {
 	if _, err := e.f.Store.SetWebhookStatusIn(ctx, tx, e.org, e.plain, store.WebhookActive); err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	var held int
-	var herr error
-	go func() { defer close(done); held, herr = e.f.Store.HoldPausedPending(ctx) }()
+	done, werr := make(chan struct{}), error(nil)
+	go func() { defer close(done); werr = write() }()
 	testenv.Eventually(t, 10*time.Second, func() bool {
 		select {
 		case <-done:
@@ -166,15 +155,12 @@ func TestHoldPausedPending(t *testing.T) {
 		}
 		return testenv.QueryValue[int](t, e.f, `SELECT count(*) FROM pg_stat_activity
 			WHERE datname = current_database() AND wait_event_type = 'Lock'`) > 0
-	}, "HoldPausedPending waiting on the resume or done")
+	}, "%s waiting on the resume or done", what)
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	<-done
-	if herr != nil {
-		t.Fatal(herr)
-	}
-	if held != 0 || count(e.plain, "held") != 0 {
-		t.Fatalf("racing the resume: held %d, and %d held on the resumed webhook", held, count(e.plain, "held"))
+	if werr != nil {
+		t.Fatalf("%s: %v", what, werr)
 	}
 }
