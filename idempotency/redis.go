@@ -25,7 +25,7 @@ import (
 //
 //	in flight: {"s":"p","f":<fingerprint>,"o":<owner token>}          expires after Options.Lease
 //	           the same ending ,"w":1} once a duplicate waits for it
-//	completed: {"s":"d","f":<fingerprint>,"c":<status>,"h":<header>,"b":<base64 body>}  after Options.TTL (before 2026-11-30 written with "f" first; read alike)
+//	completed: {"s":"d","f":<fingerprint>,"c":<status>,"h":<header>,"b":<base64 body>}  after Options.TTL (earlier releases wrote "f" first; read alike)
 //
 // Begin claims a key in one round trip (SET key <in flight> NX PX lease GET): a nil reply means
 // the caller owns it, otherwise the reply is the record to judge. The token Begin returns is the
@@ -36,8 +36,8 @@ import (
 // waiter's mark), and the completed record, built by the caller, is stored as sent; any other
 // record is checked as Release checks it, with string operations on a record in the form Begin
 // writes (no JSON decoding) or else by decoding, and then keeps its own fingerprint (Complete
-// costs 7.1 instead of 9.5 µs of Redis CPU: bench/README.md, "Figures behind the defaults
-// (relay admission)"). Release then PUBLISHes on
+// costs 6.8–7.0 instead of 9.4–9.6 µs of Redis CPU: bench/README.md, "Figures behind the
+// defaults (relay admission)"). Release then PUBLISHes on
 // the channel Prefix + "done:" + key; Complete does only when a duplicate waits (the record
 // carries "w"), so that a send nobody repeats costs no PUBLISH (which Redis Cluster broadcasts
 // to every node). Completions of concurrent sends go to Redis together (see Complete).
@@ -177,8 +177,8 @@ end
 // completeScript stores a completed record with PX ARGV[3] if KEYS[1] is in flight and owned by
 // ARGV[1], then publishes on ARGV[4] if a waiter marked the record (waitClaimScript). ARGV[2] is
 // the completed record whole, as the caller built it from the token's fingerprint; ARGV[5] is the
-// in-flight record its Begin wrote. When KEYS[1] holds exactly that record (or it marked by a
-// waiter), ARGV[2] is stored as it is. Otherwise the owner is checked by owned() and the record
+// in-flight record its Begin wrote. When KEYS[1] holds exactly that record (or that record marked by
+// a waiter), ARGV[2] is stored as it is. Otherwise the owner is checked by owned() and the record
 // stored keeps the in-flight record's own fingerprint: '{"s":"d","f":' .. fp, then ARGV[2] from
 // byte ARGV[6] (where its members after "f" start), so that a token whose fingerprint part was
 // altered can never change a key's fingerprint. It returns 1 if it stored, 0 if the token is not
