@@ -106,10 +106,11 @@ WITH c AS (
 	SELECT DISTINCT c.webhook_id, c.conversation FROM unnest($1::uuid[], $2::bigint[]) AS c(webhook_id, conversation)
 	WHERE NOT EXISTS (SELECT 1 FROM delivery_queue o WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation
 	                  AND o.status <> 'waiting')
+	  AND EXISTS (SELECT 1 FROM webhooks w WHERE w.id = c.webhook_id) -- (a deleted webhook's rows stay as they are)
 ), p AS (
 	UPDATE delivery_queue q
 	SET status = ` + heldWhenPausedSQL("c.webhook_id") + `
-	FROM c JOIN webhooks w ON w.id = c.webhook_id
+	FROM c
 	WHERE q.delivery_id = (SELECT o.delivery_id FROM delivery_queue o
 	                       WHERE o.webhook_id = c.webhook_id AND o.conversation = c.conversation AND o.status = 'waiting'
 	                       ORDER BY o.created_at, o.event_id, o.delivery_id LIMIT 1)
