@@ -87,6 +87,11 @@ func seedRelayLog(t *testing.T, e *env, org, ch uuid.UUID, at time.Time, status,
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A fresh database has the partitions of yesterday on (store.Migrate): a call seeded
+	// further back (the -25 h one, between 00:00 and 01:00 UTC) needs its day made.
+	if err := e.Store.EnsurePartitions(context.Background(), at, at); err != nil {
+		t.Fatal(err)
+	}
 	calls := make([]store.RelayCall, n)
 	for i := range calls {
 		calls[i] = store.RelayCall{At: at, OrgID: org, ChannelID: ch, Status: st, Outcome: outcome, ErrorCode: code, Latency: time.Millisecond}
