@@ -26,9 +26,9 @@ run: ## Run locally against the local Postgres, with a demo org and API key
 VOLUME_TESTS = ^(TestMutatedRequests|TestBroadcastLargest|TestInboundHugeFields|TestInboundMutations|TestRelayTokenNeverLeaks)$$
 VOLUME_PKGS = ./e2e ./managementapi
 test: ## Run every test (starts throwaway Postgres/Redis unless WABARELAY_TEST_* are set)
-	export GOFLAGS=-trimpath; \
+	export GOFLAGS='-trimpath -ldflags=-w'; \
 	$(GO) test -count=1 -parallel 4 -timeout 15m -run '$(VOLUME_TESTS)' $(VOLUME_PKGS) & volume=$$!; \
-	$(GO) test -race -count=1 -parallel 4 -timeout 15m -skip '$(VOLUME_TESTS)' ./...; race=$$?; \
+	$(GO) test -race -count=1 -p 4 -parallel 4 -timeout 15m -skip '$(VOLUME_TESTS)' ./...; race=$$?; \
 	wait $$volume; volume=$$?; \
 	[ $$race -eq 0 ] && [ $$volume -eq 0 ]
 
