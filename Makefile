@@ -12,17 +12,20 @@ run: ## Run locally against the local Postgres, with a demo org and API key
 
 # -parallel 4: the parallel tests (package e2e's) mostly wait on the Caddy processes they start;
 # four at a time keep two cores busy, more add nothing.
+# -p 4: four test binaries (and builds: -p counts both) at once, not GOMAXPROCS' two. Many of
+# them wait (on Chromium, on the Caddy children, on Redis restarts); with two, the cores idled
+# between them and the package runs went in near-alphabetical order, the last ones alone.
 # -trimpath (in GOFLAGS, so that the tests' own `go build ./cmd/caddy` has it too): the build
 # cache then holds for any checkout of the same code. A fresh clone otherwise recompiles and
 # relinks every package of the module under -race: 128 s of 2 cores' wall time before the
 # tests, against 52 s with -trimpath (`go test -race -count=1 -run XXX_NONE ./...` in a new
 # clone, warm cache, 2026-11-30).
+# -ldflags=-w: test binaries without DWARF (stack traces keep their files and lines): linking
+# e2e's under -race takes 7.4-8.4 s of CPU instead of 11.6, and 43 are linked per run.
+# The whole change, on a fresh clone with a warm cache (go test -json spans, 2026-11-30): 489 s
+# before; 350 s with -trimpath and the volume tests apart; 315 s with Chromium's omnibox popups
+# off (internal/browsertest); 278 s with -p 4 and -w.
 #
-# The volume tests (VOLUME_TESTS, in VOLUME_PKGS) run without -race, beside the -race run of
-# everything else: their worth is the size and variety of their inputs (2,000 mutated requests,
-# megabyte fields, 9 and 50 MiB answers, 100,000 recipients), whose code paths the other tests
-# run under -race at ordinary sizes; the race detector made them 3-4x dearer (2026-11-30: 80 s of
-# CPU for the e2e ones against 21 s without it; 59 against 29 for managementapi's).
 VOLUME_TESTS = ^(TestMutatedRequests|TestBroadcastLargest|TestInboundHugeFields|TestInboundMutations|TestRelayTokenNeverLeaks)$$
 VOLUME_PKGS = ./e2e ./managementapi
 test: ## Run every test (starts throwaway Postgres/Redis unless WABARELAY_TEST_* are set)
