@@ -202,9 +202,10 @@ func TestInboundMutations(t *testing.T) {
 // TestInboundHugeFields: every field of a full batch in turn holds a huge string (256 KiB,
 // 1 MiB): 200, and the re-post is recognised as a duplicate (one event per item). Apart from
 // TestInboundMutations so that the two run side by side. Each size, and each half of the
-// fields, is a parallel subtest with an environment of its own (its own database and Caddy):
-// the inbound handler parses a megabyte string many times slower under -race, and the four
-// share the suite's cores instead of taking turns on one.
+// fields, is a parallel subtest with an environment of its own (its own database and Caddy),
+// so that the four share the cores instead of taking turns on one. It is one of make test's
+// volume tests (VOLUME_TESTS in the Makefile), run without -race: under it the inbound handler
+// parses a megabyte string many times slower.
 func TestInboundHugeFields(t *testing.T) {
 	t.Parallel()
 	half := len(testenv.FullBatchFields) / 2
