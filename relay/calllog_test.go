@@ -2,10 +2,13 @@ package relay
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -223,5 +226,89 @@ func TestCallLogScan(t *testing.T) {
 		if w != "" || c != 0 || s != 0 || w2 != "" {
 			t.Errorf("%s: %q %d %d %q", garbage, w, c, s, w2)
 		}
+	}
+}
+
+// blockingLog is a CallLog whose Record waits until release is closed, telling recording first.
+type blockingLog struct {
+	recording chan Call
+	release   chan struct{}
+}
+
+func (l *blockingLog) Record(c Call) {
+	l.recording <- c
+	<-l.release
+}
+
+// TestAnswerBeforeBookkeeping: a send's answer reaches the caller before the relay's
+// bookkeeping after it (the call log's record, here held up; a keyed send's stored answer
+// follows it), not when the handler returns: the caller reads the whole answer while the
+// record is still waiting. A key released after the send (the upstream unreachable) is free
+// before its answer goes out.
+func TestAnswerBeforeBookkeeping(t *testing.T) {
+	f := newRelayFixture(t, 100, nil)
+	var up atomic.Pointer[Upstream] // (set between calls, read by the server's goroutines)
+	setUp := func(u Upstream) { up.Store(&u) }
+	setUp(f.upstream)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.relay.Serve(w, r, *up.Load())
+	}))
+	t.Cleanup(srv.Close)
+	send := srv.URL + "/" + tPNID + "/messages"
+	post := func(body string) (*http.Response, []byte, error) {
+		req, _ := http.NewRequest("POST", send, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+f.token)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := srv.Client().Do(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		return resp, b, err
+	}
+	for _, key := range []string{"", "k-flushed"} {
+		l := &blockingLog{recording: make(chan Call, 1), release: make(chan struct{})}
+		var once sync.Once
+		release := func() { once.Do(func() { close(l.release) }) }
+		t.Cleanup(release) // a failure below must not leave the handler held (the server's Close waits for it)
+		f.relay.CallLog = l
+		type answer struct {
+			resp *http.Response
+			body []byte
+			err  error
+		}
+		got := make(chan answer, 1)
+		go func() {
+			resp, body, err := post(sendBody("hi", key))
+			got <- answer{resp, body, err}
+		}()
+		c := <-l.recording // the handler is in the record now, held there
+		select {
+		case a := <-got:
+			if a.err != nil || a.resp.StatusCode != 200 || wamidOf(a.body) != c.WAMID || c.WAMID == "" {
+				t.Fatalf("key %q: %v %v %s (recorded wamid %q)", key, a.err, a.resp, a.body, c.WAMID)
+			}
+			if a.resp.ContentLength != int64(len(a.body)) {
+				t.Errorf("key %q: Content-Length %d for %d bytes", key, a.resp.ContentLength, len(a.body))
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("key %q: no answer while the call log's record waits", key)
+		}
+		release()
+		f.wait()
+	}
+
+	// Released: the upstream unreachable, the key is free for the retry the answer prompts.
+	f.relay.CallLog = nil
+	setUp(func(http.ResponseWriter, *http.Request) error {
+		return &net.OpError{Op: "dial", Err: context.DeadlineExceeded}
+	})
+	if resp, body, err := post(sendBody("hi", "k-released")); err != nil || resp.StatusCode != 504 {
+		t.Fatalf("unreachable upstream: %v %v %s", err, resp, body)
+	}
+	setUp(f.upstream)
+	if resp, body, err := post(sendBody("hi", "k-released")); err != nil || resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "" {
+		t.Fatalf("retry after a released key: %v %v %s", err, resp, body)
 	}
 }
