@@ -332,7 +332,7 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 			if o.aborted {
 				panic(http.ErrAbortHandler)
 			}
-			flushAnswer(w) // before the call log's record (deferred)
+			flushAnswer(w, r) // before the call log's record (deferred)
 		} else {
 			c.Status, c.Outcome = http.StatusTooManyRequests, OutcomeRateLimited
 		}
@@ -394,7 +394,7 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 		// The answer goes to the caller now; storing it for replays is off the critical path.
 		// Duplicates arriving meanwhile wait on the claim and are woken when it is stored.
 		if !o.aborted {
-			flushAnswer(w)
+			flushAnswer(w, r)
 		}
 		resp := o.stored
 		relay.background(func() {
@@ -414,11 +414,12 @@ func (relay *Relay) send(w http.ResponseWriter, r *http.Request, ch *store.Relay
 // handler returns (net/http holds up to 4 KiB until then), so that the bookkeeping after a send
 // — the call log's record, storing the answer for replays, each waking a goroutine — is not
 // part of the caller's wait. Only an answer of known length is flushed: flushing one without
-// would make it chunked, a second write at the end. A key released after the send is released
-// before its answer is flushed (the caller's retry must find it free), so that path does not
-// call it.
-func flushAnswer(w http.ResponseWriter) {
-	if w.Header().Get("Content-Length") == "" {
+// would make it chunked, a second write at the end. Only over HTTP/1: an HTTP/2 stream would
+// end with a frame of its own after the flush, and its caller waits for that end anyway. A key
+// released after the send is released before its answer is flushed (the caller's retry must
+// find it free), so that path does not call it.
+func flushAnswer(w http.ResponseWriter, r *http.Request) {
+	if r.ProtoMajor != 1 || w.Header().Get("Content-Length") == "" {
 		return
 	}
 	_ = http.NewResponseController(w).Flush() // a failed flush is the caller gone; nothing to do
