@@ -26,7 +26,7 @@ run: ## Run locally against the local Postgres, with a demo org and API key
 # before; 350 s with -trimpath and the volume tests apart; 315 s with Chromium's omnibox popups
 # off (internal/browsertest); 278 s with -p 4 and -w.
 #
-VOLUME_TESTS = ^(TestMutatedRequests|TestBroadcastLargest|TestInboundHugeFields|TestInboundMutations|TestRelayTokenNeverLeaks)$$
+VOLUME_TESTS = ^(TestMutatedRequests|TestBroadcastLargest|TestInboundHugeFields|TestInboundMutations|TestRelayTokenNeverLeaks|TestRelayMedia)$$
 VOLUME_PKGS = ./e2e ./managementapi
 test: ## Run every test (starts throwaway Postgres/Redis unless WABARELAY_TEST_* are set)
 	export GOFLAGS='-trimpath -ldflags=-w'; \

@@ -21,7 +21,11 @@ const maxGrowth = 12 << 20
 // download URL; the download is byte-identical with its type and length; a range gets 206
 // with exactly those bytes; Caddy's resident set grows by far less than the medium both ways;
 // without a token 401, with another channel's token 403 on the object and the download; the
-// upstream token appears in no answer, header or log line (the last checked at cleanup).
+// upstream token appears in no answer, header or log line (the last checked at cleanup). It is
+// one of make test's volume tests (VOLUME_TESTS in the Makefile), run without -race: under it,
+// beside the suite, the 20 MB went through the in-process fake so slowly that the relay's 30 s
+// wait for the upstream's answer ran out. TestRelayMediaRoundTrip (package relay) and the other
+// TestRelayMedia* tests run the same paths under -race at small sizes.
 func TestRelayMedia(t *testing.T) {
 	t.Parallel()
 	e := newRelayEnv(t)
