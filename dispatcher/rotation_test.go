@@ -60,6 +60,10 @@ func TestRotationSignsWithBoth(t *testing.T) {
 	wid, first := e.webhook(rc.URL + "/h")
 	cfg := e.config(rc)
 	cfg.PreviousSecrets = e.st.PreviousWebhookSecret
+	// The test moves the clock 31 s in all: with the default 30 s lease, a delivery whose
+	// outcome was not recorded yet (a loaded machine) was reclaimed and delivered again, and
+	// that copy was taken for the next delivery. A claim outlives every move here.
+	cfg.Lease = time.Hour
 	e.start(cfg)
 
 	n := 0

@@ -17,8 +17,8 @@ import (
 // TestOrderedBacklogKeepsOtherOrgsOnTime: an org's ordered webhook has its
 // conversation's head in flight to a receiver that never answers, and 300,000 deliveries of the
 // conversation queued behind it (as repeated replays of its window queue them); another org's 20
-// events each fail their first attempt, with no retry delay: every retry arrives within a
-// second of its due time (the first attempt's answer). Before the fix every claim read the
+// events each fail their first attempt, with no retry delay: every retry arrives within
+// lateBound of its due time (the first attempt's answer). Before the fix every claim read the
 // whole blocked backlog (about 4 µs a row) and the other org's retries waited for the claims.
 func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
 	t.Parallel()
@@ -35,6 +35,12 @@ func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
 	t.Cleanup(func() { close(release) }) // (before the receiver's Close, which waits for its handlers)
 
 	const events = 20
+	// lateBound is how late a retry of the other org may arrive. Quiet, they arrive within
+	// milliseconds; beside the whole suite and a busy loop on two cores, one came 1.2 s late.
+	// Before the fix each claim read the 300,000 rows (about 4 µs a row: over a second per
+	// claim) and the retries waited for several claims. The deterministic guard of the claim's
+	// reads is store.TestOrderedClaimReadsFewRows (at most 20 rows read behind 100,000).
+	const lateBound = 3 * time.Second
 	var mu sync.Mutex
 	answered := map[string]time.Time{} // message id → when its failed first attempt was answered
 	late := map[string]time.Duration{} // message id → its retry's arrival after its due time
@@ -119,7 +125,7 @@ func TestOrderedBacklogKeepsOtherOrgsOnTime(t *testing.T) {
 	var worst time.Duration
 	for id, d := range late {
 		worst = max(worst, d)
-		if d > time.Second {
+		if d > lateBound {
 			t.Errorf("%s: retry arrived %v after its due time, beside %d blocked deliveries of another org", id, d, backlog)
 		}
 	}
