@@ -8,7 +8,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -247,11 +246,10 @@ func (l *blockingLog) Record(c Call) {
 // before its answer goes out.
 func TestAnswerBeforeBookkeeping(t *testing.T) {
 	f := newRelayFixture(t, 100, nil)
-	var up atomic.Pointer[Upstream] // (set between calls, read by the server's goroutines)
-	setUp := func(u Upstream) { up.Store(&u) }
-	setUp(f.upstream)
+	// up, like f.relay.CallLog, is set between calls: the calls' socket I/O orders them.
+	up := Upstream(f.upstream)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.relay.Serve(w, r, *up.Load())
+		f.relay.Serve(w, r, up)
 	}))
 	t.Cleanup(srv.Close)
 	send := srv.URL + "/" + tPNID + "/messages"
@@ -301,13 +299,13 @@ func TestAnswerBeforeBookkeeping(t *testing.T) {
 
 	// Released: the upstream unreachable, the key is free for the retry the answer prompts.
 	f.relay.CallLog = nil
-	setUp(func(http.ResponseWriter, *http.Request) error {
+	up = func(http.ResponseWriter, *http.Request) error {
 		return &net.OpError{Op: "dial", Err: context.DeadlineExceeded}
-	})
+	}
 	if resp, body, err := post(sendBody("hi", "k-released")); err != nil || resp.StatusCode != 504 {
 		t.Fatalf("unreachable upstream: %v %v %s", err, resp, body)
 	}
-	setUp(f.upstream)
+	up = f.upstream
 	if resp, body, err := post(sendBody("hi", "k-released")); err != nil || resp.StatusCode != 200 || resp.Header.Get("Idempotent-Replayed") != "" {
 		t.Fatalf("retry after a released key: %v %v %s", err, resp, body)
 	}
