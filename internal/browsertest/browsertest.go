@@ -366,11 +366,19 @@ func Header(resp *network.Response, name string) string {
 // Load runs steps that navigate (a click on a link or a submit button, a key
 // press), waits until the new document has loaded and returns its response
 // (after redirects).
+//
+// Steps whose node was replaced between its query and the click (a page that
+// updates itself in place, like a running broadcast's) fail before any input
+// is sent ("Could not find node with given id"); they are run again, twice at
+// most, on the node that replaced it.
 func (p *Page) Load(t testing.TB, steps ...chromedp.Action[chromedp.Void]) *network.Response {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(p.Ctx, Timeout)
 	defer cancel()
 	resp, err := chromedp.RunResponse(ctx, steps...)
+	for retry := 0; retry < 2 && err != nil && strings.Contains(err.Error(), "Could not find node with given id"); retry++ {
+		resp, err = chromedp.RunResponse(ctx, steps...)
+	}
 	if err != nil {
 		p.DumpConsole(t)
 		t.Fatalf("browser: waiting for a page load: %v", err)
