@@ -105,15 +105,16 @@ func TestFailingWebhookHeldAndProbed(t *testing.T) {
 		WHERE id = $1`, sentinel.ID, clk.Now())
 	core, logs := observer.New(zapcore.InfoLevel)
 	e.launch(e.st.WebhookSecret, cfg, zap.New(zapcore.NewTee(core, zaptest.NewLogger(t).Core())))
-	probes := func() int { // the webhook's, not the sentinel's
+	logged := func(msg string, id uuid.UUID) int {
 		n := 0
-		for _, l := range logs.FilterMessage("probing failing webhook").All() {
-			if l.ContextMap()["webhook_id"] == wid.String() {
+		for _, l := range logs.FilterMessage(msg).All() {
+			if l.ContextMap()["webhook_id"] == id.String() {
 				n++
 			}
 		}
 		return n
 	}
+	probes := func() int { return logged("probing failing webhook", wid) } // the webhook's, not the sentinel's
 
 	since := e.failingSince(wid)
 	// more events while it is failing: held with the others
@@ -127,6 +128,11 @@ func TestFailingWebhookHeldAndProbed(t *testing.T) {
 		seen := sentinelRC.WhileDown()
 		clk.Set(next.Add(-time.Microsecond))
 		testenv.Eventually(t, patience, func() bool { return sentinelRC.WhileDown() > seen }, "the sentinel's probe %d", k+1)
+		// and its outcome recorded: recorded after the next round's UPDATE, it would move the
+		// sentinel's next probe an hour past the clock (a loaded machine did so, and the next
+		// round waited for a probe that was never due)
+		testenv.Eventually(t, patience, func() bool { return logged("probe of failing webhook failed", sentinel.ID) > k },
+			"the outcome of the sentinel's probe %d", k+1)
 		if n := probes(); n != k {
 			t.Fatalf("%d probes a microsecond before probe %d is due, want %d", n, k+1, k)
 		}
