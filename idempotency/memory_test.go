@@ -1,7 +1,11 @@
 package idempotency
 
 import (
+	"bytes"
 	"context"
+	"net/http"
+	"reflect"
+	"strconv"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -51,4 +55,91 @@ func testMemoryJanitor(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustBegin(t, s, "k-done", "fp", Acquired) // still answers after Close
+}
+
+// TestMemoryJanitorKeepsReplacedEntries: the janitor drops a key at its queued deadline only if
+// the key's present entry has expired: a key completed again after its first record expired
+// (the first deadline still queued) keeps its new record. And its queues of deadlines do not
+// grow with the keys that came and went.
+func TestMemoryJanitorKeepsReplacedEntries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewMemory(Options{TTL: 2 * time.Second, Lease: 2 * time.Second})
+		defer func() { _ = s.Close() }()
+		ctx := context.Background()
+		complete := func(key string) {
+			t.Helper()
+			r := mustBegin(t, s, key, "fp", Acquired)
+			if err := s.Complete(ctx, key, r.Token, sampleResponse(key)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The janitor runs every second from the start (the bubble's clock: 1 s, 2 s, 3 s ...).
+		time.Sleep(500 * time.Millisecond)
+		complete("k")                       // due at 2.5 s
+		time.Sleep(2200 * time.Millisecond) // 2.7 s: expired, and the janitor has not run since
+		complete("k")                       // again: a new record, due at 4.7 s
+		time.Sleep(500 * time.Millisecond)  // 3.2 s: the janitor popped the first deadline at 3 s
+		synctest.Wait()
+		if got := mustBegin(t, s, "k", "fp", Replay).Response; string(got.Body) != string(sampleResponse("k").Body) {
+			t.Fatalf("replay after the old deadline: %q", got.Body)
+		}
+
+		// Keys that come and go: the queues stay the size of what is live.
+		for i := range 1000 {
+			complete("k" + strconv.Itoa(i))
+			if _, err := s.Begin(ctx, "p"+strconv.Itoa(i), "fp"); err != nil { // in flight, never completed
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		s.mu.Lock()
+		queued, held := len(s.ttls.items)-s.ttls.head+len(s.leases.items)-s.leases.head, len(s.inFlight)+len(s.done)
+		capacity := cap(s.ttls.items) + cap(s.leases.items)
+		s.mu.Unlock()
+		if held != 0 || queued != 0 {
+			t.Fatalf("after every deadline passed: %d entries, %d deadlines queued", held, queued)
+		}
+		if capacity > 400 { // 2 s of keys at 10/s each, with room for growth; 2,000 or more if never reused
+			t.Fatalf("queues' capacity %d after 2,000 keys of which at most 60 lived at once", capacity)
+		}
+	})
+}
+
+// TestMemoryRecord: a completed key's record decodes to what was stored; a record cut short or
+// garbled is an error, never a panic.
+func TestMemoryRecord(t *testing.T) {
+	resp := Response{Status: 504, Header: http.Header{"X-Odd": {"a\"b", "ünï", ""}, "Content-Type": {"application/json"}},
+		Body: []byte{0, 0xff, '"', '\n'}}
+	rec := appendRecord(nil, "fp é", resp)
+	fp, got, err := parseRecord(rec)
+	if err != nil || fp != "fp é" || got.Status != 504 || !reflect.DeepEqual(got.Header, resp.Header) || !bytes.Equal(got.Body, resp.Body) {
+		t.Fatalf("round trip: %q %+v %v", fp, got, err)
+	}
+	// A record without a body: the body ends the record, so every shorter prefix that cuts into
+	// the head must fail.
+	head := appendRecord(nil, "fp", Response{Status: 200, Header: http.Header{"A": {"b"}}})
+	for n := range len(head) {
+		if _, _, err := parseRecord(head[:n]); err == nil {
+			t.Fatalf("a record cut to %d of %d bytes decoded", n, len(head))
+		}
+	}
+}
+
+// FuzzMemoryRecord: parseRecord never panics, and what it decodes encodes back to the same
+// response.
+func FuzzMemoryRecord(f *testing.F) {
+	f.Add(appendRecord(nil, "fp", sampleResponse("x")))
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01})
+	f.Fuzz(func(t *testing.T, rec []byte) {
+		fp, r, err := parseRecord(rec)
+		if err != nil {
+			return
+		}
+		fp2, r2, err := parseRecord(appendRecord(nil, fp, r))
+		if err != nil || fp2 != fp || r2.Status != r.Status || !reflect.DeepEqual(r2.Header, r.Header) || !bytes.Equal(r2.Body, r.Body) {
+			t.Fatalf("re-encoded: %q %+v %v, want %q %+v", fp2, r2, err, fp, r)
+		}
+	})
 }

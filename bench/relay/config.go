@@ -37,6 +37,7 @@ type config struct {
 	noIdemKey   bool
 	cluster     int
 	compareLog  bool
+	noRedis     bool
 	// compareWindow: (a) is the relay with window_guard off, (b) with window_guard enforce, every
 	// recipient's window open (the header and the guard's look-up on every send).
 	compareWindow bool
@@ -65,6 +66,7 @@ func parseFlags() config {
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of Caddy (b) over the measured phases to this file (enables its admin API on a loopback port)")
 	flag.BoolVar(&c.showLogs, "v", false, "print Caddy's logs at the end")
 	flag.BoolVar(&c.noIdemKey, "no-idempotency-key", false, "(b) bodies carry no idempotency_key: the relay without keys (one Redis round trip: the rate limit)")
+	flag.BoolVar(&c.noRedis, "no-redis", false, "(b) runs without Redis: its limits and idempotency keys in memory, one instance's configuration (b/a then leaves out the Redis round trips)")
 	flag.IntVar(&c.cluster, "redis-cluster", 0, "run (b) on a throwaway Redis Cluster of this many masters (e.g. 3) instead of one redis-server")
 	flag.IntVar(&c.baselineIdle, "baseline-idle-conns", 0, "(a)'s reverse_proxy keeps this many idle upstream connections per host, as wabarelay_proxy does (1024); 0: Caddy's default (32), the goal's plain reverse_proxy")
 	flag.BoolVar(&c.compareLog, "compare-log", false, "(a) is wabarelay_proxy with relay_log off, (b) with the relay log on: b/a is the log's cost")
@@ -119,6 +121,9 @@ func parseFlags() config {
 	}
 	if c.relayBaseline() && c.cluster > 0 {
 		benchkit.Fatalf("-compare-log and -compare-window put (a) in Redis database 1: not with -redis-cluster")
+	}
+	if c.noRedis && (c.redisURL != "" || c.cluster > 0 || c.relayBaseline()) {
+		benchkit.Fatalf("-no-redis: not with -redis, -redis-cluster, -compare-log or -compare-window")
 	}
 	if c.compareLog && c.compareWindow {
 		benchkit.Fatalf("-compare-log or -compare-window, not both")

@@ -104,6 +104,8 @@ func run(ctx context.Context, c config) (err error) {
 	var redisNodes []*redis.Client // one client per server, for statistics
 	redisLine := "redis          {env.WBR_BENCH_REDIS}"
 	switch {
+	case c.noRedis:
+		redisLine = ""
 	case c.cluster > 0:
 		addrs, children, err := benchkit.StartRedisCluster(ctx, tmp, c.cluster)
 		for _, ch := range children {
@@ -132,15 +134,17 @@ func run(ctx context.Context, c config) (err error) {
 		}
 		redisNodes = []*redis.Client{redis.NewClient(ropt)}
 	}
-	rdb := redisNodes[0]
 	for _, n := range redisNodes {
 		cl.Add(func() { _ = n.Close() })
 	}
-	redisVersion, err := benchkit.RedisVersion(ctx, rdb)
-	if err != nil {
-		return fmt.Errorf("redis: %w", err)
+	redisVersion := "none (-no-redis)"
+	if !c.noRedis {
+		if redisVersion, err = benchkit.RedisVersion(ctx, redisNodes[0]); err != nil {
+			return fmt.Errorf("redis: %w", err)
+		}
 	}
 	if c.redisURL != "" {
+		rdb := redisNodes[0]
 		// An external Redis: remove this run's idempotency records (rate-limit keys expire in 1 min).
 		cl.Add(func() { benchkit.DeleteKeys(rdb, "*"+runID+"-*") })
 	}

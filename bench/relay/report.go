@@ -172,8 +172,11 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 	}
 	row(nameA, a, ta)
 	backend := "Redis"
-	if c.cluster > 0 {
+	switch {
+	case c.cluster > 0:
 		backend = fmt.Sprintf("Redis Cluster (%d masters)", c.cluster)
+	case c.noRedis:
+		backend = "no Redis (limits and keys in memory)"
 	}
 	keyNote := "a key per send"
 	goal := 0.80
@@ -264,6 +267,9 @@ func report(c config, ta, tb *target, checks checkResult, lookups int64, upConns
 		name = "relay-window"
 	case c.noIdemKey:
 		name = "relay-nokey"
+	}
+	if c.noRedis {
+		name += "-noredis"
 	}
 	if c.latency {
 		name += "-c" + strconv.Itoa(c.concurrency)
