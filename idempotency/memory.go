@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 	"net/http"
 	"sync"
 	"time"
@@ -163,7 +164,7 @@ func (s *Memory) Complete(ctx context.Context, key, token string, resp Response)
 	}
 	delete(s.inFlight, key)
 	expires := s.now() + s.opt.TTL
-	s.done[key] = memDone{expires: expires, rec: appendRecord(nil, e.fp, resp)}
+	s.done[key] = memDone{expires: expires, rec: appendRecord(make([]byte, 0, recordLen(e.fp, resp)), e.fp, resp)}
 	s.ttls.push(key, expires)
 	close(e.wake)
 	return nil
@@ -278,6 +279,23 @@ func appendRecord(b []byte, fp string, r Response) []byte {
 	}
 	return append(b, r.Body...)
 }
+
+// recordLen is the length of appendRecord's encoding of fp and r (a record is kept a day: its
+// slice is allocated to size, not grown by append).
+func recordLen(fp string, r Response) int {
+	n := bytesLen(fp) + binary.MaxVarintLen64 + uvarintLen(uint64(len(r.Header))) + len(r.Body)
+	for name, values := range r.Header {
+		n += bytesLen(name) + uvarintLen(uint64(len(values)))
+		for _, v := range values {
+			n += bytesLen(v)
+		}
+	}
+	return n
+}
+
+func bytesLen(s string) int { return uvarintLen(uint64(len(s))) + len(s) }
+
+func uvarintLen(x uint64) int { return (bits.Len64(x|1) + 6) / 7 }
 
 func appendBytes(b []byte, s string) []byte {
 	return append(binary.AppendUvarint(b, uint64(len(s))), s...)

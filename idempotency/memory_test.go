@@ -3,9 +3,11 @@ package idempotency
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"net/http"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -142,4 +144,23 @@ func FuzzMemoryRecord(f *testing.F) {
 			t.Fatalf("re-encoded: %q %+v %v, want %q %+v", fp2, r2, err, fp, r)
 		}
 	})
+}
+
+// TestMemoryRecordLen: recordLen is at least the record's length (append never grows the slice
+// it sized) and at most a status varint's slack over it.
+func TestMemoryRecordLen(t *testing.T) {
+	for _, c := range []struct {
+		fp string
+		r  Response
+	}{
+		{"", Response{}},
+		{"fp", sampleResponse("x")},
+		{strings.Repeat("f", 200), Response{Status: -1, Header: http.Header{"A": {strings.Repeat("v", 300), ""}, "B": nil},
+			Body: bytes.Repeat([]byte{1}, 70_000)}},
+	} {
+		n, rec := recordLen(c.fp, c.r), appendRecord(nil, c.fp, c.r)
+		if n < len(rec) || n > len(rec)+binary.MaxVarintLen64 {
+			t.Errorf("recordLen = %d for a record of %d bytes", n, len(rec))
+		}
+	}
 }
