@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"net/http"
 	"reflect"
+	"runtime"
 	"strconv"
 	"strings"
 	"testing"
@@ -162,5 +163,37 @@ func TestMemoryRecordLen(t *testing.T) {
 		if n < len(rec) || n > len(rec)+binary.MaxVarintLen64 {
 			t.Errorf("recordLen = %d for a record of %d bytes", n, len(rec))
 		}
+	}
+}
+
+// BenchmarkMemoryHeldKey reports the heap an answered key holds in the in-memory store until
+// its TTL passes (a send's answer as the relay stores it, 100,000 keys), and the objects it
+// takes: docs/relay.md quotes them.
+func BenchmarkMemoryHeldKey(b *testing.B) {
+	const keys = 100_000
+	ctx := context.Background()
+	for b.Loop() {
+		s := NewMemory(Options{})
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for i := range keys {
+			key := "0123456789abcdef0123456789abcdef:order-" + strconv.Itoa(i)
+			r, err := s.Begin(ctx, key, "3a7bd3e2360a3d29eea436fcfb7e44c735d117c42d1c1835420b6b9942dd4f1b")
+			if err != nil {
+				b.Fatal(err)
+			}
+			resp := sampleResponse(strconv.Itoa(i))
+			resp.Header["X-Fb-Request-Id"] = []string{"BAhHZN-L4PEDEFdxm8wZloK"}
+			if err := s.Complete(ctx, key, r.Token, resp); err != nil {
+				b.Fatal(err)
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/keys, "heap-B/key")
+		b.ReportMetric(float64(after.HeapObjects-before.HeapObjects)/keys, "objects/key")
+		runtime.KeepAlive(s)
+		_ = s.Close()
 	}
 }
