@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"math/bits"
 	"net/http"
 	"sync"
@@ -33,6 +34,7 @@ type Memory struct {
 	done     map[string]memDone
 	leases   deadlines // of inFlight's entries, in order
 	ttls     deadlines // of done's entries, in order
+	closed   bool      // Close was called: no janitor pops the queues, so nothing is queued
 
 	stop     chan struct{}
 	stopOnce sync.Once
@@ -74,11 +76,25 @@ func NewMemory(opt Options) *Memory {
 // garbage collector in each deadline).
 func (s *Memory) now() time.Duration { return time.Since(s.base) }
 
+// later is the deadline d after now on the store's clock, the clock's end if that is further
+// (a Lease or TTL meant as "forever" must not wrap around into the past).
+func later(now, d time.Duration) time.Duration {
+	if d > math.MaxInt64-now {
+		return math.MaxInt64
+	}
+	return now + d
+}
+
 // Close stops the janitor and waits for it. The store still answers afterwards, but expired
-// entries are then only dropped when their key is used again.
+// entries are then only dropped when their key is used again (and no deadlines are queued:
+// nothing would pop them).
 func (s *Memory) Close() error {
 	s.stopOnce.Do(func() { close(s.stop) })
 	<-s.exited
+	s.mu.Lock()
+	s.closed = true
+	s.leases, s.ttls = deadlines{}, deadlines{}
+	s.mu.Unlock()
 	return nil
 }
 
@@ -120,9 +136,11 @@ func (s *Memory) Begin(ctx context.Context, key, fp string) (Result, error) {
 		}
 		if e == nil {
 			token := rand.Text()
-			expires := now + s.opt.Lease
+			expires := later(now, s.opt.Lease)
 			s.inFlight[key] = &memFlight{fp: fp, owner: token, expires: expires, wake: make(chan struct{})}
-			s.leases.push(key, expires)
+			if !s.closed {
+				s.leases.push(key, expires)
+			}
 			s.mu.Unlock()
 			return Result{Outcome: Acquired, Token: token}, nil
 		}
@@ -163,9 +181,11 @@ func (s *Memory) Complete(ctx context.Context, key, token string, resp Response)
 		return err
 	}
 	delete(s.inFlight, key)
-	expires := s.now() + s.opt.TTL
+	expires := later(s.now(), s.opt.TTL)
 	s.done[key] = memDone{expires: expires, rec: appendRecord(make([]byte, 0, recordLen(e.fp, resp)), e.fp, resp)}
-	s.ttls.push(key, expires)
+	if !s.closed {
+		s.ttls.push(key, expires)
+	}
 	close(e.wake)
 	return nil
 }
@@ -259,20 +279,26 @@ func (q *deadlines) popUntil(now time.Duration, f func(key string)) {
 	}
 	if q.head > 0 && q.head >= len(q.items)/2 {
 		n := copy(q.items, q.items[q.head:])
+		clear(q.items[n:]) // the moved items' old slots: their keys to the garbage collector too
 		q.items = q.items[:n]
 		q.head = 0
 	}
 }
 
 // appendRecord appends the encoding of a completed key (its fingerprint and response) to b:
-// the fingerprint, the status, the headers, each length-prefixed, then the body to the end.
+// the fingerprint, the status, the headers, each length-prefixed, then the body to the end. A
+// header's count of values is written plus one, 0 standing for a nil list (replayed as nil).
 func appendRecord(b []byte, fp string, r Response) []byte {
 	b = appendBytes(b, fp)
 	b = binary.AppendVarint(b, int64(r.Status))
 	b = binary.AppendUvarint(b, uint64(len(r.Header)))
 	for name, values := range r.Header {
 		b = appendBytes(b, name)
-		b = binary.AppendUvarint(b, uint64(len(values)))
+		if values == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(len(values))+1)
 		for _, v := range values {
 			b = appendBytes(b, v)
 		}
@@ -285,7 +311,7 @@ func appendRecord(b []byte, fp string, r Response) []byte {
 func recordLen(fp string, r Response) int {
 	n := bytesLen(fp) + binary.MaxVarintLen64 + uvarintLen(uint64(len(r.Header))) + len(r.Body)
 	for name, values := range r.Header {
-		n += bytesLen(name) + uvarintLen(uint64(len(values)))
+		n += bytesLen(name) + uvarintLen(uint64(len(values))+1)
 		for _, v := range values {
 			n += bytesLen(v)
 		}
@@ -345,6 +371,11 @@ func parseRecord(rec []byte) (fp string, r Response, err error) {
 		if !ok || !ok2 {
 			return "", Response{}, errRecord
 		}
+		if n == 0 {
+			r.Header[name] = nil
+			continue
+		}
+		n--
 		values := make([]string, 0, n)
 		for range n {
 			v, ok := next()

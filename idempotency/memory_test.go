@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"math"
 	"net/http"
 	"reflect"
 	"runtime"
@@ -196,4 +197,85 @@ func BenchmarkMemoryHeldKey(b *testing.B) {
 		runtime.KeepAlive(s)
 		_ = s.Close()
 	}
+}
+
+// TestMemoryForeverLeaseAndTTL: a Lease or TTL meant as "forever" (the largest Duration) keeps
+// its key claimed and its answer replayed: the deadline stops at the clock's end instead of
+// wrapping around into the past (which would let a second caller send again).
+func TestMemoryForeverLeaseAndTTL(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewMemory(Options{Lease: math.MaxInt64, TTL: math.MaxInt64, Wait: -1})
+		defer func() { _ = s.Close() }()
+		time.Sleep(time.Second) // the store's clock is past 0
+		r := mustBegin(t, s, "k", "fp", Acquired)
+		mustBegin(t, s, "k", "fp", InProgress)
+		if err := s.Complete(context.Background(), "k", r.Token, sampleResponse("x")); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Hour)
+		mustBegin(t, s, "k", "fp", Replay)
+	})
+}
+
+// TestMemoryQueuesAfterClose: a closed store still answers, and queues no deadlines (no janitor
+// would pop them): keys claimed, completed and released again and again hold nothing.
+func TestMemoryQueuesAfterClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewMemory(Options{Lease: time.Second, TTL: time.Second})
+		_ = s.Close()
+		ctx := context.Background()
+		for i := range 1000 {
+			r := mustBegin(t, s, "k", "fp", Acquired)
+			if i%2 == 0 {
+				_ = s.Release(ctx, "k", r.Token)
+				continue
+			}
+			if err := s.Complete(ctx, "k", r.Token, sampleResponse("x")); err != nil {
+				t.Fatal(err)
+			}
+			mustBegin(t, s, "k", "fp", Replay)
+			time.Sleep(2 * time.Second) // expired: the next Begin drops it
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if q := len(s.leases.items) + len(s.ttls.items); q != 0 || len(s.inFlight)+len(s.done) > 1 {
+			t.Fatalf("closed store after 1,000 claims of one key: %d deadlines queued, %d entries", q, len(s.inFlight)+len(s.done))
+		}
+	})
+}
+
+// TestMemoryQueuesForgetPoppedKeys: once every deadline has passed, no slot of a queue's array
+// still holds a key (a compaction moves the items still to come to the front; the slots they
+// left must not keep their keys from the garbage collector).
+func TestMemoryQueuesForgetPoppedKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := NewMemory(Options{TTL: 2 * time.Second, Lease: 2 * time.Second})
+		defer func() { _ = s.Close() }()
+		ctx := context.Background()
+		complete := func(key string) {
+			r := mustBegin(t, s, key, "fp", Acquired)
+			if err := s.Complete(ctx, key, r.Token, sampleResponse("x")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(500 * time.Millisecond)
+		for i := range 1000 {
+			complete("a" + strconv.Itoa(i)) // due at 2.5 s
+		}
+		time.Sleep(time.Second)
+		for i := range 1000 {
+			complete("b" + strconv.Itoa(i)) // due at 3.5 s: compacted to the front at 3 s
+		}
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, q := range []deadlines{s.ttls, s.leases} {
+			for i, d := range q.items[:cap(q.items)] {
+				if d.key != "" {
+					t.Fatalf("slot %d of a queue still holds %q after every deadline passed", i, d.key)
+				}
+			}
+		}
+	})
 }

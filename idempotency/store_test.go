@@ -419,6 +419,8 @@ func testResponseRoundTrip(t *testing.T, newStores newStores) {
 		{"binary", `fp "quoted" \ / é`, Response{Status: 504, Header: http.Header{"X-Odd": {"a\"b", "ünï", ""}}, Body: []byte{0, 0xff, 0xfe, '"', '\\', '\n', 0x80}},
 			Response{Status: 504, Header: http.Header{"X-Odd": {"a\"b", "ünï", ""}}, Body: []byte{0, 0xff, 0xfe, '"', '\\', '\n', 0x80}}},
 		{"empty", "", Response{Status: 500}, Response{Status: 500, Header: http.Header{}}},
+		{"nil values", "fp", Response{Status: 200, Header: http.Header{"Date": nil, "X-Empty": {}, "Content-Type": {"a/b"}}},
+			Response{Status: 200, Header: http.Header{"Date": nil, "X-Empty": {}, "Content-Type": {"a/b"}}}},
 		{"large", "fp", Response{Status: 200, Body: bytes.Repeat([]byte("0123456789"), 100_000)},
 			Response{Status: 200, Header: http.Header{}, Body: bytes.Repeat([]byte("0123456789"), 100_000)}},
 	}
