@@ -70,13 +70,7 @@ func TestMemoryJanitorKeepsReplacedEntries(t *testing.T) {
 		s := NewMemory(Options{TTL: 2 * time.Second, Lease: 2 * time.Second})
 		defer func() { _ = s.Close() }()
 		ctx := context.Background()
-		complete := func(key string) {
-			t.Helper()
-			r := mustBegin(t, s, key, "fp", Acquired)
-			if err := s.Complete(ctx, key, r.Token, sampleResponse(key)); err != nil {
-				t.Fatal(err)
-			}
-		}
+		complete := func(key string) { t.Helper(); completeKey(t, s, key) }
 		// The janitor runs every second from the start (the bubble's clock: 1 s, 2 s, 3 s ...).
 		time.Sleep(500 * time.Millisecond)
 		complete("k")                       // due at 2.5 s
@@ -251,13 +245,7 @@ func TestMemoryQueuesForgetPoppedKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := NewMemory(Options{TTL: 2 * time.Second, Lease: 2 * time.Second})
 		defer func() { _ = s.Close() }()
-		ctx := context.Background()
-		complete := func(key string) {
-			r := mustBegin(t, s, key, "fp", Acquired)
-			if err := s.Complete(ctx, key, r.Token, sampleResponse("x")); err != nil {
-				t.Fatal(err)
-			}
-		}
+		complete := func(key string) { completeKey(t, s, key) }
 		time.Sleep(500 * time.Millisecond)
 		for i := range 1000 {
 			complete("a" + strconv.Itoa(i)) // due at 2.5 s
@@ -278,4 +266,13 @@ func TestMemoryQueuesForgetPoppedKeys(t *testing.T) {
 			}
 		}
 	})
+}
+
+// completeKey claims key with fingerprint "fp" and completes it with sampleResponse(key).
+func completeKey(t *testing.T, s Store, key string) {
+	t.Helper()
+	r := mustBegin(t, s, key, "fp", Acquired)
+	if err := s.Complete(context.Background(), key, r.Token, sampleResponse(key)); err != nil {
+		t.Fatal(err)
+	}
 }
