@@ -9,6 +9,7 @@ import (
 	"math"
 	"math/bits"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 )
@@ -135,7 +136,7 @@ func (s *Memory) Begin(ctx context.Context, key, fp string) (Result, error) {
 			e = nil
 		}
 		if e == nil {
-			token := rand.Text()
+			token := rand.Text() + tokenSep + fp // (as Redis' tokens: Complete encodes before locking)
 			expires := later(now, s.opt.Lease)
 			s.inFlight[key] = &memFlight{fp: fp, owner: token, expires: expires, wake: make(chan struct{})}
 			if !s.closed {
@@ -174,15 +175,20 @@ func (s *Memory) Begin(ctx context.Context, key, fp string) (Result, error) {
 
 // Complete implements [Store.Complete].
 func (s *Memory) Complete(ctx context.Context, key, token string, resp Response) error {
+	_, fp, ok := strings.Cut(token, tokenSep)
+	if !ok {
+		return ErrNotOwner // not a token of Begin
+	}
+	rec := appendRecord(make([]byte, 0, recordLen(fp, resp)), fp, resp) // outside the lock
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	e, err := s.ownedLocked(key, token)
+	e, err := s.ownedLocked(key, token) // the owner's token, so fp is its entry's
 	if err != nil {
 		return err
 	}
 	delete(s.inFlight, key)
 	expires := later(s.now(), s.opt.TTL)
-	s.done[key] = memDone{expires: expires, rec: appendRecord(make([]byte, 0, recordLen(e.fp, resp)), e.fp, resp)}
+	s.done[key] = memDone{expires: expires, rec: rec}
 	if !s.closed {
 		s.ttls.push(key, expires)
 	}
